@@ -1,0 +1,229 @@
+//! Map layouts shared by kernel and user space.
+//!
+//! Every type here is `#[repr(C)]` with explicit padding and a size assertion: the kernel sees
+//! raw bytes, and a silent layout change would corrupt lookups. No `bool`, `enum` or `Option`
+//! crosses this boundary; enumerations are `u8`/`u32` constants.
+//!
+//! Policy tables are *generational*: every key carries the generation (0 or 1) it belongs to,
+//! and [`CONFIG`](names::CONFIG) slot [`CONFIG_ACTIVE_GEN`] names the live one. A program reads
+//! the generation once per invocation, so it sees one complete policy, never half of two.
+
+/// Bumped whenever a type, map or program below changes incompatibly; the agent pins under
+/// `<pin-dir>/v<ABI_VERSION>/`.
+pub const ABI_VERSION: u32 = 1;
+
+/// Map names as they appear in the eBPF object (and under the pin dir).
+pub mod names {
+    pub const CONFIG: &str = "CONFIG";
+    pub const POLICY_META: &str = "POLICY_META";
+    pub const PREFIX_V4: &str = "PREFIX_V4";
+    pub const PREFIX_V6: &str = "PREFIX_V6";
+    pub const PORT_RULES: &str = "PORT_RULES";
+    pub const ALLOWED: &str = "ALLOWED";
+    pub const EP_COUNTERS: &str = "EP_COUNTERS";
+    pub const STATS: &str = "STATS";
+    pub const EVENTS: &str = "EVENTS";
+}
+
+/// Program names (function names in gate-ebpf).
+pub mod programs {
+    pub const CONNECT4: &str = "gate_connect4";
+    pub const CONNECT6: &str = "gate_connect6";
+    pub const SENDMSG4: &str = "gate_sendmsg4";
+    pub const SENDMSG6: &str = "gate_sendmsg6";
+    pub const EGRESS: &str = "gate_egress";
+}
+
+// ---- limits --------------------------------------------------------------------------------
+
+/// Endpoints in one policy (per generation; the maps hold two generations).
+pub const MAX_ENDPOINTS: u32 = 16_384;
+/// (prefix, port, protocol) rules one policy compiles to.
+pub const MAX_PORT_RULES: u32 = 65_536;
+/// Cgroups on the allow set of one generation.
+pub const MAX_ALLOWED_CGROUPS: u32 = 65_536;
+/// Levels below the gated root that the allow check walks. kubepods nests 3-4 deep.
+pub const MAX_CGROUP_DEPTH: u32 = 32;
+/// Ring buffer for denial events, bytes (power of two, multiple of the page size).
+pub const EVENTS_BYTES: u32 = 256 * 1024;
+
+// ---- enumerations --------------------------------------------------------------------------
+
+pub const MODE_ENFORCE: u32 = 0;
+pub const MODE_AUDIT: u32 = 1;
+
+/// Port 0 in a rule key: any port. Also what a packet without ports (ICMP, non-first
+/// fragment) is looked up with, so only any-port rules match it.
+pub const PORT_ANY: u16 = 0;
+/// Protocol 0 in a rule key: any IP protocol.
+pub const PROTO_ANY: u8 = 0;
+pub const PROTO_TCP: u8 = 6;
+pub const PROTO_UDP: u8 = 17;
+
+pub const VERDICT_UNMATCHED: u32 = 0;
+pub const VERDICT_ALLOWED: u32 = 1;
+pub const VERDICT_DENIED: u32 = 2;
+pub const VERDICT_AUDITED: u32 = 3;
+pub const NUM_VERDICTS: u32 = 4;
+
+pub const HOOK_CONNECT4: u32 = 0;
+pub const HOOK_CONNECT6: u32 = 1;
+pub const HOOK_SENDMSG4: u32 = 2;
+pub const HOOK_SENDMSG6: u32 = 3;
+pub const HOOK_EGRESS4: u32 = 4;
+pub const HOOK_EGRESS6: u32 = 5;
+pub const NUM_HOOKS: u32 = 6;
+
+/// STATS slot of a (hook, verdict) pair.
+pub const fn stat_slot(hook: u32, verdict: u32) -> u32 {
+    hook * NUM_VERDICTS + verdict
+}
+/// STATS slot counting events the ring buffer had no room for.
+pub const STAT_EVENTS_LOST: u32 = NUM_HOOKS * NUM_VERDICTS;
+pub const NUM_STATS: u32 = STAT_EVENTS_LOST + 1;
+
+pub const CONFIG_ACTIVE_GEN: u32 = 0;
+pub const NUM_CONFIG: u32 = 1;
+
+// ---- PrefixValue.kinds bits: which rule-key shapes exist for a prefix ------------------------
+
+pub const KIND_PORT_PROTO: u32 = 1;
+pub const KIND_ANYPORT_PROTO: u32 = 1 << 1;
+pub const KIND_PORT_ANYPROTO: u32 = 1 << 2;
+pub const KIND_ANYPORT_ANYPROTO: u32 = 1 << 3;
+
+// ---- map types -----------------------------------------------------------------------------
+
+/// POLICY_META[generation]: settings that flip with the generation.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PolicyMeta {
+    /// MODE_ENFORCE or MODE_AUDIT; any other value enforces.
+    pub mode: u32,
+    /// cgroup v2 level of the gated root (the cgroup the programs are attached to).
+    pub root_level: u32,
+    /// Number of endpoints, for status.
+    pub endpoints: u32,
+    pub _pad: u32,
+}
+
+/// LPM trie data for IPv4: generation (big endian) then the address, so a lookup with
+/// `prefix_len = 32 + 32` only ever matches entries of its own generation.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PrefixV4 {
+    pub generation: [u8; 4],
+    pub addr: [u8; 4],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PrefixV6 {
+    pub generation: [u8; 4],
+    pub addr: [u8; 16],
+}
+
+/// Bits of the generation field that precede the address in an LPM key.
+pub const GEN_PREFIX_BITS: u32 = 32;
+
+impl PrefixV4 {
+    pub const fn new(generation: u32, addr: [u8; 4]) -> Self {
+        Self { generation: generation.to_be_bytes(), addr }
+    }
+}
+
+impl PrefixV6 {
+    pub const fn new(generation: u32, addr: [u8; 16]) -> Self {
+        Self { generation: generation.to_be_bytes(), addr }
+    }
+}
+
+/// Value of both LPM tries.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefixValue {
+    /// Rule set of this prefix (key space of [`PortRuleKey::set_id`]).
+    pub set_id: u32,
+    /// KIND_* bits: which key shapes exist in the set, so lookups that cannot hit are skipped.
+    pub kinds: u32,
+}
+
+/// PORT_RULES key. `port == PORT_ANY` / `proto == PROTO_ANY` are wildcards.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PortRuleKey {
+    pub generation: u32,
+    pub set_id: u32,
+    /// Host byte order.
+    pub port: u16,
+    pub proto: u8,
+    pub _pad: u8,
+}
+
+impl PortRuleKey {
+    pub const fn new(generation: u32, set_id: u32, port: u16, proto: u8) -> Self {
+        Self { generation, set_id, port, proto, _pad: 0 }
+    }
+}
+
+/// ALLOWED key: a cgroup v2 id on the allow set of a generation.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AllowKey {
+    pub generation: u32,
+    pub _pad: u32,
+    pub cgroup_id: u64,
+}
+
+impl AllowKey {
+    pub const fn new(generation: u32, cgroup_id: u64) -> Self {
+        Self { generation, _pad: 0, cgroup_id }
+    }
+}
+
+/// EP_COUNTERS[endpoint]: decisions on traffic that matched the endpoint.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EndpointCounters {
+    pub allowed: u64,
+    pub denied: u64,
+    pub audited: u64,
+}
+
+/// A denied (or, in audit mode, would-be denied) access, sent on EVENTS.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DenyEvent {
+    /// cgroup v2 id of the socket's (sock hooks: the calling task's) cgroup.
+    pub cgroup_id: u64,
+    /// Destination; IPv4 in the first 4 bytes (network order).
+    pub addr: [u8; 16],
+    /// Thread group id; 0 where the kernel offers none (softirq egress).
+    pub pid: u32,
+    /// Index of the matched endpoint in the policy.
+    pub endpoint: u32,
+    /// Host byte order; 0 when the packet has no port.
+    pub port: u16,
+    pub proto: u8,
+    /// 4 or 6.
+    pub family: u8,
+    /// VERDICT_DENIED or VERDICT_AUDITED.
+    pub verdict: u8,
+    /// HOOK_*.
+    pub hook: u8,
+    pub _pad: [u8; 2],
+    pub comm: [u8; 16],
+}
+
+const _: () = {
+    use core::mem::size_of;
+    assert!(size_of::<PolicyMeta>() == 16);
+    assert!(size_of::<PrefixV4>() == 8);
+    assert!(size_of::<PrefixV6>() == 20);
+    assert!(size_of::<PrefixValue>() == 8);
+    assert!(size_of::<PortRuleKey>() == 12);
+    assert!(size_of::<AllowKey>() == 16);
+    assert!(size_of::<EndpointCounters>() == 24);
+    assert!(size_of::<DenyEvent>() == 56);
+    assert!(EVENTS_BYTES.is_power_of_two());
+};

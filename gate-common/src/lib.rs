@@ -1,0 +1,18 @@
+//! Shared between the metadata-gate kernel programs (`gate-ebpf`) and the agent.
+//!
+//! * [`abi`]: `#[repr(C)]` map keys and values, map and program names, limits. Changing any of
+//!   these changes the pinned ABI ([`abi::ABI_VERSION`]).
+//! * [`verdict`]: the pure decision functions the kernel programs call. They see the maps only
+//!   through the [`verdict::Tables`] trait, so the host tests exercise the very code the kernel
+//!   runs.
+//! * [`compile`] (host only): turns a list of endpoints into the table entries that make
+//!   [`verdict::match_endpoint`] agree with a plain reading of the policy.
+//! * `user` (feature `user`): `aya::Pod` impls for the map types.
+#![cfg_attr(target_arch = "bpf", no_std)]
+
+pub mod abi;
+#[cfg(not(target_arch = "bpf"))]
+pub mod compile;
+#[cfg(feature = "user")]
+mod user;
+pub mod verdict;

@@ -1,0 +1,229 @@
+//! The decisions the kernel programs make, as pure functions over a [`Tables`] view of the maps.
+//!
+//! Order of work per invocation, cheapest exit first:
+//! 1. [`match_endpoint`]: one LPM lookup; a miss (the common case: not a metadata address)
+//!    ends it. A hit costs at most four hash lookups, only for the key shapes the prefix has.
+//! 2. [`cgroup_allowed`]: walks the cgroup's ancestors below the gated root (bounded).
+//! 3. [`decide`]: mode and allow → verdict.
+use crate::abi::{
+    AllowKey, KIND_ANYPORT_ANYPROTO, KIND_ANYPORT_PROTO, KIND_PORT_ANYPROTO, KIND_PORT_PROTO,
+    MAX_CGROUP_DEPTH, MODE_AUDIT, PORT_ANY, PROTO_ANY, PortRuleKey, PrefixValue, VERDICT_ALLOWED,
+    VERDICT_AUDITED, VERDICT_DENIED,
+};
+
+/// A destination address as the hooks see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Addr {
+    V4([u8; 4]),
+    V6([u8; 16]),
+}
+
+impl Addr {
+    /// An IPv6 address, with IPv4-mapped ones (`::ffff:a.b.c.d`) turned into the IPv4 address
+    /// they reach.
+    #[inline(always)]
+    pub fn from_v6(a: [u8; 16]) -> Self {
+        if a[..10] == [0; 10] && a[10] == 0xff && a[11] == 0xff {
+            Addr::V4([a[12], a[13], a[14], a[15]])
+        } else {
+            Addr::V6(a)
+        }
+    }
+
+    /// IPv6 address from the four network-order u32 words of `bpf_sock_addr.user_ip6` /
+    /// `__sk_buff.remote_ip6` as read by a little- or big-endian host.
+    #[inline(always)]
+    pub fn from_v6_words(w: [u32; 4]) -> Self {
+        let mut a = [0u8; 16];
+        let mut i = 0;
+        while i < 4 {
+            let b = w[i].to_ne_bytes();
+            a[i * 4] = b[0];
+            a[i * 4 + 1] = b[1];
+            a[i * 4 + 2] = b[2];
+            a[i * 4 + 3] = b[3];
+            i += 1;
+        }
+        Self::from_v6(a)
+    }
+}
+
+/// Destination of a connect, a datagram or a packet. `port` is host order, 0 if none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Dst {
+    pub addr: Addr,
+    pub port: u16,
+    pub proto: u8,
+}
+
+/// Read-only view of the policy maps of one generation.
+pub trait Tables {
+    /// Longest-prefix match of an IPv4 address in generation `generation`.
+    fn prefix_v4(&self, generation: u32, addr: [u8; 4]) -> Option<PrefixValue>;
+    fn prefix_v6(&self, generation: u32, addr: [u8; 16]) -> Option<PrefixValue>;
+    /// Endpoint index of a rule key.
+    fn port_rule(&self, key: &PortRuleKey) -> Option<u32>;
+    /// Allow entry index if the cgroup is on the allow set.
+    fn allowed(&self, key: &AllowKey) -> Option<u32>;
+}
+
+#[inline(always)]
+fn better(best: Option<u32>, hit: Option<u32>) -> Option<u32> {
+    match (best, hit) {
+        (Some(b), Some(h)) => Some(if h < b { h } else { b }),
+        (None, h) => h,
+        (b, None) => b,
+    }
+}
+
+/// The policy endpoint `dst` falls under, if any: the lowest-indexed endpoint whose CIDR
+/// contains the address and whose ports and protocols admit the destination.
+#[inline(always)]
+pub fn match_endpoint<T: Tables>(t: &T, generation: u32, dst: &Dst) -> Option<u32> {
+    let pv = match dst.addr {
+        Addr::V4(a) => t.prefix_v4(generation, a),
+        Addr::V6(a) => t.prefix_v6(generation, a),
+    }?;
+    let lookup = |port: u16, proto: u8| t.port_rule(&PortRuleKey::new(generation, pv.set_id, port, proto));
+    let has_port = dst.port != PORT_ANY;
+    let mut best = None;
+    if pv.kinds & KIND_PORT_PROTO != 0 && has_port {
+        best = better(best, lookup(dst.port, dst.proto));
+    }
+    if pv.kinds & KIND_ANYPORT_PROTO != 0 {
+        best = better(best, lookup(PORT_ANY, dst.proto));
+    }
+    if pv.kinds & KIND_PORT_ANYPROTO != 0 && has_port {
+        best = better(best, lookup(dst.port, PROTO_ANY));
+    }
+    if pv.kinds & KIND_ANYPORT_ANYPROTO != 0 {
+        best = better(best, lookup(PORT_ANY, PROTO_ANY));
+    }
+    best
+}
+
+/// Whether a cgroup, or one of its ancestors strictly below the gated root, is on the allow
+/// set; returns the allow entry index. `ancestor(level)` returns the cgroup id of the ancestor
+/// at that absolute level, or 0 past the cgroup's own level (what
+/// `bpf_get_current_ancestor_cgroup_id` / `bpf_skb_ancestor_cgroup_id` do). The walk is
+/// bounded by [`MAX_CGROUP_DEPTH`] levels below the root.
+#[inline(always)]
+pub fn cgroup_allowed<T: Tables>(
+    t: &T,
+    generation: u32,
+    root_level: u32,
+    mut ancestor: impl FnMut(u32) -> u64,
+) -> Option<u32> {
+    let mut depth = 1;
+    while depth <= MAX_CGROUP_DEPTH {
+        let id = ancestor(root_level + depth);
+        if id == 0 {
+            return None;
+        }
+        if let Some(entry) = t.allowed(&AllowKey::new(generation, id)) {
+            return Some(entry);
+        }
+        depth += 1;
+    }
+    None
+}
+
+/// Verdict for traffic that matched an endpoint. Any mode other than audit enforces.
+#[inline(always)]
+pub fn decide(mode: u32, allowed: bool) -> u32 {
+    if allowed {
+        VERDICT_ALLOWED
+    } else if mode == MODE_AUDIT {
+        VERDICT_AUDITED
+    } else {
+        VERDICT_DENIED
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn v4_mapped_v6_becomes_v4() {
+        let mut a = [0u8; 16];
+        a[10] = 0xff;
+        a[11] = 0xff;
+        a[12..].copy_from_slice(&[169, 254, 169, 254]);
+        assert_eq!(Addr::from_v6(a), Addr::V4([169, 254, 169, 254]));
+        // ::169.254.169.254 (IPv4-compatible, deprecated) is not mapped: stays IPv6.
+        a[10] = 0;
+        a[11] = 0;
+        assert_eq!(Addr::from_v6(a), Addr::V6(a));
+    }
+
+    #[test]
+    fn words_are_network_order() {
+        // fd00:ec2::254 as the kernel stores it: network-order bytes in each u32.
+        let bytes: [u8; 16] = [0xfd, 0, 0x0e, 0xc2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x02, 0x54];
+        let w = [0, 1, 2, 3].map(|i| {
+            u32::from_ne_bytes([bytes[i * 4], bytes[i * 4 + 1], bytes[i * 4 + 2], bytes[i * 4 + 3]])
+        });
+        assert_eq!(Addr::from_v6_words(w), Addr::V6(bytes));
+    }
+
+    #[test]
+    fn decide_modes() {
+        assert_eq!(decide(crate::abi::MODE_ENFORCE, false), VERDICT_DENIED);
+        assert_eq!(decide(MODE_AUDIT, false), VERDICT_AUDITED);
+        assert_eq!(decide(MODE_AUDIT, true), VERDICT_ALLOWED);
+        // Unknown modes fail closed.
+        assert_eq!(decide(77, false), VERDICT_DENIED);
+    }
+
+    struct Allow(HashMap<(u32, u64), u32>);
+    impl Tables for Allow {
+        fn prefix_v4(&self, _: u32, _: [u8; 4]) -> Option<PrefixValue> {
+            None
+        }
+        fn prefix_v6(&self, _: u32, _: [u8; 16]) -> Option<PrefixValue> {
+            None
+        }
+        fn port_rule(&self, _: &PortRuleKey) -> Option<u32> {
+            None
+        }
+        fn allowed(&self, k: &AllowKey) -> Option<u32> {
+            self.0.get(&(k.generation, k.cgroup_id)).copied()
+        }
+    }
+
+    /// Path of cgroup ids from level 0 (root of the hierarchy) down.
+    fn walker(path: &'static [u64]) -> impl FnMut(u32) -> u64 {
+        move |level| path.get(level as usize).copied().unwrap_or(0)
+    }
+
+    #[test]
+    fn allow_walk_covers_descendants_below_root_only() {
+        // hierarchy root(1) / gated(2) / allowed(3) / child(4) / grandchild(5)
+        let t = Allow([((0, 3), 7)].into_iter().collect());
+        assert_eq!(cgroup_allowed(&t, 0, 1, walker(&[1, 2, 3, 4, 5])), Some(7));
+        assert_eq!(cgroup_allowed(&t, 0, 1, walker(&[1, 2, 3])), Some(7));
+        // Another generation does not see it.
+        assert_eq!(cgroup_allowed(&t, 1, 1, walker(&[1, 2, 3, 4, 5])), None);
+        // A sibling is not allowed, nor the root itself.
+        assert_eq!(cgroup_allowed(&t, 0, 1, walker(&[1, 2, 9, 4])), None);
+        assert_eq!(cgroup_allowed(&t, 0, 1, walker(&[1, 2])), None);
+        // The gated root on the allow set does not open the gate for everything below it.
+        let t = Allow([((0, 2), 1)].into_iter().collect());
+        assert_eq!(cgroup_allowed(&t, 0, 1, walker(&[1, 2, 3, 4])), None);
+    }
+
+    #[test]
+    fn allow_walk_is_bounded() {
+        let t = Allow([((0, 999), 0)].into_iter().collect());
+        let mut calls = 0;
+        // An endless chain of ancestors (ids 100, 101, …) never on the allow set.
+        let r = cgroup_allowed(&t, 0, 0, |l| {
+            calls += 1;
+            100 + u64::from(l)
+        });
+        assert_eq!(r, None);
+        assert_eq!(calls, MAX_CGROUP_DEPTH);
+    }
+}
