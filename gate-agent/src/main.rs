@@ -1,1 +1,3 @@
-fn main(){}
+fn main() {
+    let _ = include_bytes!(concat!(env!("OUT_DIR"), "/gate"));
+}
