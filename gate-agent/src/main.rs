@@ -1,3 +1,85 @@
-fn main() {
-    let _ = include_bytes!(concat!(env!("OUT_DIR"), "/gate"));
+//! gate-agent: the metadata-gate node agent.
+use std::process::ExitCode;
+
+use clap::Parser as _;
+use gate_agent::{
+    cli::{Cli, Command, LogFormat},
+    loader,
+    policy::Policy,
+    standalone,
+};
+use tracing_subscriber::EnvFilter;
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
+    match format {
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+fn check(files: &[std::path::PathBuf]) -> ExitCode {
+    let mut ok = true;
+    for f in files {
+        match Policy::load(f) {
+            Ok(p) => println!(
+                "{}: ok (platform {}, {:?}, {} endpoints, {} allow entries)",
+                f.display(),
+                p.platform,
+                p.mode,
+                p.endpoints.len(),
+                p.allow.len()
+            ),
+            Err(e) => {
+                ok = false;
+                eprintln!("{e}");
+            }
+        }
+    }
+    if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Check { files } => check(&files),
+        Command::Cleanup { pin_dir } => match loader::cleanup(&pin_dir) {
+            Ok(true) => {
+                println!("removed the gate pinned under {}: the gate is open", pin_dir.display());
+                ExitCode::SUCCESS
+            }
+            Ok(false) => {
+                println!("nothing pinned under {}", pin_dir.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Run(args) => {
+            init_logging(args.log_format);
+            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: starting the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match rt.block_on(standalone::run(args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!(error = format!("{e:#}"), "failed");
+                    eprintln!("error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
 }

@@ -32,6 +32,8 @@ pub mod programs {
     pub const SENDMSG4: &str = "gate_sendmsg4";
     pub const SENDMSG6: &str = "gate_sendmsg6";
     pub const EGRESS: &str = "gate_egress";
+    /// Fallback for kernels whose cgroup_skb programs may not call the current-task helpers.
+    pub const EGRESS_NOTASK: &str = "gate_egress_notask";
 }
 
 // ---- limits --------------------------------------------------------------------------------

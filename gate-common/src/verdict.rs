@@ -67,14 +67,10 @@ pub trait Tables {
     fn allowed(&self, key: &AllowKey) -> Option<u32>;
 }
 
-#[inline(always)]
-fn better(best: Option<u32>, hit: Option<u32>) -> Option<u32> {
-    match (best, hit) {
-        (Some(b), Some(h)) => Some(if h < b { h } else { b }),
-        (None, h) => h,
-        (b, None) => b,
-    }
-}
+/// "No endpoint" while combining lookups. A plain sentinel rather than `Option`: the payload
+/// of a `None` is undefined, and the BPF verifier refuses code that copies undefined
+/// registers around.
+const NO_ENDPOINT: u32 = u32::MAX;
 
 /// The policy endpoint `dst` falls under, if any: the lowest-indexed endpoint whose CIDR
 /// contains the address and whose ports and protocols admit the destination.
@@ -84,22 +80,24 @@ pub fn match_endpoint<T: Tables>(t: &T, generation: u32, dst: &Dst) -> Option<u3
         Addr::V4(a) => t.prefix_v4(generation, a),
         Addr::V6(a) => t.prefix_v6(generation, a),
     }?;
-    let lookup = |port: u16, proto: u8| t.port_rule(&PortRuleKey::new(generation, pv.set_id, port, proto));
+    let lookup = |port: u16, proto: u8| {
+        t.port_rule(&PortRuleKey::new(generation, pv.set_id, port, proto)).unwrap_or(NO_ENDPOINT)
+    };
     let has_port = dst.port != PORT_ANY;
-    let mut best = None;
+    let mut best = NO_ENDPOINT;
     if pv.kinds & KIND_PORT_PROTO != 0 && has_port {
-        best = better(best, lookup(dst.port, dst.proto));
+        best = best.min(lookup(dst.port, dst.proto));
     }
     if pv.kinds & KIND_ANYPORT_PROTO != 0 {
-        best = better(best, lookup(PORT_ANY, dst.proto));
+        best = best.min(lookup(PORT_ANY, dst.proto));
     }
     if pv.kinds & KIND_PORT_ANYPROTO != 0 && has_port {
-        best = better(best, lookup(dst.port, PROTO_ANY));
+        best = best.min(lookup(dst.port, PROTO_ANY));
     }
     if pv.kinds & KIND_ANYPORT_ANYPROTO != 0 {
-        best = better(best, lookup(PORT_ANY, PROTO_ANY));
+        best = best.min(lookup(PORT_ANY, PROTO_ANY));
     }
-    best
+    if best == NO_ENDPOINT { None } else { Some(best) }
 }
 
 /// Whether a cgroup, or one of its ancestors strictly below the gated root, is on the allow

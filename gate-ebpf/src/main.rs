@@ -1,11 +1,319 @@
+//! metadata-gate kernel programs.
+//!
+//! Thin by design: read the destination from the context, ask gate-common's pure functions
+//! for the verdict, count it, and report denials. All decisions live in
+//! `gate_common::verdict`, which is unit- and property-tested on the host.
+//!
+//! * `cgroup/connect4|6`, `cgroup/sendmsg4|6`: refuse with EPERM at the syscall.
+//! * `cgroup_skb/egress`: drops what the socket hooks cannot see: raw sockets, sockets
+//!   connected before the gate existed, anything else that reaches the wire.
 #![no_std]
 #![no_main]
+// The BPF target has no compare-and-swap, so `AtomicU64::fetch_add` is unavailable; the
+// intrinsic lowers to the BPF atomic add instruction.
+#![allow(internal_features)]
+#![feature(core_intrinsics)]
 
-use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
+use core::intrinsics::{AtomicOrdering, atomic_xadd};
+
+use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
+    helpers::{
+        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
+        generated::{
+            bpf_get_current_ancestor_cgroup_id, bpf_skb_ancestor_cgroup_id, bpf_skb_cgroup_id,
+        },
+    },
+    macros::{cgroup_skb, cgroup_sock_addr, map},
+    maps::{Array, HashMap, LpmTrie, PerCpuArray, RingBuf, lpm_trie::Key},
+    programs::{SkBuffContext, SockAddrContext},
+};
+use gate_common::{
+    abi::{
+        AllowKey, CONFIG_ACTIVE_GEN, DenyEvent, EVENTS_BYTES, EndpointCounters, GEN_PREFIX_BITS,
+        HOOK_CONNECT4, HOOK_CONNECT6, HOOK_EGRESS4, HOOK_EGRESS6, HOOK_SENDMSG4, HOOK_SENDMSG6,
+        MAX_ALLOWED_CGROUPS, MAX_ENDPOINTS, MAX_PORT_RULES, NUM_CONFIG, NUM_STATS, PORT_ANY,
+        PROTO_TCP, PROTO_UDP, PolicyMeta, PortRuleKey, PrefixV4, PrefixV6, PrefixValue,
+        STAT_EVENTS_LOST, VERDICT_ALLOWED, VERDICT_AUDITED, VERDICT_DENIED, VERDICT_UNMATCHED,
+        stat_slot,
+    },
+    verdict::{Addr, Dst, Tables, cgroup_allowed, decide, match_endpoint},
+};
+
+// ---- maps (two generations each: see gate_common::abi) ---------------------------------------
+
+#[map]
+static CONFIG: Array<u32> = Array::with_max_entries(NUM_CONFIG, 0);
+#[map]
+static POLICY_META: Array<PolicyMeta> = Array::with_max_entries(2, 0);
+#[map]
+static PREFIX_V4: LpmTrie<PrefixV4, PrefixValue> =
+    LpmTrie::with_max_entries(2 * MAX_ENDPOINTS, BPF_F_NO_PREALLOC);
+#[map]
+static PREFIX_V6: LpmTrie<PrefixV6, PrefixValue> =
+    LpmTrie::with_max_entries(2 * MAX_ENDPOINTS, BPF_F_NO_PREALLOC);
+#[map]
+static PORT_RULES: HashMap<PortRuleKey, u32> =
+    HashMap::with_max_entries(2 * MAX_PORT_RULES, BPF_F_NO_PREALLOC);
+#[map]
+static ALLOWED: HashMap<AllowKey, u32> =
+    HashMap::with_max_entries(2 * MAX_ALLOWED_CGROUPS, BPF_F_NO_PREALLOC);
+#[map]
+static EP_COUNTERS: Array<EndpointCounters> = Array::with_max_entries(MAX_ENDPOINTS, 0);
+#[map]
+static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(NUM_STATS, 0);
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTES, 0);
+
+struct Maps;
+
+impl Tables for Maps {
+    #[inline(always)]
+    fn prefix_v4(&self, generation: u32, addr: [u8; 4]) -> Option<PrefixValue> {
+        let key = Key::new(GEN_PREFIX_BITS + 32, PrefixV4::new(generation, addr));
+        PREFIX_V4.get(&key).copied()
+    }
+    #[inline(always)]
+    fn prefix_v6(&self, generation: u32, addr: [u8; 16]) -> Option<PrefixValue> {
+        let key = Key::new(GEN_PREFIX_BITS + 128, PrefixV6::new(generation, addr));
+        PREFIX_V6.get(&key).copied()
+    }
+    #[inline(always)]
+    fn port_rule(&self, key: &PortRuleKey) -> Option<u32> {
+        // SAFETY: the value is a plain u32 copied out at once.
+        unsafe { PORT_RULES.get(key).copied() }
+    }
+    #[inline(always)]
+    fn allowed(&self, key: &AllowKey) -> Option<u32> {
+        // SAFETY: as above.
+        unsafe { ALLOWED.get(key).copied() }
+    }
+}
+
+// ---- bookkeeping -----------------------------------------------------------------------------
+
+#[inline(always)]
+fn bump(slot: u32) {
+    if let Some(p) = STATS.get_ptr_mut(slot) {
+        // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+        unsafe { *p += 1 }
+    }
+}
+
+#[inline(always)]
+fn count(hook: u32, verdict: u32) {
+    bump(stat_slot(hook, verdict));
+}
+
+#[inline(always)]
+fn count_endpoint(endpoint: u32, verdict: u32) {
+    let Some(c) = EP_COUNTERS.get_ptr_mut(endpoint) else { return };
+    // SAFETY: `c` points into the array map's value; counters are updated atomically because
+    // the array is shared by all CPUs.
+    unsafe {
+        let field = match verdict {
+            VERDICT_ALLOWED => &raw mut (*c).allowed,
+            VERDICT_AUDITED => &raw mut (*c).audited,
+            _ => &raw mut (*c).denied,
+        };
+        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(field, 1);
+    }
+}
+
+/// Where the destination and the caller's identity come from.
+struct Caller {
+    hook: u32,
+    cgroup_id: u64,
+    /// Whether the current task is meaningful (process context).
+    task: bool,
+}
+
+#[inline(always)]
+fn report(caller: &Caller, verdict: u32, endpoint: u32, dst: &Dst) {
+    let Some(mut entry) = EVENTS.reserve::<DenyEvent>(0) else {
+        bump(STAT_EVENTS_LOST);
+        return;
+    };
+    let (family, addr) = match dst.addr {
+        Addr::V4(a) => (4u8, [a[0], a[1], a[2], a[3], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+        Addr::V6(a) => (6u8, a),
+    };
+    let (pid, comm) = if caller.task {
+        ((bpf_get_current_pid_tgid() >> 32) as u32, bpf_get_current_comm().unwrap_or([0; 16]))
+    } else {
+        (0, [0; 16])
+    };
+    entry.write(DenyEvent {
+        cgroup_id: caller.cgroup_id,
+        addr,
+        pid,
+        endpoint,
+        port: dst.port,
+        proto: dst.proto,
+        family,
+        verdict: verdict as u8,
+        hook: caller.hook as u8,
+        _pad: [0; 2],
+        comm,
+    });
+    entry.submit(0);
+}
+
+/// The whole decision for one destination. Returns whether the traffic may proceed.
+#[inline(always)]
+fn gate(caller: &Caller, dst: &Dst, ancestor: impl FnMut(u32) -> u64) -> bool {
+    let Some(&active) = CONFIG.get(CONFIG_ACTIVE_GEN) else { return true };
+    let generation = active & 1;
+    let Some(meta) = POLICY_META.get(generation) else { return true };
+    let Some(endpoint) = match_endpoint(&Maps, generation, dst) else {
+        count(caller.hook, VERDICT_UNMATCHED);
+        return true;
+    };
+    let allowed = cgroup_allowed(&Maps, generation, meta.root_level, ancestor).is_some();
+    let verdict = decide(meta.mode, allowed);
+    count(caller.hook, verdict);
+    count_endpoint(endpoint, verdict);
+    if verdict != VERDICT_ALLOWED {
+        report(caller, verdict, endpoint, dst);
+    }
+    verdict != VERDICT_DENIED
+}
+
+// ---- socket hooks ----------------------------------------------------------------------------
+
+#[inline(always)]
+fn sock_addr(ctx: &SockAddrContext, hook: u32, v6: bool) -> i32 {
+    // SAFETY: the context pointer is valid for the program's duration; fields are read-only.
+    let sa = unsafe { &*ctx.sock_addr };
+    let addr = if v6 { Addr::from_v6_words(sa.user_ip6) } else { Addr::V4(sa.user_ip4.to_ne_bytes()) };
+    let dst = Dst { addr, port: u16::from_be(sa.user_port as u16), proto: sa.protocol as u8 };
+    let caller = Caller {
+        hook,
+        // SAFETY: helper without pointer arguments.
+        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
+        task: true,
+    };
+    // SAFETY: helper without pointer arguments; returns 0 past the task's own level.
+    let ancestor = |level: u32| unsafe { bpf_get_current_ancestor_cgroup_id(level as i32) };
+    i32::from(gate(&caller, &dst, ancestor))
+}
 
 #[cgroup_sock_addr(connect4)]
-pub fn gate_connect4(_ctx: SockAddrContext) -> i32 {
-    1
+pub fn gate_connect4(ctx: SockAddrContext) -> i32 {
+    sock_addr(&ctx, HOOK_CONNECT4, false)
+}
+
+#[cgroup_sock_addr(connect6)]
+pub fn gate_connect6(ctx: SockAddrContext) -> i32 {
+    sock_addr(&ctx, HOOK_CONNECT6, true)
+}
+
+#[cgroup_sock_addr(sendmsg4)]
+pub fn gate_sendmsg4(ctx: SockAddrContext) -> i32 {
+    sock_addr(&ctx, HOOK_SENDMSG4, false)
+}
+
+#[cgroup_sock_addr(sendmsg6)]
+pub fn gate_sendmsg6(ctx: SockAddrContext) -> i32 {
+    sock_addr(&ctx, HOOK_SENDMSG6, true)
+}
+
+// ---- egress ----------------------------------------------------------------------------------
+
+const ETH_P_IP: u32 = 0x0800;
+const ETH_P_IPV6: u32 = 0x86dd;
+const MAX_V6_EXT_HEADERS: usize = 6;
+
+/// Destination port at `l4` for protocols that have one; PORT_ANY when unknown.
+#[inline(always)]
+fn l4_port(ctx: &SkBuffContext, proto: u8, l4: usize) -> u16 {
+    if proto == PROTO_TCP || proto == PROTO_UDP {
+        ctx.load::<u16>(l4 + 2).map(u16::from_be).unwrap_or(PORT_ANY)
+    } else {
+        PORT_ANY
+    }
+}
+
+#[inline(always)]
+fn parse_v4(ctx: &SkBuffContext) -> Option<Dst> {
+    let vihl: u8 = ctx.load(0).ok()?;
+    let frag: u16 = ctx.load::<u16>(6).ok().map(u16::from_be)?;
+    let proto: u8 = ctx.load(9).ok()?;
+    let daddr: [u8; 4] = ctx.load(16).ok()?;
+    // Non-first fragments carry no ports; the first fragment (which does) decides.
+    let port = if frag & 0x1fff != 0 {
+        PORT_ANY
+    } else {
+        l4_port(ctx, proto, usize::from(vihl & 0x0f) * 4)
+    };
+    Some(Dst { addr: Addr::V4(daddr), port, proto })
+}
+
+#[inline(always)]
+fn parse_v6(ctx: &SkBuffContext) -> Option<Dst> {
+    let mut next: u8 = ctx.load(6).ok()?;
+    let daddr: [u8; 16] = ctx.load(24).ok()?;
+    let mut off = 40usize;
+    let mut fragmented = false;
+    for _ in 0..MAX_V6_EXT_HEADERS {
+        match next {
+            // hop-by-hop, routing, destination options
+            0 | 43 | 60 => {
+                let hdr: [u8; 2] = ctx.load(off).ok()?;
+                next = hdr[0];
+                off += (usize::from(hdr[1]) + 1) * 8;
+            }
+            // fragment
+            44 => {
+                let hdr: [u8; 4] = ctx.load(off).ok()?;
+                next = hdr[0];
+                fragmented = u16::from_be_bytes([hdr[2], hdr[3]]) & 0xfff8 != 0;
+                off += 8;
+            }
+            // authentication header
+            51 => {
+                let hdr: [u8; 2] = ctx.load(off).ok()?;
+                next = hdr[0];
+                off += (usize::from(hdr[1]) + 2) * 4;
+            }
+            _ => break,
+        }
+    }
+    let port = if fragmented { PORT_ANY } else { l4_port(ctx, next, off) };
+    // IPv4-mapped destinations never reach the wire as IPv6, but normalise anyway.
+    Some(Dst { addr: Addr::from_v6(daddr), port, proto: next })
+}
+
+#[inline(always)]
+fn egress(ctx: &SkBuffContext, task: bool) -> i32 {
+    let skb = ctx.skb.skb;
+    let proto = u32::from(u16::from_be(ctx.skb.protocol() as u16));
+    let (dst, hook) = match proto {
+        ETH_P_IP => (parse_v4(ctx), HOOK_EGRESS4),
+        ETH_P_IPV6 => (parse_v6(ctx), HOOK_EGRESS6),
+        _ => return 1,
+    };
+    // A packet we cannot parse has no destination we could protect.
+    let Some(dst) = dst else { return 1 };
+    // SAFETY: `skb` is the program's context pointer.
+    let caller = Caller { hook, cgroup_id: unsafe { bpf_skb_cgroup_id(skb) }, task };
+    // SAFETY: as above.
+    let ancestor = |level: u32| unsafe { bpf_skb_ancestor_cgroup_id(skb, level as i32) };
+    i32::from(gate(&caller, &dst, ancestor))
+}
+
+/// Egress with the sending task's pid and comm in denial events (kernels that offer
+/// bpf_get_current_pid_tgid/comm to cgroup_skb programs).
+#[cgroup_skb(egress)]
+pub fn gate_egress(ctx: SkBuffContext) -> i32 {
+    egress(&ctx, true)
+}
+
+/// The same without task helpers, for older kernels (the loader falls back to it when the
+/// verifier refuses `gate_egress`).
+#[cgroup_skb(egress)]
+pub fn gate_egress_notask(ctx: SkBuffContext) -> i32 {
+    egress(&ctx, false)
 }
 
 #[cfg(not(test))]

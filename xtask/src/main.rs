@@ -1,1 +1,55 @@
-fn main(){}
+//! Project orchestration: `cargo xtask <command>`. Orchestration only; no product logic here.
+mod demo;
+mod setup;
+mod util;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "metadata-gate project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what a fresh machine lacks: nightly rust-src, bpf-linker 0.10.1, iproute2
+    Setup,
+    /// The whole test suite: format, clippy (host and eBPF), unit + property tests, and the
+    /// privileged kernel tests (root; under CI=true they must run, never skip)
+    Test {
+        /// Skip rustfmt and clippy
+        #[arg(long)]
+        no_lint: bool,
+        /// Only run privileged tests whose name contains this
+        filter: Option<String>,
+    },
+    /// Lint only: rustfmt check, clippy -D warnings on the host crates and on the eBPF crate
+    Lint,
+    /// Show the gate working: a throwaway netns with a fake metadata service, two workloads,
+    /// one refused and one allow-listed (root)
+    Demo,
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Cmd::Setup => setup::ensure(),
+        Cmd::Lint => {
+            setup::ensure()?;
+            setup::lint()
+        }
+        Cmd::Test { no_lint, filter } => {
+            setup::ensure()?;
+            if !no_lint {
+                setup::lint()?;
+            }
+            setup::test(filter.as_deref())
+        }
+        Cmd::Demo => {
+            setup::ensure()?;
+            demo::run()
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! Denial events: ring buffer → one structured log event per denial.
+use std::{
+    collections::HashMap,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    path::PathBuf,
+};
+
+use aya::maps::{MapData, RingBuf};
+use gate_common::abi::{
+    DenyEvent, HOOK_CONNECT4, HOOK_CONNECT6, HOOK_EGRESS4, HOOK_EGRESS6, HOOK_SENDMSG4,
+    HOOK_SENDMSG6, PROTO_TCP, PROTO_UDP, VERDICT_AUDITED,
+};
+use tokio::io::unix::AsyncFd;
+
+use crate::cgroup::GatedRoot;
+
+/// Decode a raw ring buffer record.
+pub fn decode(bytes: &[u8]) -> Option<DenyEvent> {
+    if bytes.len() < size_of::<DenyEvent>() {
+        return None;
+    }
+    // SAFETY: length checked; DenyEvent is repr(C) plain data valid for any bit pattern.
+    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<DenyEvent>()) })
+}
+
+pub fn hook_name(hook: u8) -> &'static str {
+    match u32::from(hook) {
+        HOOK_CONNECT4 => "connect4",
+        HOOK_CONNECT6 => "connect6",
+        HOOK_SENDMSG4 => "sendmsg4",
+        HOOK_SENDMSG6 => "sendmsg6",
+        HOOK_EGRESS4 => "egress4",
+        HOOK_EGRESS6 => "egress6",
+        _ => "unknown",
+    }
+}
+
+pub fn proto_name(proto: u8) -> String {
+    match proto {
+        PROTO_TCP => "TCP".into(),
+        PROTO_UDP => "UDP".into(),
+        1 => "ICMP".into(),
+        58 => "ICMPv6".into(),
+        p => p.to_string(),
+    }
+}
+
+pub fn dst_addr(ev: &DenyEvent) -> IpAddr {
+    if ev.family == 4 {
+        IpAddr::V4(Ipv4Addr::new(ev.addr[0], ev.addr[1], ev.addr[2], ev.addr[3]))
+    } else {
+        IpAddr::V6(Ipv6Addr::from(ev.addr))
+    }
+}
+
+fn comm(ev: &DenyEvent) -> String {
+    let end = ev.comm.iter().position(|&b| b == 0).unwrap_or(ev.comm.len());
+    String::from_utf8_lossy(&ev.comm[..end]).into_owned()
+}
+
+/// Turns cgroup ids into paths relative to the gated root, caching the answers.
+pub struct CgroupNames {
+    root: GatedRoot,
+    cache: HashMap<u64, PathBuf>,
+}
+
+impl CgroupNames {
+    pub fn new(root: GatedRoot) -> Self {
+        Self { root, cache: HashMap::new() }
+    }
+
+    pub fn name(&mut self, id: u64) -> String {
+        if let Some(p) = self.cache.get(&id) {
+            return p.display().to_string();
+        }
+        match self.root.path_of(id) {
+            Some(p) => {
+                let s = p.display().to_string();
+                self.cache.insert(id, p);
+                s
+            }
+            // Gone already (short-lived cgroup) or not under the root.
+            None => format!("cgroup-id:{id}"),
+        }
+    }
+}
+
+/// Log one event. `endpoints` maps endpoint index to its policy name.
+pub fn log_event(ev: &DenyEvent, endpoints: &[String], names: &mut CgroupNames) {
+    let cgroup = names.name(ev.cgroup_id);
+    let endpoint = endpoints.get(ev.endpoint as usize).map(String::as_str).unwrap_or("?");
+    let dst = dst_addr(ev);
+    let proto = proto_name(ev.proto);
+    let comm = comm(ev);
+    let hook = hook_name(ev.hook);
+    if u32::from(ev.verdict) == VERDICT_AUDITED {
+        tracing::info!(
+            cgroup, %dst, port = ev.port, proto, pid = ev.pid, comm, endpoint, verdict = "audited", hook,
+            "would be blocked (audit mode: allowed through)"
+        );
+    } else {
+        tracing::warn!(
+            cgroup, %dst, port = ev.port, proto, pid = ev.pid, comm, endpoint, verdict = "denied", hook,
+            "blocked"
+        );
+    }
+}
+
+/// Read events until the task is dropped.
+pub async fn run(
+    ring: RingBuf<MapData>,
+    endpoints: std::sync::Arc<std::sync::RwLock<Vec<String>>>,
+    mut names: CgroupNames,
+) -> std::io::Result<()> {
+    let mut fd = AsyncFd::new(ring)?;
+    loop {
+        let mut guard = fd.readable_mut().await?;
+        let ring = guard.get_inner_mut();
+        while let Some(item) = ring.next() {
+            if let (Some(ev), Ok(eps)) = (decode(&item), endpoints.read()) {
+                log_event(&ev, &eps, &mut names);
+            }
+        }
+        guard.clear_ready();
+    }
+}

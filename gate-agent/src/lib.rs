@@ -1,0 +1,9 @@
+//! metadata-gate agent library: everything but the binary's entry point.
+pub mod cgroup;
+pub mod cli;
+pub mod events;
+pub mod loader;
+pub mod metrics;
+pub mod policy;
+pub mod server;
+pub mod standalone;
