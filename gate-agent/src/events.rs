@@ -112,7 +112,9 @@ pub async fn run(
     endpoints: std::sync::Arc<std::sync::RwLock<Vec<String>>>,
     mut names: CgroupNames,
 ) -> std::io::Result<()> {
-    let mut fd = AsyncFd::new(ring)?;
+    // SAFETY: the ring buffer owns its map fd, which stays open and unchanged for as long as
+    // the AsyncFd owns the ring buffer.
+    let mut fd = unsafe { AsyncFd::register(ring) }.map_err(std::io::Error::from)?;
     loop {
         let mut guard = fd.readable_mut().await?;
         let ring = guard.get_inner_mut();

@@ -53,6 +53,8 @@ pub enum LoaderError {
     MissingProgram(&'static str),
     #[error("pin dir {path}: {reason}")]
     PinDir { path: PathBuf, reason: String },
+    #[error("link of program {name}: {source}")]
+    Link { name: &'static str, source: aya::programs::links::LinkError },
     #[error("pinning {path}: {source}")]
     Pin { path: PathBuf, source: aya::pin::PinError },
     #[error("opening cgroup {path}: {source}")]
@@ -291,7 +293,9 @@ impl Gate {
         self.active ^ 1
     }
 
-    /// Attach all programs to the gated root with bpf_link and pin the links.
+    /// Attach all programs to the gated root with bpf_link and pin the links. A cgroup bpf_link
+    /// always coexists with other programs on the cgroup (the kernel treats it as multi-attach
+    /// and rejects BPF_F_ALLOW_MULTI as a link flag), hence `Single`: flags 0.
     pub fn attach(&mut self, root: &GatedRoot) -> Result<(), LoaderError> {
         let cgroup = fs::File::open(&root.path)
             .map_err(|source| LoaderError::Cgroup { path: root.path.clone(), source })?;
@@ -301,9 +305,9 @@ impl Gate {
             let perr = |source| LoaderError::Program { name, source };
             let prog: &mut CgroupSockAddr =
                 self.ebpf.program_mut(name).ok_or(LoaderError::MissingProgram(name))?.try_into().map_err(perr)?;
-            let id = prog.attach(&cgroup, CgroupAttachMode::AllowMultiple).map_err(perr)?;
+            let id = prog.attach(&cgroup, CgroupAttachMode::Single).map_err(perr)?;
             let link = prog.take_link(id).map_err(perr)?;
-            let fd = FdLink::try_from(link).map_err(|e| perr(ProgramError::from(e)))?;
+            let fd = FdLink::try_from(link).map_err(|source| LoaderError::Link { name, source })?;
             let path = links.join(name);
             self.links.push(fd.pin(&path).map_err(|source| LoaderError::Pin { path, source })?);
         }
@@ -312,10 +316,10 @@ impl Gate {
         let prog: &mut CgroupSkb =
             self.ebpf.program_mut(name).ok_or(LoaderError::MissingProgram(name))?.try_into().map_err(perr)?;
         let id = prog
-            .attach(&cgroup, CgroupSkbAttachType::Egress, CgroupAttachMode::AllowMultiple)
+            .attach(&cgroup, CgroupSkbAttachType::Egress, CgroupAttachMode::Single)
             .map_err(perr)?;
         let link = prog.take_link(id).map_err(perr)?;
-        let fd = FdLink::try_from(link).map_err(|e| perr(ProgramError::from(e)))?;
+        let fd = FdLink::try_from(link).map_err(|source| LoaderError::Link { name, source })?;
         let path = links.join(name);
         self.links.push(fd.pin(&path).map_err(|source| LoaderError::Pin { path, source })?);
         Ok(())

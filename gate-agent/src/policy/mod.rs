@@ -1,0 +1,434 @@
+//! The policy: which endpoints are protected and who may still reach them.
+//!
+//! A policy is a YAML document (a file in standalone mode, the ConfigMap key `policy.yaml` in a
+//! cluster) with the schema of DESIGN.md, section "Policy":
+//!
+//! ```yaml
+//! platform: AWS
+//! mode: enforce            # enforce (default) | audit
+//! endpoints:
+//!   - name: ec2-imds
+//!     cidr: 169.254.169.254/32
+//!     ports: [80]          # omitted = all ports
+//!     protocols: [TCP]     # TCP | UDP; omitted = all
+//! allow:
+//!   - name: local-tool
+//!     cgroup: "tools/*"    # standalone: cgroup path glob relative to --cgroup-root
+//!   - name: ccm            # cluster: pods by namespace (+ labels, service account, containers)
+//!     namespace: openshift-cloud-controller-manager
+//!     podSelector: {matchLabels: {k8s-app: aws-cloud-controller-manager}}
+//! ```
+//!
+//! [`Policy::parse`] reads and validates a document in one go: a [`Policy`] value is always a
+//! valid policy, and every error is a [`PolicyError`] naming the document, the field path
+//! (`endpoints[1].ports[0]`) and the reason.
+use std::collections::BTreeMap;
+use std::fmt::{self, Write as _};
+use std::path::Path;
+
+use gate_common::abi::{PROTO_TCP, PROTO_UDP};
+use gate_common::compile::{self, Compiled, EndpointSpec, Net};
+use globset::GlobMatcher;
+use ipnet::IpNet;
+
+mod schema;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+
+/// The OpenShift `PlatformType` values a policy may name (see shared/PLATFORMS.md).
+pub const PLATFORMS: &[&str] = &[
+    "AWS",
+    "Azure",
+    "BareMetal",
+    "GCP",
+    "Libvirt",
+    "OpenStack",
+    "None",
+    "VSphere",
+    "oVirt",
+    "IBMCloud",
+    "KubeVirt",
+    "EquinixMetal",
+    "PowerVS",
+    "AlibabaCloud",
+    "Nutanix",
+    "External",
+];
+
+/// What the gate does with a matching connection from a cgroup that is not allowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Block it (EPERM on connect/sendmsg, drop on egress). The default.
+    #[default]
+    Enforce,
+    /// Let it through, but log and count it as if it had been blocked.
+    Audit,
+}
+
+impl Mode {
+    /// The spelling used in the policy document (`enforce` / `audit`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Enforce => "enforce",
+            Mode::Audit => "audit",
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A transport protocol an endpoint can be restricted to (`TCP` / `UDP` in the document).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+}
+
+impl Protocol {
+    /// The spelling used in the policy document.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+        }
+    }
+
+    /// IP protocol number (`gate_common::abi::PROTO_TCP` / `PROTO_UDP`).
+    pub fn number(self) -> u8 {
+        match self {
+            Protocol::Tcp => PROTO_TCP,
+            Protocol::Udp => PROTO_UDP,
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A protected endpoint: a CIDR, optionally narrowed to ports and protocols.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// Unique, non-empty name (used in logs, events and metrics).
+    pub name: String,
+    /// The network, host bits clear.
+    pub cidr: IpNet,
+    /// Destination ports, policy order, no duplicates; empty = all ports.
+    pub ports: Vec<u16>,
+    /// Protocols, no duplicates; empty = all protocols.
+    pub protocols: Vec<Protocol>,
+}
+
+/// A compiled cgroup path glob (standalone mode), relative to the gated cgroup root.
+///
+/// `*` and `?` do not cross `/`; `**` does. Compares (and hashes) by its pattern.
+#[derive(Clone)]
+pub struct CgroupGlob {
+    pattern: String,
+    matcher: GlobMatcher,
+}
+
+impl CgroupGlob {
+    /// The pattern as written in the policy.
+    pub fn pattern(&self) -> &str {
+        &self.pattern
+    }
+
+    /// The compiled matcher.
+    pub fn matcher(&self) -> &GlobMatcher {
+        &self.matcher
+    }
+
+    /// Whether a cgroup path relative to the gated root matches.
+    pub fn is_match(&self, rel: impl AsRef<Path>) -> bool {
+        self.matcher.is_match(rel)
+    }
+}
+
+impl fmt::Debug for CgroupGlob {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("CgroupGlob").field(&self.pattern).finish()
+    }
+}
+
+impl PartialEq for CgroupGlob {
+    fn eq(&self, other: &Self) -> bool {
+        self.pattern == other.pattern
+    }
+}
+
+impl Eq for CgroupGlob {}
+
+/// How an allow entry selects the workloads it lets through.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AllowSelector {
+    /// Standalone mode: cgroups whose path relative to the gated root matches the glob (and
+    /// everything nested below them).
+    Cgroup(CgroupGlob),
+    /// Cluster mode: pods selected by namespace and optional narrowing.
+    Pods(PodSelector),
+}
+
+/// Operator of a [`LabelExpr`], as in Kubernetes label selectors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LabelOperator {
+    In,
+    NotIn,
+    Exists,
+    DoesNotExist,
+}
+
+impl LabelOperator {
+    /// The spelling used in the policy document.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LabelOperator::In => "In",
+            LabelOperator::NotIn => "NotIn",
+            LabelOperator::Exists => "Exists",
+            LabelOperator::DoesNotExist => "DoesNotExist",
+        }
+    }
+}
+
+/// One `podSelector.matchExpressions` item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LabelExpr {
+    pub key: String,
+    pub operator: LabelOperator,
+    /// Non-empty for `In`/`NotIn`, empty for `Exists`/`DoesNotExist`.
+    pub values: Vec<String>,
+}
+
+impl LabelExpr {
+    /// Whether a pod's labels satisfy this expression.
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        let value = labels.get(&self.key);
+        match self.operator {
+            LabelOperator::In => value.is_some_and(|v| self.values.contains(v)),
+            LabelOperator::NotIn => value.is_none_or(|v| !self.values.contains(v)),
+            LabelOperator::Exists => value.is_some(),
+            LabelOperator::DoesNotExist => value.is_none(),
+        }
+    }
+}
+
+/// Cluster-mode selection of pods. Every set field must match.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodSelector {
+    /// The pod's namespace (required).
+    pub namespace: String,
+    /// `podSelector.matchLabels`; empty = any labels.
+    pub match_labels: BTreeMap<String, String>,
+    /// `podSelector.matchExpressions`; empty = no constraint.
+    pub match_expressions: Vec<LabelExpr>,
+    /// The pod's service account, if narrowed.
+    pub service_account: Option<String>,
+    /// Container names the entry is limited to; empty = all containers of the pod.
+    pub containers: Vec<String>,
+    /// Only pods with (`true`) or without (`false`) host networking, if set.
+    pub host_network: Option<bool>,
+}
+
+impl PodSelector {
+    /// Whether a pod's labels satisfy `matchLabels` and `matchExpressions`.
+    pub fn matches_labels(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v))
+            && self.match_expressions.iter().all(|e| e.matches(labels))
+    }
+}
+
+/// One `allow` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllowEntry {
+    /// Unique, non-empty name (used in logs).
+    pub name: String,
+    pub selector: AllowSelector,
+}
+
+/// A validated policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// Where it was read from (file name or `configmap ns/name`); used in messages, not part of
+    /// [`Policy::hash`].
+    pub source: String,
+    /// The OpenShift platform type the policy is for (one of [`PLATFORMS`]).
+    pub platform: String,
+    pub mode: Mode,
+    /// Protected endpoints; the index is the endpoint number the kernel reports.
+    pub endpoints: Vec<Endpoint>,
+    /// Allow entries; the index is the entry number on the allow set.
+    pub allow: Vec<AllowEntry>,
+}
+
+/// A policy that cannot be read or is not valid.
+///
+/// Displays as `{source}: {field}: {reason}`, e.g.
+/// `aws.yaml: endpoints[1].ports[0]: port 0 is outside 1-65535`.
+///
+/// (Display and Error are written by hand: thiserror would take a field named `source` for the
+/// underlying error.)
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyError {
+    /// The file name or `configmap ns/name`.
+    pub source: String,
+    /// Path of the offending field (`endpoints[2].cidr`), `(document)` for the whole document,
+    /// or `line L column C` for YAML syntax errors.
+    pub field: String,
+    /// What is wrong and, where it helps, what to write instead.
+    pub reason: String,
+}
+
+impl PolicyError {
+    pub(crate) fn new(
+        source: impl Into<String>,
+        field: impl Into<String>,
+        reason: impl Into<String>,
+    ) -> Self {
+        Self { source: source.into(), field: field.into(), reason: reason.into() }
+    }
+}
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}: {}", self.source, self.field, self.reason)
+    }
+}
+
+impl std::error::Error for PolicyError {}
+
+impl Policy {
+    /// Parse and validate a policy document. `source` names it in errors (a file name or
+    /// `configmap ns/name`).
+    pub fn parse(source: &str, text: &str) -> Result<Policy, PolicyError> {
+        let raw = validate::deserialize(source, text)?;
+        let policy = validate::validate(source, raw)?;
+        // Rule-count and table limits are reported now rather than when the policy is applied.
+        policy.compile(0)?;
+        Ok(policy)
+    }
+
+    /// Read and validate a policy file; errors name the file as given.
+    pub fn load(path: &Path) -> Result<Policy, PolicyError> {
+        let source = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| PolicyError::new(&source, "(file)", format!("cannot read it: {e}")))?;
+        Self::parse(&source, &text)
+    }
+
+    /// The endpoints in the form the table compiler takes, in policy order.
+    pub fn endpoint_specs(&self) -> Vec<EndpointSpec> {
+        self.endpoints
+            .iter()
+            .map(|e| EndpointSpec {
+                net: net_of(e.cidr),
+                ports: e.ports.clone(),
+                protos: e.protocols.iter().map(|p| p.number()).collect(),
+            })
+            .collect()
+    }
+
+    /// Compile the endpoints into the table entries of map generation `generation`.
+    pub fn compile(&self, generation: u32) -> Result<Compiled, PolicyError> {
+        compile::compile(generation, &self.endpoint_specs())
+            .map_err(|e| PolicyError::new(&self.source, "endpoints", e.to_string()))
+    }
+
+    /// The allow entries that select cgroups by glob (standalone mode), with their index.
+    pub fn cgroup_entries(&self) -> impl Iterator<Item = (usize, &AllowEntry)> {
+        self.allow
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| matches!(e.selector, AllowSelector::Cgroup(_)))
+    }
+
+    /// Stable hex digest (FNV-1a 64) of the canonical form of the policy: equal policies hash
+    /// equally across runs, builds and versions; any change of platform, mode, endpoint or
+    /// allow entry changes it. The source name is not included.
+    pub fn hash(&self) -> String {
+        format!("{:016x}", fnv1a64(self.canonical().as_bytes()))
+    }
+
+    /// A deterministic text form of everything that affects enforcement. Strings are length
+    /// prefixed, so no choice of names can make two different policies collide textually.
+    fn canonical(&self) -> String {
+        fn s(out: &mut String, v: &str) {
+            let _ = write!(out, "{}:{v};", v.len());
+        }
+        let mut out = String::from("metadata-gate-policy/1;");
+        s(&mut out, &self.platform);
+        s(&mut out, self.mode.as_str());
+        let _ = write!(out, "endpoints={};", self.endpoints.len());
+        for e in &self.endpoints {
+            s(&mut out, &e.name);
+            let _ = write!(out, "{};ports={:?};protocols=", e.cidr, e.ports);
+            for p in &e.protocols {
+                let _ = write!(out, "{p},");
+            }
+            out.push(';');
+        }
+        let _ = write!(out, "allow={};", self.allow.len());
+        for a in &self.allow {
+            s(&mut out, &a.name);
+            match &a.selector {
+                AllowSelector::Cgroup(g) => {
+                    out.push_str("cgroup;");
+                    s(&mut out, g.pattern());
+                }
+                AllowSelector::Pods(p) => {
+                    out.push_str("pods;");
+                    s(&mut out, &p.namespace);
+                    let _ = write!(out, "labels={};", p.match_labels.len());
+                    for (k, v) in &p.match_labels {
+                        s(&mut out, k);
+                        s(&mut out, v);
+                    }
+                    let _ = write!(out, "exprs={};", p.match_expressions.len());
+                    for x in &p.match_expressions {
+                        s(&mut out, &x.key);
+                        let _ = write!(out, "{};values={};", x.operator.as_str(), x.values.len());
+                        for v in &x.values {
+                            s(&mut out, v);
+                        }
+                    }
+                    match &p.service_account {
+                        Some(sa) => {
+                            out.push_str("sa=");
+                            s(&mut out, sa);
+                        }
+                        None => out.push_str("sa-;"),
+                    }
+                    let _ = write!(out, "containers={};", p.containers.len());
+                    for c in &p.containers {
+                        s(&mut out, c);
+                    }
+                    let _ = write!(out, "hostNetwork={:?};", p.host_network);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The compiler's form of a CIDR.
+fn net_of(cidr: IpNet) -> Net {
+    match cidr {
+        IpNet::V4(n) => Net::V4 { addr: n.addr().octets(), len: n.prefix_len() },
+        IpNet::V6(n) => Net::V6 { addr: n.addr().octets(), len: n.prefix_len() },
+    }
+}
+
+/// FNV-1a, 64 bit: tiny, and its output never changes (unlike `std`'s hashers).
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    bytes.iter().fold(OFFSET, |h, &b| (h ^ u64::from(b)).wrapping_mul(PRIME))
+}
+

@@ -1,0 +1,501 @@
+use std::path::PathBuf;
+
+use gate_common::abi::{MAX_ENDPOINTS, PROTO_TCP, PROTO_UDP};
+
+use super::*;
+
+const EXAMPLE: &str =
+    include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/examples/standalone-aws.yaml"));
+
+fn parse(text: &str) -> Result<Policy, PolicyError> {
+    Policy::parse("aws.yaml", text)
+}
+
+/// A document with the given `endpoints:` items (YAML list items, indented 2).
+fn with_endpoints(items: &str) -> String {
+    format!("platform: AWS\nendpoints:\n{items}")
+}
+
+/// A valid document with the given `allow:` items.
+fn with_allow(items: &str) -> String {
+    format!("platform: AWS\nendpoints:\n  - {{name: imds, cidr: 169.254.169.254/32}}\nallow:\n{items}")
+}
+
+#[track_caller]
+fn assert_err(text: &str, field: &str, phrase: &str) -> PolicyError {
+    let e = match parse(text) {
+        Ok(p) => panic!("expected an error at {field}, parsed {p:?}"),
+        Err(e) => e,
+    };
+    assert_eq!(e.source, "aws.yaml");
+    assert_eq!(e.field, field, "field of: {e}");
+    assert!(e.reason.contains(phrase), "reason {:?} lacks {phrase:?}", e.reason);
+    assert_eq!(e.to_string(), format!("aws.yaml: {}: {}", e.field, e.reason));
+    e
+}
+
+// ---- the example and defaults ---------------------------------------------------------------
+
+#[test]
+fn example_parses() {
+    let p = parse(EXAMPLE).unwrap();
+    assert_eq!(p.platform, "AWS");
+    assert_eq!(p.mode, Mode::Enforce);
+    assert_eq!(p.endpoints.len(), 2);
+    assert_eq!(p.endpoints[0].name, "ec2-imds");
+    assert_eq!(p.endpoints[0].cidr, "169.254.169.254/32".parse::<IpNet>().unwrap());
+    assert_eq!(p.endpoints[0].ports, vec![80]);
+    assert_eq!(p.endpoints[0].protocols, vec![Protocol::Tcp]);
+    assert_eq!(p.endpoints[1].name, "ec2-imds-v6");
+    assert_eq!(p.endpoints[1].cidr, "fd00:ec2::254/128".parse::<IpNet>().unwrap());
+    assert_eq!(p.allow.len(), 1);
+    assert_eq!(p.allow[0].name, "cloud-agent");
+    let AllowSelector::Cgroup(g) = &p.allow[0].selector else { panic!("{:?}", p.allow[0]) };
+    assert_eq!(g.pattern(), "cloud-agent");
+    assert!(g.is_match("cloud-agent"));
+    assert!(!g.is_match("cloud-agent/worker"), "nested cgroups are allowed via the ancestor");
+    assert_eq!(p.cgroup_entries().map(|(i, _)| i).collect::<Vec<_>>(), vec![0]);
+}
+
+#[test]
+fn load_names_the_file() {
+    let path = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/examples/standalone-aws.yaml"));
+    let p = Policy::load(&path).unwrap();
+    assert_eq!(p.source, path.display().to_string());
+    let missing = PathBuf::from("/nonexistent/policy.yaml");
+    let e = Policy::load(&missing).unwrap_err();
+    assert_eq!(e.source, "/nonexistent/policy.yaml");
+    assert!(e.reason.contains("cannot read"), "{e}");
+}
+
+#[test]
+fn design_md_example_parses() {
+    let text = r#"
+platform: AWS                 # OpenShift PlatformType this policy is for
+mode: enforce                 # enforce | audit (audit: log and count, never block)
+endpoints:
+  - name: ec2-imds
+    cidr: 169.254.169.254/32
+    ports: [80]               # omitted = all ports
+    protocols: [TCP]          # TCP | UDP; omitted = all
+  - name: ec2-imds-v6
+    cidr: fd00:ec2::254/128
+    ports: [80]
+allow:
+  - name: aws-cloud-controller-manager      # cluster mode: pods by namespace + labels
+    namespace: openshift-cloud-controller-manager
+    podSelector: {matchLabels: {k8s-app: aws-cloud-controller-manager}}
+  - name: node-exporter-sidecar              # optional narrowing
+    namespace: openshift-monitoring
+    serviceAccount: node-exporter
+    containers: [kube-rbac-proxy]
+  - name: local-tool                         # standalone mode: cgroup path glob under the root
+    cgroup: "tools/*"
+"#;
+    let p = parse(text).unwrap();
+    assert_eq!(p.endpoints[1].protocols, vec![], "omitted = all");
+    let AllowSelector::Pods(ccm) = &p.allow[0].selector else { panic!() };
+    assert_eq!(ccm.namespace, "openshift-cloud-controller-manager");
+    assert_eq!(ccm.match_labels.get("k8s-app").map(String::as_str), Some("aws-cloud-controller-manager"));
+    let AllowSelector::Pods(ne) = &p.allow[1].selector else { panic!() };
+    assert_eq!(ne.service_account.as_deref(), Some("node-exporter"));
+    assert_eq!(ne.containers, vec!["kube-rbac-proxy".to_owned()]);
+    assert_eq!(ne.host_network, None);
+    assert_eq!(p.cgroup_entries().map(|(i, e)| (i, e.name.as_str())).collect::<Vec<_>>(), vec![(2, "local-tool")]);
+}
+
+#[test]
+fn defaults() {
+    let p = parse("platform: GCP\nendpoints:\n  - {name: md, cidr: 169.254.169.254/32}\n").unwrap();
+    assert_eq!(p.mode, Mode::Enforce);
+    assert!(p.endpoints[0].ports.is_empty());
+    assert!(p.endpoints[0].protocols.is_empty());
+    assert!(p.allow.is_empty());
+    let p = parse("platform: GCP\nmode: audit\nendpoints:\n  - {name: md, cidr: 169.254.169.254/32, protocols: [UDP, TCP]}\n").unwrap();
+    assert_eq!(p.mode, Mode::Audit);
+    assert_eq!(p.endpoints[0].protocols, vec![Protocol::Udp, Protocol::Tcp]);
+}
+
+#[test]
+fn every_platform_is_accepted() {
+    for platform in PLATFORMS {
+        let p = parse(&format!("platform: {platform}\nallowNoEndpoints: true\n")).unwrap();
+        assert_eq!(p.platform, *platform);
+    }
+}
+
+// ---- document-level errors ------------------------------------------------------------------
+
+#[test]
+fn empty_and_non_mapping_documents() {
+    assert_err("", "(document)", "the document is empty");
+    assert_err("# only a comment\n", "(document)", "the document is empty");
+    assert_err("- a\n- b\n", "(document)", "expected a mapping of policy fields");
+    assert_err("just a string", "(document)", "found a string");
+}
+
+#[test]
+fn yaml_syntax_errors_name_the_line() {
+    let e = parse("platform: AWS\nendpoints: [\n").unwrap_err();
+    assert!(e.field.starts_with("line "), "{e}");
+    assert!(e.reason.contains("not valid YAML"), "{e}");
+}
+
+#[test]
+fn unknown_fields_name_their_path() {
+    let e = assert_err(
+        &with_endpoints(
+            "  - {name: a, cidr: 10.0.0.1/32}\n  - {name: b, cidr: 10.0.0.2/32}\n  - name: c\n    cidr: 10.0.0.3/32\n    protocol: [TCP]\n",
+        ),
+        "endpoints[2].protocol",
+        "unknown field `protocol`",
+    );
+    assert!(e.reason.contains("did you mean `protocols`?"), "{e}");
+    assert_err("platform: AWS\nendpoint: []\n", "endpoint", "unknown field");
+    assert_err(
+        &with_allow("  - name: x\n    namespace: ns\n    podSelector: {match_labels: {a: b}}\n"),
+        "allow[0].podSelector.match_labels",
+        "did you mean `matchLabels`?",
+    );
+}
+
+#[test]
+fn wrong_types_name_their_path() {
+    assert_err(
+        &with_endpoints("  - {name: a, cidr: 10.0.0.1/32, ports: 80}\n"),
+        "endpoints[0].ports",
+        "invalid type",
+    );
+    assert_err(
+        &with_endpoints("  - {name: a, cidr: 10.0.0.1/32, ports: [\"80\"]}\n"),
+        "endpoints[0].ports[0]",
+        "write it without quotes: 80",
+    );
+    assert_err(
+        &with_allow("  - {name: x, namespace: ns, hostNetwork: maybe}\n"),
+        "allow[0].hostNetwork",
+        "invalid type",
+    );
+}
+
+#[test]
+fn platform_errors_list_valid_values() {
+    let e = assert_err("mode: audit\n", "platform", "missing");
+    assert!(e.reason.contains("AWS, Azure, BareMetal"), "{e}");
+    let e = assert_err("platform: aws\nallowNoEndpoints: true\n", "platform", "unknown platform \"aws\"");
+    assert!(e.reason.contains("did you mean AWS?"), "{e}");
+    assert!(e.reason.contains("AlibabaCloud, Nutanix, External"), "{e}");
+    assert_err("platform: Mars\nallowNoEndpoints: true\n", "platform", "valid values: AWS");
+}
+
+#[test]
+fn mode_errors() {
+    assert_err("platform: AWS\nmode: enforcing\n", "mode", "expected enforce or audit");
+}
+
+// ---- endpoints ------------------------------------------------------------------------------
+
+#[test]
+fn empty_endpoint_list_needs_an_opt_out() {
+    assert_err("platform: AWS\n", "endpoints", "no endpoints");
+    assert_err("platform: VSphere\nendpoints: []\n", "endpoints", "allowNoEndpoints: true");
+    let p = parse("platform: VSphere\nendpoints: []\nallowNoEndpoints: true\n").unwrap();
+    assert!(p.endpoints.is_empty());
+    let p = parse("platform: VSphere\nmode: audit\n").unwrap();
+    assert!(p.endpoints.is_empty());
+}
+
+#[test]
+fn endpoint_names_are_required_and_unique() {
+    assert_err(&with_endpoints("  - {cidr: 10.0.0.1/32}\n"), "endpoints[0].name", "missing");
+    assert_err(&with_endpoints("  - {name: \"\", cidr: 10.0.0.1/32}\n"), "endpoints[0].name", "is empty");
+    assert_err(
+        &with_endpoints("  - {name: a, cidr: 10.0.0.1/32}\n  - {name: a, cidr: 10.0.0.2/32}\n"),
+        "endpoints[1].name",
+        "duplicate endpoint name \"a\" (also endpoints[0])",
+    );
+}
+
+#[test]
+fn cidr_errors() {
+    assert_err(&with_endpoints("  - {name: a}\n"), "endpoints[0].cidr", "missing");
+    assert_err(&with_endpoints("  - {name: a, cidr: 169.254.169.300/32}\n"), "endpoints[0].cidr", "is not a CIDR");
+    assert_err(&with_endpoints("  - {name: a, cidr: 10.0.0.1/33}\n"), "endpoints[0].cidr", "is not a CIDR");
+    assert_err(
+        &with_endpoints("  - {name: a, cidr: 169.254.169.254}\n"),
+        "endpoints[0].cidr",
+        "no prefix length; write 169.254.169.254/32",
+    );
+    assert_err(
+        &with_endpoints("  - {name: a, cidr: 100.100.100.200/16}\n"),
+        "endpoints[0].cidr",
+        "host bits set: did you mean the network 100.100.0.0/16? (or 100.100.100.200/32",
+    );
+    assert_err(
+        &with_endpoints("  - {name: a, cidr: \"fd00:ec2::254/64\"}\n"),
+        "endpoints[0].cidr",
+        "did you mean the network fd00:ec2::/64?",
+    );
+}
+
+#[test]
+fn masquerade_subnets_are_refused() {
+    for cidr in [
+        "169.254.169.1/32",
+        "169.254.0.0/16",
+        "169.254.0.0/17",
+        "0.0.0.0/0",
+        "\"fd69::5/128\"",
+        "\"fd69::/16\"",
+        "\"::ffff:169.254.0.1/128\"",
+        "\"::/0\"",
+    ] {
+        assert_err(
+            &with_endpoints(&format!("  - {{name: a, cidr: {cidr}}}\n")),
+            "endpoints[0].cidr",
+            "would break node networking",
+        );
+    }
+    // Right next to it is fine.
+    parse(&with_endpoints("  - {name: a, cidr: 169.254.128.0/17}\n  - {name: b, cidr: \"fd69::1:0/112\"}\n"))
+        .unwrap();
+}
+
+#[test]
+fn port_errors() {
+    let e = assert_err(
+        &with_endpoints(
+            "  - {name: a, cidr: 10.0.0.1/32}\n  - {name: b, cidr: 10.0.0.2/32, ports: [0]}\n",
+        ),
+        "endpoints[1].ports[0]",
+        "port 0 is outside 1-65535",
+    );
+    assert_eq!(e.to_string(), "aws.yaml: endpoints[1].ports[0]: port 0 is outside 1-65535");
+    assert_err(
+        &with_endpoints("  - {name: a, cidr: 10.0.0.1/32, ports: [80, 70000]}\n"),
+        "endpoints[0].ports[1]",
+        "port 70000 is outside 1-65535",
+    );
+    assert_err(
+        &with_endpoints("  - {name: a, cidr: 10.0.0.1/32, ports: [-1]}\n"),
+        "endpoints[0].ports[0]",
+        "port -1 is outside 1-65535",
+    );
+    assert_err(
+        &with_endpoints("  - {name: a, cidr: 10.0.0.1/32, ports: [99999999999999999999999]}\n"),
+        "endpoints[0].ports[0]",
+        "1-65535",
+    );
+    assert_err(
+        &with_endpoints("  - {name: a, cidr: 10.0.0.1/32, ports: [80, 443, 80]}\n"),
+        "endpoints[0].ports[2]",
+        "duplicate port 80 (also ports[0])",
+    );
+    assert_err(
+        &with_endpoints("  - {name: a, cidr: 10.0.0.1/32, ports: []}\n"),
+        "endpoints[0].ports",
+        "omit the field to mean all",
+    );
+    assert_err(
+        &with_endpoints("  - {name: a, cidr: 10.0.0.1/32, ports: [8.5]}\n"),
+        "endpoints[0].ports[0]",
+        "not a whole number",
+    );
+    parse(&with_endpoints("  - {name: a, cidr: 10.0.0.1/32, ports: [1, 65535]}\n")).unwrap();
+}
+
+#[test]
+fn protocol_errors() {
+    assert_err(
+        &with_endpoints("  - {name: a, cidr: 10.0.0.1/32, protocols: [ICMP]}\n"),
+        "endpoints[0].protocols[0]",
+        "unknown protocol \"ICMP\"; expected TCP or UDP",
+    );
+    assert_err(
+        &with_endpoints("  - {name: a, cidr: 10.0.0.1/32, protocols: [TCP, tcp]}\n"),
+        "endpoints[0].protocols[1]",
+        "write TCP (upper case)",
+    );
+    assert_err(
+        &with_endpoints("  - {name: a, cidr: 10.0.0.1/32, protocols: [UDP, UDP]}\n"),
+        "endpoints[0].protocols[1]",
+        "duplicate protocol UDP",
+    );
+    assert_err(
+        &with_endpoints("  - {name: a, cidr: 10.0.0.1/32, protocols: []}\n"),
+        "endpoints[0].protocols",
+        "omit the field to mean all",
+    );
+}
+
+#[test]
+fn too_many_endpoints() {
+    let items: String = (0..=MAX_ENDPOINTS)
+        .map(|i| {
+            let [_, b, c, d] = i.to_be_bytes();
+            format!("  - {{name: e{i}, cidr: 10.{b}.{c}.{d}/32}}\n")
+        })
+        .collect();
+    assert_err(&with_endpoints(&items), "endpoints", &format!("at most {MAX_ENDPOINTS} fit"));
+}
+
+#[test]
+fn rule_overflow_is_reported_at_parse_time() {
+    // 32 endpoints x 2048 ports x 2 protocols on nested prefixes: far beyond MAX_PORT_RULES.
+    let ports: Vec<String> = (1..=2048).map(|p| p.to_string()).collect();
+    let ports = ports.join(", ");
+    let items: String = (0..32)
+        .map(|i| format!("  - {{name: e{i}, cidr: 10.{i}.0.0/16, ports: [{ports}], protocols: [TCP, UDP]}}\n"))
+        .collect();
+    assert_err(&with_endpoints(&items), "endpoints", "rules, at most");
+}
+
+// ---- allow ----------------------------------------------------------------------------------
+
+#[test]
+fn allow_names_are_required_and_unique() {
+    assert_err(&with_allow("  - {cgroup: a}\n"), "allow[0].name", "missing");
+    assert_err(&with_allow("  - {name: \" \", cgroup: a}\n"), "allow[0].name", "is empty");
+    assert_err(
+        &with_allow("  - {name: x, cgroup: a}\n  - {name: x, namespace: ns}\n"),
+        "allow[1].name",
+        "duplicate allow entry name \"x\" (also allow[0])",
+    );
+}
+
+#[test]
+fn allow_needs_exactly_one_selector() {
+    assert_err(&with_allow("  - {name: x}\n"), "allow[0]", "selects nothing");
+    assert_err(&with_allow("  - {name: x, cgroup: a, namespace: ns}\n"), "allow[0]", "has both `cgroup`");
+    for field in ["serviceAccount: sa", "containers: [c]", "podSelector: {}", "hostNetwork: true"] {
+        let key = field.split(':').next().unwrap_or_default();
+        assert_err(
+            &with_allow(&format!("  - {{name: x, {field}}}\n")),
+            &format!("allow[0].{key}"),
+            "only applies together with `namespace`",
+        );
+        assert_err(
+            &with_allow(&format!("  - {{name: x, cgroup: a, {field}}}\n")),
+            &format!("allow[0].{key}"),
+            "cannot be combined with `cgroup`",
+        );
+    }
+}
+
+#[test]
+fn cgroup_glob_errors() {
+    assert_err(&with_allow("  - {name: x, cgroup: \"\"}\n"), "allow[0].cgroup", "empty cgroup glob");
+    assert_err(
+        &with_allow("  - {name: x, cgroup: /sys/fs/cgroup/tools}\n"),
+        "allow[0].cgroup",
+        "is absolute; cgroup globs are relative to --cgroup-root",
+    );
+    assert_err(&with_allow("  - {name: x, cgroup: \"tools/../other\"}\n"), "allow[0].cgroup", "`..`");
+    assert_err(&with_allow("  - {name: x, cgroup: \"..\"}\n"), "allow[0].cgroup", "`..`");
+    assert_err(&with_allow("  - {name: x, cgroup: \"tools/\"}\n"), "allow[0].cgroup", "empty path component");
+    assert_err(&with_allow("  - {name: x, cgroup: \"tools/[a\"}\n"), "allow[0].cgroup", "not a valid glob");
+}
+
+#[test]
+fn cgroup_glob_semantics() {
+    let p = parse(&with_allow("  - {name: t, cgroup: \"tools/*\"}\n  - {name: d, cgroup: \"deep/**\"}\n")).unwrap();
+    let AllowSelector::Cgroup(t) = &p.allow[0].selector else { panic!() };
+    assert!(t.is_match("tools/a"));
+    assert!(!t.is_match("tools/a/b"), "* must not cross /");
+    assert!(!t.is_match("tools"));
+    let AllowSelector::Cgroup(d) = &p.allow[1].selector else { panic!() };
+    assert!(d.is_match("deep/a/b"));
+}
+
+#[test]
+fn pod_selector_parses() {
+    let p = parse(&with_allow(
+        "  - name: x\n    namespace: ns-1\n    hostNetwork: true\n    podSelector:\n      matchLabels: {app: a}\n      matchExpressions:\n        - {key: tier, operator: In, values: [x, y]}\n        - {key: canary, operator: DoesNotExist}\n",
+    ))
+    .unwrap();
+    let AllowSelector::Pods(s) = &p.allow[0].selector else { panic!() };
+    assert_eq!(s.host_network, Some(true));
+    assert_eq!(s.match_expressions.len(), 2);
+    assert_eq!(s.match_expressions[0].operator, LabelOperator::In);
+    assert_eq!(s.match_expressions[0].values, vec!["x".to_owned(), "y".to_owned()]);
+    let labels = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
+        kv.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    };
+    assert!(s.matches_labels(&labels(&[("app", "a"), ("tier", "y")])));
+    assert!(!s.matches_labels(&labels(&[("app", "a"), ("tier", "z")])));
+    assert!(!s.matches_labels(&labels(&[("app", "a"), ("tier", "x"), ("canary", "1")])));
+    assert!(!s.matches_labels(&labels(&[("tier", "x")])));
+    assert!(p.cgroup_entries().next().is_none());
+}
+
+#[test]
+fn pod_selector_errors() {
+    assert_err(&with_allow("  - {name: x, namespace: \"\"}\n"), "allow[0].namespace", "is empty");
+    assert_err(&with_allow("  - {name: x, namespace: Kube_System}\n"), "allow[0].namespace", "lower-case");
+    assert_err(&with_allow("  - {name: x, namespace: ns, serviceAccount: \"\"}\n"), "allow[0].serviceAccount", "is empty");
+    assert_err(
+        &with_allow("  - {name: x, namespace: ns, containers: []}\n"),
+        "allow[0].containers",
+        "omit the field to mean all containers",
+    );
+    assert_err(
+        &with_allow("  - {name: x, namespace: ns, containers: [a, a]}\n"),
+        "allow[0].containers[1]",
+        "duplicate container \"a\"",
+    );
+    let expr = |e: &str| with_allow(&format!("  - name: x\n    namespace: ns\n    podSelector:\n      matchExpressions:\n        - {e}\n"));
+    assert_err(&expr("{key: a, operator: In}"), "allow[0].podSelector.matchExpressions[0].values", "In needs at least one value");
+    assert_err(&expr("{key: a, operator: NotIn, values: []}"), "allow[0].podSelector.matchExpressions[0].values", "NotIn needs at least one value");
+    assert_err(&expr("{key: a, operator: Exists, values: [b]}"), "allow[0].podSelector.matchExpressions[0].values", "Exists takes no values");
+    assert_err(&expr("{key: a, operator: DoesNotExist, values: [b]}"), "allow[0].podSelector.matchExpressions[0].values", "takes no values");
+    assert_err(&expr("{key: a, operator: Has}"), "allow[0].podSelector.matchExpressions[0].operator", "one of In, NotIn, Exists, DoesNotExist");
+    assert_err(&expr("{key: a}"), "allow[0].podSelector.matchExpressions[0].operator", "missing");
+    assert_err(&expr("{operator: Exists}"), "allow[0].podSelector.matchExpressions[0].key", "missing");
+}
+
+// ---- compiling and hashing ------------------------------------------------------------------
+
+#[test]
+fn endpoint_specs_map_protocols_and_keep_mapped_nets_v6() {
+    let p = parse(&with_endpoints(
+        "  - {name: a, cidr: 169.254.169.254/32, ports: [80, 443], protocols: [TCP, UDP]}\n  - {name: b, cidr: \"::ffff:100.100.100.200/128\", protocols: [UDP]}\n  - {name: c, cidr: \"fd00:ec2::254/128\"}\n",
+    ))
+    .unwrap();
+    let specs = p.endpoint_specs();
+    assert_eq!(specs.len(), 3);
+    assert_eq!(specs[0].net, Net::V4 { addr: [169, 254, 169, 254], len: 32 });
+    assert_eq!(specs[0].ports, vec![80, 443]);
+    assert_eq!(specs[0].protos, vec![PROTO_TCP, PROTO_UDP]);
+    assert_eq!(specs[0].protos, vec![6, 17]);
+    let mut mapped = [0u8; 16];
+    mapped[10] = 0xff;
+    mapped[11] = 0xff;
+    mapped[12..].copy_from_slice(&[100, 100, 100, 200]);
+    assert_eq!(specs[1].net, Net::V6 { addr: mapped, len: 128 });
+    assert_eq!(specs[1].protos, vec![17]);
+    assert!(specs[2].ports.is_empty() && specs[2].protos.is_empty());
+    // gate-common turns the mapped net into an IPv4 prefix.
+    let c = p.compile(1).unwrap();
+    assert_eq!(c.generation, 1);
+    assert_eq!(c.v4.len(), 2);
+    assert_eq!(c.v6.len(), 1);
+}
+
+#[test]
+fn hash_is_stable_and_sensitive() {
+    let a = parse(EXAMPLE).unwrap();
+    let b = Policy::parse("elsewhere.yaml", EXAMPLE).unwrap();
+    assert_eq!(a.hash(), b.hash(), "the source is not part of the hash");
+    assert_eq!(a.hash().len(), 16);
+    assert!(a.hash().bytes().all(|c| c.is_ascii_hexdigit()));
+    // Formatting and comments do not matter, only content.
+    let reformatted = "platform: AWS\nmode: enforce\nendpoints:\n- {name: ec2-imds, cidr: 169.254.169.254/32, ports: [80], protocols: [TCP]}\n- {name: ec2-imds-v6, cidr: \"fd00:ec2::254/128\", ports: [80], protocols: [TCP]}\nallow: [{name: cloud-agent, cgroup: cloud-agent}]\n";
+    assert_eq!(parse(reformatted).unwrap().hash(), a.hash());
+    let changed = EXAMPLE.replacen("ports: [80]", "ports: [8080]", 1);
+    assert_ne!(parse(&changed).unwrap().hash(), a.hash());
+    let audit = EXAMPLE.replace("mode: enforce", "mode: audit");
+    assert_ne!(parse(&audit).unwrap().hash(), a.hash());
+    // Pinned: the digest of this canonical form must never change between versions.
+    assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+    assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+}
