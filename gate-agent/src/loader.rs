@@ -122,7 +122,8 @@ fn prepare_pin_dir(pin_dir: &Path) -> Result<PathBuf, LoaderError> {
     if statfs_type(parent).map_err(|e| err(format!("statfs {}: {e}", parent.display())))?
         != BPF_FS_MAGIC
     {
-        mount_bpffs(parent).map_err(|e| err(format!("mounting bpffs on {}: {e}", parent.display())))?;
+        mount_bpffs(parent)
+            .map_err(|e| err(format!("mounting bpffs on {}: {e}", parent.display())))?;
         tracing::info!(path = %parent.display(), "mounted bpffs");
     }
     let dir = versioned(pin_dir);
@@ -303,8 +304,12 @@ impl Gate {
         for name in [programs::CONNECT4, programs::CONNECT6, programs::SENDMSG4, programs::SENDMSG6]
         {
             let perr = |source| LoaderError::Program { name, source };
-            let prog: &mut CgroupSockAddr =
-                self.ebpf.program_mut(name).ok_or(LoaderError::MissingProgram(name))?.try_into().map_err(perr)?;
+            let prog: &mut CgroupSockAddr = self
+                .ebpf
+                .program_mut(name)
+                .ok_or(LoaderError::MissingProgram(name))?
+                .try_into()
+                .map_err(perr)?;
             let id = prog.attach(&cgroup, CgroupAttachMode::Single).map_err(perr)?;
             let link = prog.take_link(id).map_err(perr)?;
             let fd = FdLink::try_from(link).map_err(|source| LoaderError::Link { name, source })?;
@@ -313,8 +318,12 @@ impl Gate {
         }
         let name = self.egress;
         let perr = |source| LoaderError::Program { name, source };
-        let prog: &mut CgroupSkb =
-            self.ebpf.program_mut(name).ok_or(LoaderError::MissingProgram(name))?.try_into().map_err(perr)?;
+        let prog: &mut CgroupSkb = self
+            .ebpf
+            .program_mut(name)
+            .ok_or(LoaderError::MissingProgram(name))?
+            .try_into()
+            .map_err(perr)?;
         let id = prog
             .attach(&cgroup, CgroupSkbAttachType::Egress, CgroupAttachMode::Single)
             .map_err(perr)?;
@@ -400,10 +409,8 @@ pub fn cleanup(pin_dir: &Path) -> Result<bool, LoaderError> {
     if !dir.exists() {
         return Ok(false);
     }
-    fs::remove_dir_all(&dir).map_err(|e| LoaderError::PinDir {
-        path: dir.clone(),
-        reason: format!("removing: {e}"),
-    })?;
+    fs::remove_dir_all(&dir)
+        .map_err(|e| LoaderError::PinDir { path: dir.clone(), reason: format!("removing: {e}") })?;
     // Remove the pin dir itself if nothing else lives there.
     let _ = fs::remove_dir(pin_dir);
     Ok(true)

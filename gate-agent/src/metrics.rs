@@ -63,7 +63,9 @@ impl Collector for GateCollector {
         )?;
         for (i, c) in stats.endpoints.iter().enumerate() {
             let name = names.get(i).map(String::as_str).unwrap_or("?");
-            for (verdict, v) in [("allowed", c.allowed), ("denied", c.denied), ("audited", c.audited)] {
+            for (verdict, v) in
+                [("allowed", c.allowed), ("denied", c.denied), ("audited", c.audited)]
+            {
                 let labels = [("endpoint", name), ("verdict", verdict)];
                 ConstCounter::new(v).encode(fam.encode_family(&labels)?)?;
             }

@@ -36,7 +36,9 @@ async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
             [("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")],
             body,
         ),
-        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, [("content-type", "text/plain")], String::new()),
+        Err(_) => {
+            (StatusCode::INTERNAL_SERVER_ERROR, [("content-type", "text/plain")], String::new())
+        }
     }
 }
 

@@ -62,17 +62,19 @@ pub async fn run(args: RunArgs) -> Result<()> {
         );
     };
     let policy = Policy::load(policy_path)?;
-    for (_, entry) in policy.allow.iter().enumerate().filter(|(_, e)| {
-        !matches!(e.selector, crate::policy::AllowSelector::Cgroup { .. })
-    }) {
+    for (_, entry) in policy
+        .allow
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| !matches!(e.selector, crate::policy::AllowSelector::Cgroup { .. }))
+    {
         tracing::warn!(entry = %entry.name, "allow entry selects pods: it applies in cluster mode only");
     }
     let root = GatedRoot::open(cgroup_root)?;
 
     let ready = Arc::new(AtomicBool::new(false));
-    let endpoint_names = Arc::new(RwLock::new(
-        policy.endpoints.iter().map(|e| e.name.clone()).collect::<Vec<_>>(),
-    ));
+    let endpoint_names =
+        Arc::new(RwLock::new(policy.endpoints.iter().map(|e| e.name.clone()).collect::<Vec<_>>()));
 
     let mut gate = bring_up(&args, &policy, &root)?;
     let ring = gate.take_events();
@@ -92,7 +94,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
         });
     }
 
-    let mut known: BTreeSet<u64> = allow_set(&root, &policy).into_iter().map(|(id, _)| id).collect();
+    let mut known: BTreeSet<u64> =
+        allow_set(&root, &policy).into_iter().map(|(id, _)| id).collect();
     ready.store(true, Ordering::Release);
     tracing::info!(
         policy = %policy_path.display(),

@@ -123,10 +123,7 @@ const MAPPED_PREFIX_16: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0,
 /// Compile `endpoints` (policy order = endpoint index) into generation `generation`'s entries.
 pub fn compile(generation: u32, endpoints: &[EndpointSpec]) -> Result<Compiled, CompileError> {
     if endpoints.len() > MAX_ENDPOINTS as usize {
-        return Err(CompileError::TooManyEndpoints {
-            count: endpoints.len(),
-            max: MAX_ENDPOINTS,
-        });
+        return Err(CompileError::TooManyEndpoints { count: endpoints.len(), max: MAX_ENDPOINTS });
     }
     // Exact prefix -> endpoints declared with it.
     let mut by_net: BTreeMap<Net, Vec<u32>> = BTreeMap::new();
@@ -163,7 +160,9 @@ pub fn compile(generation: u32, endpoints: &[EndpointSpec]) -> Result<Compiled, 
                             (false, true) => KIND_PORT_ANYPROTO,
                             (true, true) => KIND_ANYPORT_ANYPROTO,
                         };
-                        let e = rules.entry(PortRuleKey::new(generation, set_id, port, proto)).or_insert(idx);
+                        let e = rules
+                            .entry(PortRuleKey::new(generation, set_id, port, proto))
+                            .or_insert(idx);
                         *e = (*e).min(idx);
                     }
                 }
@@ -174,12 +173,16 @@ pub fn compile(generation: u32, endpoints: &[EndpointSpec]) -> Result<Compiled, 
         }
         let value = PrefixValue { set_id, kinds };
         match net {
-            Net::V4 { addr, len } => {
-                out.v4.push((GEN_PREFIX_BITS + u32::from(len), PrefixV4::new(generation, addr), value))
-            }
-            Net::V6 { addr, len } => {
-                out.v6.push((GEN_PREFIX_BITS + u32::from(len), PrefixV6::new(generation, addr), value))
-            }
+            Net::V4 { addr, len } => out.v4.push((
+                GEN_PREFIX_BITS + u32::from(len),
+                PrefixV4::new(generation, addr),
+                value,
+            )),
+            Net::V6 { addr, len } => out.v6.push((
+                GEN_PREFIX_BITS + u32::from(len),
+                PrefixV6::new(generation, addr),
+                value,
+            )),
         }
     }
     out.rules = rules.into_iter().collect();
@@ -328,9 +331,8 @@ mod tests {
 
     #[test]
     fn limits_are_errors() {
-        let many: Vec<_> = (0..=MAX_ENDPOINTS)
-            .map(|i| ep(v4((i as u32).to_be_bytes(), 32), &[80], &[]))
-            .collect();
+        let many: Vec<_> =
+            (0..=MAX_ENDPOINTS).map(|i| ep(v4(i.to_be_bytes(), 32), &[80], &[])).collect();
         assert!(matches!(compile(0, &many), Err(CompileError::TooManyEndpoints { .. })));
         let ports: Vec<u16> = (1..=u16::MAX).collect();
         let wide = [ep(v4([10, 0, 0, 0], 8), &ports, &[PROTO_TCP, PROTO_UDP])];
@@ -378,7 +380,10 @@ mod tests {
     fn arb_ep() -> impl Strategy<Value = EndpointSpec> {
         (
             arb_net(),
-            proptest::collection::vec(prop_oneof![Just(53u16), Just(80), Just(443), 1..=65535u16], 0..3),
+            proptest::collection::vec(
+                prop_oneof![Just(53u16), Just(80), Just(443), 1..=65535u16],
+                0..3,
+            ),
             proptest::collection::vec(prop_oneof![Just(PROTO_TCP), Just(PROTO_UDP)], 0..2),
         )
             .prop_map(|(net, ports, protos)| EndpointSpec { net, ports, protos })

@@ -1,7 +1,6 @@
 //! User-space glue: these types may be read from and written to aya maps.
 use crate::abi::{
-    AllowKey, DenyEvent, EndpointCounters, PolicyMeta, PortRuleKey, PrefixV4, PrefixV6,
-    PrefixValue,
+    AllowKey, DenyEvent, EndpointCounters, PolicyMeta, PortRuleKey, PrefixV4, PrefixV6, PrefixValue,
 };
 
 // SAFETY: all are #[repr(C)], Copy, with explicit padding and no invalid bit patterns.

@@ -185,7 +185,8 @@ fn gate(caller: &Caller, dst: &Dst, ancestor: impl FnMut(u32) -> u64) -> bool {
 fn sock_addr(ctx: &SockAddrContext, hook: u32, v6: bool) -> i32 {
     // SAFETY: the context pointer is valid for the program's duration; fields are read-only.
     let sa = unsafe { &*ctx.sock_addr };
-    let addr = if v6 { Addr::from_v6_words(sa.user_ip6) } else { Addr::V4(sa.user_ip4.to_ne_bytes()) };
+    let addr =
+        if v6 { Addr::from_v6_words(sa.user_ip6) } else { Addr::V4(sa.user_ip4.to_ne_bytes()) };
     let dst = Dst { addr, port: u16::from_be(sa.user_port as u16), proto: sa.protocol as u8 };
     let caller = Caller {
         hook,

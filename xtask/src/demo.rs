@@ -1,1 +1,3 @@
-pub fn run() -> anyhow::Result<()> { anyhow::bail!("demo: not yet") }
+pub fn run() -> anyhow::Result<()> {
+    anyhow::bail!("demo: not yet")
+}

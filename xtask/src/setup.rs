@@ -9,15 +9,27 @@ pub const BPF_LINKER_VERSION: &str = "0.10.1";
 
 /// Install what is missing; skip what is there (CI runs this on every clean clone).
 pub fn ensure() -> Result<()> {
-    let installed = output(Command::new("rustup").args(["component", "list", "--installed", "--toolchain", "nightly"]))
-        .unwrap_or_default();
+    let installed = output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--installed",
+        "--toolchain",
+        "nightly",
+    ]))
+    .unwrap_or_default();
     let missing: Vec<&str> = ["rust-src", "clippy", "rustfmt"]
         .into_iter()
         .filter(|c| !installed.lines().any(|l| l.starts_with(&format!("{c}-")) || l == *c))
         .collect();
     if installed.is_empty() {
         run(Command::new("rustup").args([
-            "toolchain", "install", "nightly", "--profile", "minimal", "--component", "rust-src,clippy,rustfmt",
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+            "--component",
+            "rust-src,clippy,rustfmt",
         ]))?;
     } else if !missing.is_empty() {
         let mut cmd = Command::new("rustup");
@@ -28,7 +40,12 @@ pub fn ensure() -> Result<()> {
     let linker = output(Command::new("bpf-linker").arg("--version")).unwrap_or_default();
     if !linker.contains(BPF_LINKER_VERSION) {
         // 0.10.x links with the Rust toolchain's own LLVM; newer ones need a system LLVM.
-        run(Command::new("cargo").args(["install", &format!("bpf-linker@{BPF_LINKER_VERSION}"), "--locked", "--force"]))?;
+        run(Command::new("cargo").args([
+            "install",
+            &format!("bpf-linker@{BPF_LINKER_VERSION}"),
+            "--locked",
+            "--force",
+        ]))?;
     }
 
     let mut debs = Vec::new();
@@ -43,32 +60,59 @@ pub fn ensure() -> Result<()> {
             bail!("missing Debian packages {debs:?}; install them as root");
         }
         run(Command::new("apt-get").arg("update").arg("-qq"))?;
-        run(Command::new("apt-get").args(["install", "-y", "-qq", "--no-install-recommends"]).args(&debs))?;
+        run(Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&debs))?;
     }
     Ok(())
 }
 
 pub fn lint() -> Result<()> {
     run(Command::new("cargo").args(["+nightly", "fmt", "--all", "--", "--check"]))?;
-    run(Command::new("cargo").args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+    run(Command::new("cargo").args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
     // The eBPF crate on its own, for its real target.
-    run(Command::new("cargo")
-        .current_dir(root().join("gate-ebpf"))
-        .args([
-            "+nightly", "clippy", "-p", "gate-ebpf", "--bins", "--release", "--target", "bpfel-unknown-none",
-            "-Z", "build-std=core", "--", "-D", "warnings",
-        ]))?;
+    run(Command::new("cargo").current_dir(root().join("gate-ebpf")).args([
+        "+nightly",
+        "clippy",
+        "-p",
+        "gate-ebpf",
+        "--bins",
+        "--release",
+        "--target",
+        "bpfel-unknown-none",
+        "-Z",
+        "build-std=core",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
     Ok(())
 }
 
 pub fn test(filter: Option<&str>) -> Result<()> {
     run(Command::new("cargo").args(["test", "-p", "gate-common", "-p", "gate-agent"]))?;
-    run(Command::new("cargo").args(["build", "-p", "gate-agent", "-p", "integration-tests", "--bins"]))?;
+    run(Command::new("cargo").args([
+        "build",
+        "-p",
+        "gate-agent",
+        "-p",
+        "integration-tests",
+        "--bins",
+    ]))?;
     if !is_root() {
         if in_ci() {
             bail!("the privileged kernel tests need root, and CI=true forbids skipping them");
         }
-        eprintln!("\n*** privileged kernel tests SKIPPED: they need root (run `sudo cargo xtask test`) ***");
+        eprintln!(
+            "\n*** privileged kernel tests SKIPPED: they need root (run `sudo cargo xtask test`) ***"
+        );
         return Ok(());
     }
     let agent = root().join("target/debug/gate-agent");
