@@ -87,7 +87,10 @@ fn unescape_octal(s: &str) -> std::ffi::OsString {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
             let v = b[i + 1..i + 4].iter().fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'));
             if let Ok(byte) = u8::try_from(v) {
                 out.push(byte);
@@ -105,9 +108,9 @@ fn unescape_octal(s: &str) -> std::ffi::OsString {
 fn fs_type(path: &Path) -> io::Result<i64> {
     let c = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))?;
-    // SAFETY: all-zero is a valid `statfs` (plain integers); `c` is NUL-terminated and outlives
-    // the call; the kernel writes at most `size_of::<statfs>()` bytes into `buf`.
+    // SAFETY: `statfs` is plain integers, for which all-zero is a valid value.
     let mut buf: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is NUL-terminated and outlives the call; `buf` is a valid, writable `statfs`.
     let rc = unsafe { libc::statfs(c.as_ptr(), &mut buf) };
     if rc != 0 {
         return Err(io::Error::last_os_error());
@@ -206,8 +209,9 @@ impl GatedRoot {
     }
 
     /// Descendants whose relative path matches a cgroup glob of `policy`, with the index of
-    /// the first matching allow entry. Cgroups nested below a match are not listed: the
-    /// kernel programs check ancestors, so they are allowed through their allowed ancestor.
+    /// the first matching allow entry. Only what a glob itself matches is listed: cgroups
+    /// nested below a match need no entry of their own, as the kernel programs also check a
+    /// socket's ancestors below the gated root.
     pub fn resolve_allow(&self, policy: &Policy) -> Vec<ResolvedAllow> {
         let globs: Vec<_> = policy
             .cgroup_entries()
@@ -255,7 +259,6 @@ pub struct ResolvedAllow {
     /// Index of the allow entry (in `Policy::allow`) that matched first.
     pub entry: usize,
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -467,8 +470,7 @@ mod tests {
     fn double_star_crosses_slash() {
         let t = TempTree::new(&["tools/a/inner", "x"]);
         let p = policy("  - {name: tools, cgroup: \"tools/**\"}\n");
-        let got: Vec<_> =
-            t.root().resolve_allow(&p).into_iter().map(|r| r.rel).collect();
+        let got: Vec<_> = t.root().resolve_allow(&p).into_iter().map(|r| r.rel).collect();
         assert_eq!(got, vec![PathBuf::from("tools/a"), PathBuf::from("tools/a/inner")]);
     }
 

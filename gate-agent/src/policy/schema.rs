@@ -91,10 +91,15 @@ impl<'de> Deserialize<'de> for RawPort {
             }
 
             fn visit_u128<E: de::Error>(self, v: u128) -> Result<RawPort, E> {
-                Ok(RawPort(i128::try_from(v).unwrap_or(i128::MAX)))
+                i128::try_from(v)
+                    .map(RawPort)
+                    .map_err(|_| E::custom(format_args!("port {v} is outside 1-65535")))
             }
 
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<RawPort, E> {
+                if v.is_finite() && v.fract() == 0.0 && !(0.0..=65535.0).contains(&v) {
+                    return Err(E::custom(format_args!("port {v} is outside 1-65535")));
+                }
                 Err(E::custom(format_args!(
                     "port {v} is not a whole number; expected a port number 1-65535"
                 )))

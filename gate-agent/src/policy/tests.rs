@@ -18,7 +18,9 @@ fn with_endpoints(items: &str) -> String {
 
 /// A valid document with the given `allow:` items.
 fn with_allow(items: &str) -> String {
-    format!("platform: AWS\nendpoints:\n  - {{name: imds, cidr: 169.254.169.254/32}}\nallow:\n{items}")
+    format!(
+        "platform: AWS\nendpoints:\n  - {{name: imds, cidr: 169.254.169.254/32}}\nallow:\n{items}"
+    )
 }
 
 #[track_caller]
@@ -59,7 +61,10 @@ fn example_parses() {
 
 #[test]
 fn load_names_the_file() {
-    let path = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/examples/standalone-aws.yaml"));
+    let path = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/examples/standalone-aws.yaml"
+    ));
     let p = Policy::load(&path).unwrap();
     assert_eq!(p.source, path.display().to_string());
     let missing = PathBuf::from("/nonexistent/policy.yaml");
@@ -96,12 +101,18 @@ allow:
     assert_eq!(p.endpoints[1].protocols, vec![], "omitted = all");
     let AllowSelector::Pods(ccm) = &p.allow[0].selector else { panic!() };
     assert_eq!(ccm.namespace, "openshift-cloud-controller-manager");
-    assert_eq!(ccm.match_labels.get("k8s-app").map(String::as_str), Some("aws-cloud-controller-manager"));
+    assert_eq!(
+        ccm.match_labels.get("k8s-app").map(String::as_str),
+        Some("aws-cloud-controller-manager")
+    );
     let AllowSelector::Pods(ne) = &p.allow[1].selector else { panic!() };
     assert_eq!(ne.service_account.as_deref(), Some("node-exporter"));
     assert_eq!(ne.containers, vec!["kube-rbac-proxy".to_owned()]);
     assert_eq!(ne.host_network, None);
-    assert_eq!(p.cgroup_entries().map(|(i, e)| (i, e.name.as_str())).collect::<Vec<_>>(), vec![(2, "local-tool")]);
+    assert_eq!(
+        p.cgroup_entries().map(|(i, e)| (i, e.name.as_str())).collect::<Vec<_>>(),
+        vec![(2, "local-tool")]
+    );
 }
 
 #[test]
@@ -137,8 +148,12 @@ fn empty_and_non_mapping_documents() {
 #[test]
 fn yaml_syntax_errors_name_the_line() {
     let e = parse("platform: AWS\nendpoints: [\n").unwrap_err();
-    assert!(e.field.starts_with("line "), "{e}");
+    assert_eq!(e.field, "line 3 column 1", "{e}");
     assert!(e.reason.contains("not valid YAML"), "{e}");
+    let e = parse("platform: AWS\n  mode: audit\n").unwrap_err();
+    assert!(e.field.starts_with("line 2 "), "{e}");
+    let e = parse("platform: AWS\n---\nplatform: GCP\n").unwrap_err();
+    assert!(e.reason.contains("more than one document"), "{e}");
 }
 
 #[test]
@@ -182,7 +197,11 @@ fn wrong_types_name_their_path() {
 fn platform_errors_list_valid_values() {
     let e = assert_err("mode: audit\n", "platform", "missing");
     assert!(e.reason.contains("AWS, Azure, BareMetal"), "{e}");
-    let e = assert_err("platform: aws\nallowNoEndpoints: true\n", "platform", "unknown platform \"aws\"");
+    let e = assert_err(
+        "platform: aws\nallowNoEndpoints: true\n",
+        "platform",
+        "unknown platform \"aws\"",
+    );
     assert!(e.reason.contains("did you mean AWS?"), "{e}");
     assert!(e.reason.contains("AlibabaCloud, Nutanix, External"), "{e}");
     assert_err("platform: Mars\nallowNoEndpoints: true\n", "platform", "valid values: AWS");
@@ -208,7 +227,11 @@ fn empty_endpoint_list_needs_an_opt_out() {
 #[test]
 fn endpoint_names_are_required_and_unique() {
     assert_err(&with_endpoints("  - {cidr: 10.0.0.1/32}\n"), "endpoints[0].name", "missing");
-    assert_err(&with_endpoints("  - {name: \"\", cidr: 10.0.0.1/32}\n"), "endpoints[0].name", "is empty");
+    assert_err(
+        &with_endpoints("  - {name: \"\", cidr: 10.0.0.1/32}\n"),
+        "endpoints[0].name",
+        "is empty",
+    );
     assert_err(
         &with_endpoints("  - {name: a, cidr: 10.0.0.1/32}\n  - {name: a, cidr: 10.0.0.2/32}\n"),
         "endpoints[1].name",
@@ -219,8 +242,16 @@ fn endpoint_names_are_required_and_unique() {
 #[test]
 fn cidr_errors() {
     assert_err(&with_endpoints("  - {name: a}\n"), "endpoints[0].cidr", "missing");
-    assert_err(&with_endpoints("  - {name: a, cidr: 169.254.169.300/32}\n"), "endpoints[0].cidr", "is not a CIDR");
-    assert_err(&with_endpoints("  - {name: a, cidr: 10.0.0.1/33}\n"), "endpoints[0].cidr", "is not a CIDR");
+    assert_err(
+        &with_endpoints("  - {name: a, cidr: 169.254.169.300/32}\n"),
+        "endpoints[0].cidr",
+        "is not a CIDR",
+    );
+    assert_err(
+        &with_endpoints("  - {name: a, cidr: 10.0.0.1/33}\n"),
+        "endpoints[0].cidr",
+        "is not a CIDR",
+    );
     assert_err(
         &with_endpoints("  - {name: a, cidr: 169.254.169.254}\n"),
         "endpoints[0].cidr",
@@ -242,6 +273,8 @@ fn cidr_errors() {
 fn masquerade_subnets_are_refused() {
     for cidr in [
         "169.254.169.1/32",
+        "169.254.0.1/32",
+        "169.254.169.0/24",
         "169.254.0.0/16",
         "169.254.0.0/17",
         "0.0.0.0/0",
@@ -257,8 +290,10 @@ fn masquerade_subnets_are_refused() {
         );
     }
     // Right next to it is fine.
-    parse(&with_endpoints("  - {name: a, cidr: 169.254.128.0/17}\n  - {name: b, cidr: \"fd69::1:0/112\"}\n"))
-        .unwrap();
+    parse(&with_endpoints(
+        "  - {name: a, cidr: 169.254.128.0/24}\n  - {name: b, cidr: \"fd69::1:0/112\"}\n",
+    ))
+    .unwrap();
 }
 
 #[test]
@@ -345,7 +380,11 @@ fn rule_overflow_is_reported_at_parse_time() {
     let ports: Vec<String> = (1..=2048).map(|p| p.to_string()).collect();
     let ports = ports.join(", ");
     let items: String = (0..32)
-        .map(|i| format!("  - {{name: e{i}, cidr: 10.{i}.0.0/16, ports: [{ports}], protocols: [TCP, UDP]}}\n"))
+        .map(|i| {
+            format!(
+                "  - {{name: e{i}, cidr: 10.{i}.0.0/16, ports: [{ports}], protocols: [TCP, UDP]}}\n"
+            )
+        })
         .collect();
     assert_err(&with_endpoints(&items), "endpoints", "rules, at most");
 }
@@ -366,7 +405,11 @@ fn allow_names_are_required_and_unique() {
 #[test]
 fn allow_needs_exactly_one_selector() {
     assert_err(&with_allow("  - {name: x}\n"), "allow[0]", "selects nothing");
-    assert_err(&with_allow("  - {name: x, cgroup: a, namespace: ns}\n"), "allow[0]", "has both `cgroup`");
+    assert_err(
+        &with_allow("  - {name: x, cgroup: a, namespace: ns}\n"),
+        "allow[0]",
+        "has both `cgroup`",
+    );
     for field in ["serviceAccount: sa", "containers: [c]", "podSelector: {}", "hostNetwork: true"] {
         let key = field.split(':').next().unwrap_or_default();
         assert_err(
@@ -384,21 +427,40 @@ fn allow_needs_exactly_one_selector() {
 
 #[test]
 fn cgroup_glob_errors() {
-    assert_err(&with_allow("  - {name: x, cgroup: \"\"}\n"), "allow[0].cgroup", "empty cgroup glob");
+    assert_err(
+        &with_allow("  - {name: x, cgroup: \"\"}\n"),
+        "allow[0].cgroup",
+        "empty cgroup glob",
+    );
     assert_err(
         &with_allow("  - {name: x, cgroup: /sys/fs/cgroup/tools}\n"),
         "allow[0].cgroup",
         "is absolute; cgroup globs are relative to --cgroup-root",
     );
-    assert_err(&with_allow("  - {name: x, cgroup: \"tools/../other\"}\n"), "allow[0].cgroup", "`..`");
+    assert_err(
+        &with_allow("  - {name: x, cgroup: \"tools/../other\"}\n"),
+        "allow[0].cgroup",
+        "`..`",
+    );
     assert_err(&with_allow("  - {name: x, cgroup: \"..\"}\n"), "allow[0].cgroup", "`..`");
-    assert_err(&with_allow("  - {name: x, cgroup: \"tools/\"}\n"), "allow[0].cgroup", "empty path component");
-    assert_err(&with_allow("  - {name: x, cgroup: \"tools/[a\"}\n"), "allow[0].cgroup", "not a valid glob");
+    assert_err(
+        &with_allow("  - {name: x, cgroup: \"tools/\"}\n"),
+        "allow[0].cgroup",
+        "empty path component",
+    );
+    assert_err(
+        &with_allow("  - {name: x, cgroup: \"tools/[a\"}\n"),
+        "allow[0].cgroup",
+        "not a valid glob",
+    );
 }
 
 #[test]
 fn cgroup_glob_semantics() {
-    let p = parse(&with_allow("  - {name: t, cgroup: \"tools/*\"}\n  - {name: d, cgroup: \"deep/**\"}\n")).unwrap();
+    let p = parse(&with_allow(
+        "  - {name: t, cgroup: \"tools/*\"}\n  - {name: d, cgroup: \"deep/**\"}\n",
+    ))
+    .unwrap();
     let AllowSelector::Cgroup(t) = &p.allow[0].selector else { panic!() };
     assert!(t.is_match("tools/a"));
     assert!(!t.is_match("tools/a/b"), "* must not cross /");
@@ -431,8 +493,16 @@ fn pod_selector_parses() {
 #[test]
 fn pod_selector_errors() {
     assert_err(&with_allow("  - {name: x, namespace: \"\"}\n"), "allow[0].namespace", "is empty");
-    assert_err(&with_allow("  - {name: x, namespace: Kube_System}\n"), "allow[0].namespace", "lower-case");
-    assert_err(&with_allow("  - {name: x, namespace: ns, serviceAccount: \"\"}\n"), "allow[0].serviceAccount", "is empty");
+    assert_err(
+        &with_allow("  - {name: x, namespace: Kube_System}\n"),
+        "allow[0].namespace",
+        "lower-case",
+    );
+    assert_err(
+        &with_allow("  - {name: x, namespace: ns, serviceAccount: \"\"}\n"),
+        "allow[0].serviceAccount",
+        "is empty",
+    );
     assert_err(
         &with_allow("  - {name: x, namespace: ns, containers: []}\n"),
         "allow[0].containers",
@@ -443,14 +513,42 @@ fn pod_selector_errors() {
         "allow[0].containers[1]",
         "duplicate container \"a\"",
     );
-    let expr = |e: &str| with_allow(&format!("  - name: x\n    namespace: ns\n    podSelector:\n      matchExpressions:\n        - {e}\n"));
-    assert_err(&expr("{key: a, operator: In}"), "allow[0].podSelector.matchExpressions[0].values", "In needs at least one value");
-    assert_err(&expr("{key: a, operator: NotIn, values: []}"), "allow[0].podSelector.matchExpressions[0].values", "NotIn needs at least one value");
-    assert_err(&expr("{key: a, operator: Exists, values: [b]}"), "allow[0].podSelector.matchExpressions[0].values", "Exists takes no values");
-    assert_err(&expr("{key: a, operator: DoesNotExist, values: [b]}"), "allow[0].podSelector.matchExpressions[0].values", "takes no values");
-    assert_err(&expr("{key: a, operator: Has}"), "allow[0].podSelector.matchExpressions[0].operator", "one of In, NotIn, Exists, DoesNotExist");
+    let expr = |e: &str| {
+        with_allow(&format!(
+            "  - name: x\n    namespace: ns\n    podSelector:\n      matchExpressions:\n        - {e}\n"
+        ))
+    };
+    assert_err(
+        &expr("{key: a, operator: In}"),
+        "allow[0].podSelector.matchExpressions[0].values",
+        "In needs at least one value",
+    );
+    assert_err(
+        &expr("{key: a, operator: NotIn, values: []}"),
+        "allow[0].podSelector.matchExpressions[0].values",
+        "NotIn needs at least one value",
+    );
+    assert_err(
+        &expr("{key: a, operator: Exists, values: [b]}"),
+        "allow[0].podSelector.matchExpressions[0].values",
+        "Exists takes no values",
+    );
+    assert_err(
+        &expr("{key: a, operator: DoesNotExist, values: [b]}"),
+        "allow[0].podSelector.matchExpressions[0].values",
+        "takes no values",
+    );
+    assert_err(
+        &expr("{key: a, operator: Has}"),
+        "allow[0].podSelector.matchExpressions[0].operator",
+        "one of In, NotIn, Exists, DoesNotExist",
+    );
     assert_err(&expr("{key: a}"), "allow[0].podSelector.matchExpressions[0].operator", "missing");
-    assert_err(&expr("{operator: Exists}"), "allow[0].podSelector.matchExpressions[0].key", "missing");
+    assert_err(
+        &expr("{operator: Exists}"),
+        "allow[0].podSelector.matchExpressions[0].key",
+        "missing",
+    );
 }
 
 // ---- compiling and hashing ------------------------------------------------------------------
@@ -495,7 +593,10 @@ fn hash_is_stable_and_sensitive() {
     assert_ne!(parse(&changed).unwrap().hash(), a.hash());
     let audit = EXAMPLE.replace("mode: enforce", "mode: audit");
     assert_ne!(parse(&audit).unwrap().hash(), a.hash());
-    // Pinned: the digest of this canonical form must never change between versions.
+    // Pinned: digests must not change between builds or versions (they are logged and
+    // compared across agent upgrades).
+    let pinned = "platform: AWS\nendpoints:\n  - {name: imds, cidr: 169.254.169.254/32, ports: [80], protocols: [TCP]}\nallow:\n  - {name: t, cgroup: \"tools/*\"}\n";
+    assert_eq!(parse(pinned).unwrap().hash(), "16cadac36d46eeae");
     assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
     assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
 }

@@ -19,42 +19,59 @@ const DOCUMENT: &str = "(document)";
 /// Parse the YAML into the raw schema. Unknown fields and wrong types are reported with their
 /// path (`endpoints[2].protocol`).
 pub(super) fn deserialize(source: &str, text: &str) -> Result<RawPolicy> {
-    // Look at the shape first: serde's messages for an empty or non-mapping document are
-    // about "invalid type: unit value", which helps nobody.
-    let value: serde_yaml::Value = serde_yaml::from_str(text).map_err(|e| yaml_error(source, &e))?;
-    let kind = match &value {
-        serde_yaml::Value::Mapping(_) => None,
-        serde_yaml::Value::Null => {
+    // Syntax first, so that broken YAML is reported as such, at its line and column.
+    serde_yaml::from_str::<serde::de::IgnoredAny>(text).map_err(|e| yaml_error(source, &e))?;
+    // Then the shape: serde's messages for an empty or non-mapping document ("invalid type:
+    // unit value") help nobody. (`Value` cannot hold every integer; if it fails, the typed
+    // parse below reports the problem with its path.)
+    if let Ok(value) = serde_yaml::from_str::<serde_yaml::Value>(text) {
+        let kind = match value {
+            serde_yaml::Value::Mapping(_) => None,
+            serde_yaml::Value::Null => {
+                return Err(PolicyError::new(
+                    source,
+                    DOCUMENT,
+                    "the document is empty; a policy is a mapping with at least `platform` and \
+                     `endpoints` (see DESIGN.md, section Policy)",
+                ));
+            }
+            serde_yaml::Value::Bool(_) => Some("a boolean"),
+            serde_yaml::Value::Number(_) => Some("a number"),
+            serde_yaml::Value::String(_) => Some("a string"),
+            serde_yaml::Value::Sequence(_) => Some("a list"),
+            serde_yaml::Value::Tagged(_) => Some("a tagged value"),
+        };
+        if let Some(kind) = kind {
             return Err(PolicyError::new(
                 source,
                 DOCUMENT,
-                "the document is empty; a policy is a mapping with at least `platform` and \
-                 `endpoints` (see DESIGN.md, section Policy)",
+                format!(
+                    "expected a mapping of policy fields (platform, mode, endpoints, allow), \
+                     found {kind}"
+                ),
             ));
         }
-        serde_yaml::Value::Bool(_) => Some("a boolean"),
-        serde_yaml::Value::Number(_) => Some("a number"),
-        serde_yaml::Value::String(_) => Some("a string"),
-        serde_yaml::Value::Sequence(_) => Some("a list"),
-        serde_yaml::Value::Tagged(_) => Some("a tagged value"),
-    };
-    if let Some(kind) = kind {
-        return Err(PolicyError::new(
-            source,
-            DOCUMENT,
-            format!(
-                "expected a mapping of policy fields (platform, mode, endpoints, allow), found {kind}"
-            ),
-        ));
     }
 
     let de = serde_yaml::Deserializer::from_str(text);
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
-        let field = if path == "." || path.is_empty() { location(&inner) } else { path };
-        PolicyError::new(source, field, with_hint(inner.to_string()))
+        if path == "." || path.is_empty() {
+            PolicyError::new(source, location(&inner), inner.to_string())
+        } else {
+            PolicyError::new(source, &path, with_hint(strip_path(&path, inner.to_string())))
+        }
     })
+}
+
+/// serde_yaml prefixes its messages with its own idea of the path (`endpoints[2]: unknown
+/// field ...`); the field is reported separately, so drop it.
+fn strip_path(path: &str, msg: String) -> String {
+    match msg.split_once(": ") {
+        Some((prefix, rest)) if path.starts_with(prefix) => rest.to_owned(),
+        _ => msg,
+    }
 }
 
 fn location(e: &serde_yaml::Error) -> String {
@@ -79,9 +96,10 @@ fn with_hint(msg: String) -> String {
         let (c, u) = (norm(c), norm(unknown));
         c == u || c == format!("{u}s") || u == format!("{c}s")
     });
-    match close {
-        Some(c) => format!("{msg} (did you mean `{c}`?)"),
-        None => msg,
+    let Some(c) = close else { return msg };
+    match msg.find(" at line ") {
+        Some(at) => format!("{} (did you mean `{c}`?){}", &msg[..at], &msg[at..]),
+        None => format!("{msg} (did you mean `{c}`?)"),
     }
 }
 
@@ -183,10 +201,14 @@ fn mode(cx: &Ctx, mode: Option<String>) -> Result<Mode> {
 
 // ---- endpoints -----------------------------------------------------------------------------
 
-/// OVN-Kubernetes masquerade subnets: node networking breaks if these are blocked.
-fn masquerade_nets() -> [IpNet; 2] {
+/// OVN-Kubernetes masquerade subnets: node networking breaks if these are blocked. The
+/// current defaults are 169.254.0.0/17 and fd69::/112; clusters installed before OpenShift 4.14
+/// keep the old 169.254.169.0/29 (169.254.169.1-.5 in PLATFORMS.md) and fd69::/125, which the
+/// /112 contains.
+fn masquerade_nets() -> [IpNet; 3] {
     [
         IpNet::V4(Ipv4Net::new_assert(Ipv4Addr::new(169, 254, 0, 0), 17)),
+        IpNet::V4(Ipv4Net::new_assert(Ipv4Addr::new(169, 254, 169, 0), 29)),
         IpNet::V6(Ipv6Net::new_assert(Ipv6Addr::new(0xfd69, 0, 0, 0, 0, 0, 0, 0), 112)),
     ]
 }
@@ -273,7 +295,9 @@ fn endpoint(
                 }
             };
             if let Some(first) = protocols.iter().position(|&q| q == proto) {
-                return Err(cx.err(field, format!("duplicate protocol {proto} (also protocols[{first}])")));
+                return Err(
+                    cx.err(field, format!("duplicate protocol {proto} (also protocols[{first}])"))
+                );
             }
             protocols.push(proto);
         }
@@ -419,7 +443,9 @@ fn cgroup_glob(cx: &Ctx, field: &str, glob: String) -> Result<CgroupGlob> {
     }
     for comp in glob.split('/') {
         let reason = match comp {
-            ".." => "contains a `..` component; cgroup globs select cgroups below --cgroup-root only",
+            ".." => {
+                "contains a `..` component; cgroup globs select cgroups below --cgroup-root only"
+            }
             "." => "contains a `.` component; write the path without it",
             "" => "contains an empty path component (`//` or a trailing `/`)",
             _ => continue,
@@ -451,18 +477,14 @@ fn dns_label_problem(s: &str) -> Option<&'static str> {
 
 fn pods(cx: &Ctx, at: &str, namespace: String, raw: RawPods) -> Result<PodSelector> {
     if let Some(problem) = dns_label_problem(&namespace) {
-        return Err(cx.err(
-            format!("{at}.namespace"),
-            format!("namespace {namespace:?} {problem}"),
-        ));
+        return Err(cx.err(format!("{at}.namespace"), format!("namespace {namespace:?} {problem}")));
     }
 
     let selector = raw.pod_selector.unwrap_or_default();
     if let Some(k) = selector.match_labels.keys().find(|k| k.is_empty()) {
-        return Err(cx.err(
-            format!("{at}.podSelector.matchLabels"),
-            format!("label key {k:?} is empty"),
-        ));
+        return Err(
+            cx.err(format!("{at}.podSelector.matchLabels"), format!("label key {k:?} is empty"))
+        );
     }
     let match_expressions = selector
         .match_expressions
@@ -471,13 +493,11 @@ fn pods(cx: &Ctx, at: &str, namespace: String, raw: RawPods) -> Result<PodSelect
         .map(|(j, x)| label_expr(cx, &format!("{at}.podSelector.matchExpressions[{j}]"), x))
         .collect::<Result<Vec<_>>>()?;
 
-    if let Some(sa) = &raw.service_account {
-        if sa.is_empty() {
-            return Err(cx.err(
-                format!("{at}.serviceAccount"),
-                "is empty; omit the field to mean any service account",
-            ));
-        }
+    if raw.service_account.as_deref() == Some("") {
+        return Err(cx.err(
+            format!("{at}.serviceAccount"),
+            "is empty; omit the field to mean any service account",
+        ));
     }
 
     let containers = match raw.containers {
@@ -528,10 +548,9 @@ fn label_expr(cx: &Ctx, at: &str, raw: RawLabelExpr) -> Result<LabelExpr> {
         Some("Exists") => LabelOperator::Exists,
         Some("DoesNotExist") => LabelOperator::DoesNotExist,
         Some(op) => {
-            return Err(cx.err(
-                format!("{at}.operator"),
-                format!("unknown operator {op:?}; one of {OPS}"),
-            ));
+            return Err(
+                cx.err(format!("{at}.operator"), format!("unknown operator {op:?}; one of {OPS}"))
+            );
         }
         None => return Err(cx.err(format!("{at}.operator"), format!("missing; one of {OPS}"))),
     };
