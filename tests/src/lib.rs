@@ -1,1 +1,17 @@
-
+//! Harness for metadata-gate's privileged tests and demo.
+//!
+//! Everything it creates has a unique name (`mg-<pid>-<n>…`) and is removed by a guard on
+//! drop, also when a test panics: network namespaces ([`net::TestNet`]), cgroups
+//! ([`cgroups::CgroupTree`]), the fake metadata service's threads ([`imds::FakeImds`]), the
+//! agent process with its bpffs pin dir ([`agent::Agent`]). Leftovers of killed test runs
+//! (dead pids) are swept at start ([`sys::sweep_stale`]).
+//!
+//! Safety rules: the fake metadata service lives at 169.254.169.254 inside a test netns;
+//! workloads ([`probe`]) run inside the other test netns and assert the route first; nothing
+//! is attached to the root cgroup or to a host interface.
+pub mod agent;
+pub mod cgroups;
+pub mod imds;
+pub mod net;
+pub mod probe;
+pub mod sys;

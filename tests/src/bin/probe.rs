@@ -1,0 +1,218 @@
+//! A workload: joins a cgroup and a test network namespace, performs one socket operation
+//! and prints one JSON line `{"ok","errno","stage","elapsed_us","reply"}`.
+//!
+//! `probe --netns PATH --cgroup DIR <tcp|udp|udp-connected|raw|hold-tcp|hold-udp> ADDR PORT [TOKEN]`
+//!
+//! Hold commands connect first, print `{"stage":"connected"}`, read the token from stdin,
+//! then send. It refuses to run without --netns: it never sends from the host namespace.
+use std::{
+    io::{BufRead as _, Read as _, Write as _},
+    net::{IpAddr, SocketAddr, TcpStream, UdpSocket},
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    time::{Duration, Instant},
+};
+
+use integration_tests::imds::enter_netns;
+use serde_json::json;
+
+struct Outcome {
+    ok: bool,
+    errno: Option<i32>,
+    stage: &'static str,
+    reply: Option<String>,
+}
+
+fn fail(stage: &'static str, e: &std::io::Error) -> Outcome {
+    Outcome { ok: false, errno: e.raw_os_error(), stage, reply: None }
+}
+
+fn request(token: &str) -> String {
+    format!("GET /latest/meta-data/instance-id?token={token} HTTP/1.0\r\nHost: metadata\r\n\r\n")
+}
+
+fn tcp_exchange(mut s: TcpStream, token: &str) -> Outcome {
+    if let Err(e) = s.write_all(request(token).as_bytes()) {
+        return fail("send", &e);
+    }
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let mut reply = String::new();
+    match s.read_to_string(&mut reply) {
+        Ok(_) if !reply.is_empty() => {
+            Outcome { ok: true, errno: None, stage: "recv", reply: Some(reply) }
+        }
+        Ok(_) => Outcome { ok: false, errno: None, stage: "recv", reply: None },
+        Err(e) => fail("recv", &e),
+    }
+}
+
+fn udp_exchange(s: &UdpSocket, dst: Option<SocketAddr>, token: &str) -> Outcome {
+    let sent = match dst {
+        Some(d) => s.send_to(token.as_bytes(), d),
+        None => s.send(token.as_bytes()),
+    };
+    if let Err(e) = sent {
+        return fail("send", &e);
+    }
+    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+    let mut buf = [0u8; 2048];
+    match s.recv(&mut buf) {
+        Ok(n) => Outcome {
+            ok: true,
+            errno: None,
+            stage: "recv",
+            reply: Some(String::from_utf8_lossy(&buf[..n]).into_owned()),
+        },
+        Err(e) => fail("recv", &e),
+    }
+}
+
+fn udp_socket(dst: &SocketAddr) -> std::io::Result<UdpSocket> {
+    UdpSocket::bind(if dst.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" })
+}
+
+/// A TCP SYN carrying the token as payload, sent on a raw IPv4 socket (the kernel adds the
+/// IP header). The checksum is left 0: a raw receiver sees the segment before TCP checks it.
+fn raw_syn(dst: &SocketAddr, token: &str) -> Outcome {
+    let IpAddr::V4(ip) = dst.ip() else {
+        return Outcome {
+            ok: false,
+            errno: Some(libc::EAFNOSUPPORT),
+            stage: "socket",
+            reply: None,
+        };
+    };
+    // SAFETY: plain socket(2).
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_TCP) };
+    if fd < 0 {
+        return fail("socket", &std::io::Error::last_os_error());
+    }
+    // SAFETY: fresh valid fd.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut seg = vec![0u8; 20];
+    seg[0..2].copy_from_slice(&(40000 + (std::process::id() % 20000) as u16).to_be_bytes());
+    seg[2..4].copy_from_slice(&dst.port().to_be_bytes());
+    seg[4..8].copy_from_slice(&0x1234_5678u32.to_be_bytes());
+    seg[12] = 5 << 4; // data offset: 5 words
+    seg[13] = 0x02; // SYN
+    seg[14..16].copy_from_slice(&64240u16.to_be_bytes());
+    seg.extend_from_slice(token.as_bytes());
+    let sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr { s_addr: u32::from(ip).to_be() },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: buffers valid for the given lengths.
+    let n = unsafe {
+        libc::sendto(
+            fd.as_raw_fd(),
+            seg.as_ptr().cast(),
+            seg.len(),
+            0,
+            (&sin as *const libc::sockaddr_in).cast(),
+            size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    if n < 0 {
+        fail("send", &std::io::Error::last_os_error())
+    } else {
+        Outcome { ok: true, errno: None, stage: "send", reply: None }
+    }
+}
+
+fn read_token() -> String {
+    let mut line = String::new();
+    let _ = std::io::stdin().lock().read_line(&mut line);
+    line.trim().to_string()
+}
+
+fn print(o: &Outcome, started: Instant) {
+    let v = json!({
+        "ok": o.ok, "errno": o.errno, "stage": o.stage,
+        "elapsed_us": started.elapsed().as_micros() as u64, "reply": o.reply,
+    });
+    println!("{v}");
+    let _ = std::io::stdout().flush();
+}
+
+fn run(cmd: &str, dst: SocketAddr, token: &str) -> Outcome {
+    match cmd {
+        "tcp" => match TcpStream::connect_timeout(&dst, Duration::from_secs(2)) {
+            Ok(s) => tcp_exchange(s, token),
+            Err(e) => fail("connect", &e),
+        },
+        "udp" => match udp_socket(&dst) {
+            Ok(s) => udp_exchange(&s, Some(dst), token),
+            Err(e) => fail("socket", &e),
+        },
+        "udp-connected" => match udp_socket(&dst).and_then(|s| s.connect(dst).map(|()| s)) {
+            Ok(s) => udp_exchange(&s, None, token),
+            Err(e) => fail("connect", &e),
+        },
+        "raw" => raw_syn(&dst, token),
+        "hold-tcp" => match TcpStream::connect_timeout(&dst, Duration::from_secs(2)) {
+            Ok(s) => {
+                print(
+                    &Outcome { ok: true, errno: None, stage: "connected", reply: None },
+                    Instant::now(),
+                );
+                let token = read_token();
+                tcp_exchange(s, &token)
+            }
+            Err(e) => fail("connect", &e),
+        },
+        "hold-udp" => match udp_socket(&dst).and_then(|s| s.connect(dst).map(|()| s)) {
+            Ok(s) => {
+                print(
+                    &Outcome { ok: true, errno: None, stage: "connected", reply: None },
+                    Instant::now(),
+                );
+                let token = read_token();
+                udp_exchange(&s, None, &token)
+            }
+            Err(e) => fail("connect", &e),
+        },
+        _ => Outcome { ok: false, errno: Some(libc::EINVAL), stage: "usage", reply: None },
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut netns = None;
+    let mut cgroup = None;
+    let mut rest = Vec::new();
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--netns" => netns = it.next(),
+            "--cgroup" => cgroup = it.next(),
+            _ => rest.push(a),
+        }
+    }
+    let Some(netns) = netns else {
+        eprintln!("probe: --netns is required (never send from the host namespace)");
+        std::process::exit(2);
+    };
+    if let Some(cg) = cgroup {
+        if let Err(e) = std::fs::write(format!("{cg}/cgroup.procs"), "0") {
+            eprintln!("probe: joining cgroup {cg}: {e}");
+            std::process::exit(2);
+        }
+    }
+    if let Err(e) = enter_netns(&netns) {
+        eprintln!("probe: {e:#}");
+        std::process::exit(2);
+    }
+    let [cmd, addr, port, tail @ ..] = rest.as_slice() else {
+        eprintln!("usage: probe --netns PATH [--cgroup DIR] CMD ADDR PORT [TOKEN]");
+        std::process::exit(2);
+    };
+    let (Ok(ip), Ok(port)) = (addr.parse::<IpAddr>(), port.parse::<u16>()) else {
+        eprintln!("probe: bad address or port {addr} {port}");
+        std::process::exit(2);
+    };
+    let token = tail.first().map(String::as_str).unwrap_or("");
+    let started = Instant::now();
+    let outcome = run(cmd, SocketAddr::new(ip, port), token);
+    print(&outcome, started);
+}

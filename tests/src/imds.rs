@@ -1,0 +1,232 @@
+//! A fake instance-metadata service inside the imds netns: HTTP on TCP, UDP echo, and a raw
+//! socket that sees every TCP segment arriving. Every probe carries a unique token; the
+//! service records what it receives so tests can prove a token never got there.
+use std::{
+    fs::File,
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+        mpsc,
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, anyhow, bail};
+
+use crate::net::{DNS_V4, DNS_V6, IMDS_V4, IMDS_V6, NTP_V4, TestNet};
+
+/// What the metadata service answers.
+pub const INSTANCE_ID: &str = "i-0123456789abcdef0";
+
+#[derive(Default)]
+struct Log(Mutex<Vec<String>>);
+
+impl Log {
+    fn record(&self, via: &str, payload: &[u8]) {
+        if let Ok(mut v) = self.0.lock() {
+            v.push(format!("{via} {}", String::from_utf8_lossy(payload)));
+        }
+    }
+}
+
+pub struct FakeImds {
+    stop: Arc<AtomicBool>,
+    log: Arc<Log>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+/// Move the calling thread into a network namespace.
+pub fn enter_netns(path: &str) -> Result<()> {
+    let f = File::open(path).with_context(|| format!("open {path}"))?;
+    // SAFETY: valid fd; affects only the calling thread.
+    if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        bail!("setns {path}: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+const TICK: Duration = Duration::from_millis(100);
+
+impl FakeImds {
+    pub fn start(net: &TestNet) -> Result<FakeImds> {
+        let mut me = FakeImds {
+            stop: Arc::new(AtomicBool::new(false)),
+            log: Default::default(),
+            threads: vec![],
+        };
+        let tcp = [
+            format!("{IMDS_V4}:80"),
+            format!("{IMDS_V4}:53"),
+            format!("{DNS_V4}:80"),
+            format!("[{IMDS_V6}]:80"),
+            format!("[{DNS_V6}]:80"),
+        ];
+        let udp = [format!("{IMDS_V4}:80"), format!("{IMDS_V4}:53"), format!("{NTP_V4}:123")];
+        for a in tcp {
+            me.spawn(net, format!("tcp {a}"), move |stop, log| serve_tcp(&a, stop, log))?;
+        }
+        for a in udp {
+            me.spawn(net, format!("udp {a}"), move |stop, log| serve_udp(&a, stop, log))?;
+        }
+        me.spawn(net, "raw tcp".into(), serve_raw)?;
+        Ok(me)
+    }
+
+    /// Run `serve` on a thread inside the imds netns; wait until it has bound its socket.
+    fn spawn<F>(&mut self, net: &TestNet, what: String, serve: F) -> Result<()>
+    where
+        F: FnOnce(Arc<AtomicBool>, Arc<Log>) -> Result<Box<dyn FnOnce() + Send>> + Send + 'static,
+    {
+        let (tx, rx) = mpsc::channel();
+        let (stop, log, path) = (self.stop.clone(), self.log.clone(), net.imds_path());
+        self.threads.push(std::thread::spawn(move || {
+            let bound = enter_netns(&path).and_then(|()| serve(stop, log));
+            match bound {
+                Ok(run) => {
+                    let _ = tx.send(Ok(()));
+                    run();
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                }
+            }
+        }));
+        rx.recv_timeout(Duration::from_secs(5))
+            .map_err(|_| anyhow!("{what}: did not start"))?
+            .with_context(|| what)
+    }
+
+    /// Whether a payload containing `token` has arrived.
+    pub fn saw(&self, token: &str) -> bool {
+        self.log.0.lock().is_ok_and(|v| v.iter().any(|l| l.contains(token)))
+    }
+
+    /// Wait up to `timeout` for `token`.
+    pub fn wait_for(&self, token: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.saw(token) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for FakeImds {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+type Serve = Result<Box<dyn FnOnce() + Send>>;
+
+fn serve_tcp(addr: &str, stop: Arc<AtomicBool>, log: Arc<Log>) -> Serve {
+    let sa: SocketAddr = addr.parse()?;
+    let l = TcpListener::bind(sa).with_context(|| format!("bind {addr}"))?;
+    l.set_nonblocking(true)?;
+    let via = format!("tcp {addr}");
+    Ok(Box::new(move || {
+        let mut conns = Vec::new();
+        while !stop.load(Ordering::Acquire) {
+            match l.accept() {
+                Ok((c, _)) => {
+                    let (stop, log, via) = (stop.clone(), log.clone(), via.clone());
+                    conns.push(std::thread::spawn(move || handle_http(c, &stop, &log, &via)));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+        for c in conns {
+            let _ = c.join();
+        }
+    }))
+}
+
+fn handle_http(mut c: TcpStream, stop: &AtomicBool, log: &Log, via: &str) {
+    let _ = c.set_nonblocking(false);
+    let _ = c.set_read_timeout(Some(TICK));
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 2048];
+    // Connections may sit idle for a long time (a hold probe opened before the agent).
+    while !stop.load(Ordering::Acquire) {
+        match c.read(&mut chunk) {
+            Ok(0) => return,
+            Ok(n) => {
+                buf.extend_from_slice(&chunk[..n]);
+                if buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    log.record(via, &buf);
+                    let body = INSTANCE_ID;
+                    let _ = write!(
+                        c,
+                        "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    return;
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+fn serve_udp(addr: &str, stop: Arc<AtomicBool>, log: Arc<Log>) -> Serve {
+    let s = UdpSocket::bind(addr).with_context(|| format!("bind udp {addr}"))?;
+    s.set_read_timeout(Some(TICK))?;
+    let via = format!("udp {addr}");
+    Ok(Box::new(move || {
+        let mut buf = [0u8; 2048];
+        while !stop.load(Ordering::Acquire) {
+            if let Ok((n, peer)) = s.recv_from(&mut buf) {
+                log.record(&via, &buf[..n]);
+                let _ = s.send_to(&buf[..n], peer);
+            }
+        }
+    }))
+}
+
+fn serve_raw(stop: Arc<AtomicBool>, log: Arc<Log>) -> Serve {
+    // SAFETY: plain socket(2); the fd is owned right away.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_TCP) };
+    if fd < 0 {
+        bail!("raw socket: {}", std::io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh, valid descriptor.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let tv = libc::timeval { tv_sec: 0, tv_usec: TICK.as_micros() as libc::suseconds_t };
+    // SAFETY: valid fd and option buffer.
+    unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            size_of::<libc::timeval>() as libc::socklen_t,
+        );
+    }
+    Ok(Box::new(move || {
+        let mut buf = [0u8; 4096];
+        while !stop.load(Ordering::Acquire) {
+            // SAFETY: buffer valid for its length.
+            let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            if n > 0 {
+                log.record("raw", &buf[..n as usize]);
+            }
+        }
+    }))
+}

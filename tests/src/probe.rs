@@ -1,0 +1,111 @@
+//! Running the `probe` binary as a workload in a cgroup of the node netns.
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    path::{Path, PathBuf},
+    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+};
+
+use anyhow::{Context as _, Result, anyhow};
+use serde::Deserialize;
+
+use crate::net::TestNet;
+
+/// One probe result.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Outcome {
+    pub ok: bool,
+    pub errno: Option<i32>,
+    pub stage: String,
+    pub elapsed_us: u64,
+    pub reply: Option<String>,
+}
+
+/// The probe binary: env `PROBE_BIN`, else next to the running test binary's target dir.
+pub fn probe_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("PROBE_BIN") {
+        return p.into();
+    }
+    target_dir().join("probe")
+}
+
+/// `target/<profile>` of the running executable (tests run from `target/<profile>/deps`).
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    if dir.ends_with("deps") { dir.parent().map(Path::to_path_buf).unwrap_or(dir) } else { dir }
+}
+
+fn command(net: &TestNet, cgroup: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(probe_bin());
+    c.arg("--netns").arg(net.node_path()).arg("--cgroup").arg(cgroup).args(args);
+    c
+}
+
+/// Run `probe <args>` in `cgroup` and the node netns and return its result.
+pub fn run(net: &TestNet, cgroup: &Path, args: &[&str]) -> Result<Outcome> {
+    net.assert_routes()?;
+    let out = command(net, cgroup, args)
+        .output()
+        .with_context(|| format!("running {:?}", probe_bin()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().last().ok_or_else(|| {
+        anyhow!("probe {args:?} printed nothing; stderr: {}", String::from_utf8_lossy(&out.stderr))
+    })?;
+    serde_json::from_str(line).with_context(|| format!("probe output {line:?}"))
+}
+
+/// A probe that connected and waits for its token (`hold-tcp` / `hold-udp`).
+pub struct Held {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Held {
+    pub fn start(net: &TestNet, cgroup: &Path, args: &[&str]) -> Result<Held> {
+        net.assert_routes()?;
+        let mut child = command(net, cgroup, args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("spawning probe")?;
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?);
+        let mut h = Held { child, stdin, stdout };
+        let first = h.next()?;
+        if first.stage != "connected" {
+            return Err(anyhow!("hold probe did not connect: {first:?}"));
+        }
+        Ok(h)
+    }
+
+    fn next(&mut self) -> Result<Outcome> {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line)?;
+        serde_json::from_str(line.trim()).with_context(|| format!("probe output {line:?}"))
+    }
+
+    /// Send the token over the held connection and return the result.
+    pub fn send(mut self, token: &str) -> Result<Outcome> {
+        let mut stdin = self.stdin.take().ok_or_else(|| anyhow!("stdin gone"))?;
+        writeln!(stdin, "{token}")?;
+        drop(stdin);
+        self.next()
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A fresh token for one probe.
+pub fn token(tag: &str) -> String {
+    format!(
+        "tok-{tag}-{}-{}",
+        std::process::id(),
+        crate::sys::unique("t").rsplit('-').next().unwrap_or("0")
+    )
+}

@@ -1,0 +1,120 @@
+//! Small system helpers: privilege checks, unique names, commands, stale-leftover sweeping.
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// A name unique to this process and call: `mg-<pid>-<n>`.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed))
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// The cgroup2 mount point, from /proc/self/mountinfo (hybrid layouts put it elsewhere than
+/// /sys/fs/cgroup).
+pub fn cgroup2_mount() -> Result<PathBuf> {
+    let info = fs::read_to_string("/proc/self/mountinfo")?;
+    for line in info.lines() {
+        let Some((pre, post)) = line.split_once(" - ") else { continue };
+        if post.split_whitespace().next() == Some("cgroup2") {
+            if let Some(mp) = pre.split_whitespace().nth(4) {
+                return Ok(PathBuf::from(mp.replace("\\040", " ")));
+            }
+        }
+    }
+    bail!("no cgroup2 mount in /proc/self/mountinfo")
+}
+
+/// Why the privileged tests cannot run here, if they cannot.
+pub fn missing_privileges() -> Option<String> {
+    if !is_root() {
+        return Some("needs root".into());
+    }
+    if cgroup2_mount().is_err() {
+        return Some("needs a cgroup2 mount".into());
+    }
+    if Command::new("ip").arg("-V").output().is_err() {
+        return Some("needs iproute2 (`ip`)".into());
+    }
+    None
+}
+
+/// Gate for privileged tests: true if they can run. Under CI=true a missing privilege is a
+/// failure (panic), never a skip.
+pub fn require_privileges(test: &str) -> bool {
+    match missing_privileges() {
+        None => {
+            sweep_stale();
+            true
+        }
+        Some(why) if in_ci() => panic!("{test}: {why}, and CI=true forbids skipping"),
+        Some(why) => {
+            eprintln!("{test}: SKIPPED ({why})");
+            false
+        }
+    }
+}
+
+/// Run a command, failing with its stderr.
+pub fn sh(program: &str, args: &[&str]) -> Result<String> {
+    let out =
+        Command::new(program).args(args).output().with_context(|| format!("running {program}"))?;
+    if !out.status.success() {
+        bail!("{program} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn pid_alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// The pid in a name `mg-<pid>-…` or `mg-test-<pid>-…`.
+fn owner_pid(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix("mg-")?;
+    let rest = rest.strip_prefix("test-").unwrap_or(rest);
+    rest.split('-').next()?.parse().ok()
+}
+
+/// Remove netns, cgroups and pin dirs left by test processes that no longer exist.
+pub fn sweep_stale() {
+    if let Ok(list) = sh("ip", &["netns", "list"]) {
+        for name in list.lines().filter_map(|l| l.split_whitespace().next()) {
+            if owner_pid(name).is_some_and(|p| !pid_alive(p)) {
+                let _ = sh("ip", &["netns", "del", name]);
+            }
+        }
+    }
+    if let Ok(cg) = cgroup2_mount() {
+        if let Ok(rd) = fs::read_dir(&cg) {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with("mg-test-") && owner_pid(&name).is_some_and(|p| !pid_alive(p)) {
+                    crate::cgroups::remove_tree(&e.path());
+                }
+            }
+        }
+    }
+    if let Ok(rd) = fs::read_dir(std::env::temp_dir()) {
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("mg-") && owner_pid(&name).is_some_and(|p| !pid_alive(p)) {
+                crate::agent::remove_pin_root(&e.path());
+            }
+        }
+    }
+}
