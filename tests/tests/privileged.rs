@@ -1,0 +1,356 @@
+//! Privileged kernel tests: real sockets in real network namespaces and cgroups, against the
+//! real gate-agent binary. Root only; run with `--test-threads=1` (`cargo xtask test` does):
+//! every test loads programs into the kernel.
+//!
+//! Every refusal is paired with proof that the token never reached the fake metadata
+//! service, and with a positive control where one makes sense, so no test passes vacuously.
+use std::{path::PathBuf, time::Duration};
+
+use integration_tests::{
+    agent::{Agent, run_to_end},
+    cgroups::CgroupTree,
+    imds::{FakeImds, INSTANCE_ID},
+    net::{DNS_V4, DNS_V6, IMDS_V4, IMDS_V6, NTP_V4, TestNet},
+    probe::{self, Held, Outcome, token},
+    sys::require_privileges,
+};
+
+const EPERM: i32 = 1;
+
+fn policy(mode: &str) -> String {
+    format!(
+        r#"platform: AWS
+mode: {mode}
+endpoints:
+  - {{name: ec2-imds, cidr: 169.254.169.254/32, ports: [80], protocols: [TCP]}}
+  - {{name: ec2-imds-udp-test, cidr: 169.254.169.254/32, ports: [80], protocols: [UDP]}}
+  - {{name: ec2-imds-v6, cidr: "fd00:ec2::254/128", ports: [80]}}
+allow:
+  - {{name: cloud-agent, cgroup: "cloud-agent"}}
+"#
+    )
+}
+
+/// One test's world. Field order is drop order: the agent goes first.
+struct Env {
+    agent: Option<Agent>,
+    imds: FakeImds,
+    net: TestNet,
+    cg: CgroupTree,
+    policy_file: PathBuf,
+}
+
+impl Env {
+    /// Network, fake IMDS, cgroups `gated/{pod-a,cloud-agent/nested}` and `outside`; no agent.
+    fn new(mode: &str) -> Env {
+        let net = TestNet::new().expect("test network");
+        let imds = FakeImds::start(&net).expect("fake IMDS");
+        let cg = CgroupTree::new().expect("cgroup tree");
+        for c in ["gated/pod-a", "gated/cloud-agent/nested"] {
+            cg.create(c).expect("cgroup");
+        }
+        let policy_file = cg_policy_path(&cg);
+        std::fs::write(&policy_file, policy(mode)).expect("policy file");
+        Env { agent: None, imds, net, cg, policy_file }
+    }
+
+    fn with_agent(mode: &str) -> Env {
+        let mut env = Env::new(mode);
+        env.start_agent();
+        env
+    }
+
+    fn start_agent(&mut self) {
+        self.agent = Some(Agent::start(&self.policy_file, &self.cg.gated()).expect("agent ready"));
+    }
+
+    fn agent(&self) -> &Agent {
+        self.agent.as_ref().expect("agent started")
+    }
+
+    fn cgroup(&self, rel: &str) -> PathBuf {
+        self.cg.base.join(rel)
+    }
+
+    fn probe(&self, cgroup: &str, args: &[&str]) -> Outcome {
+        probe::run(&self.net, &self.cgroup(cgroup), args).expect("probe ran")
+    }
+
+    /// `cmd` to addr:port from `cgroup` is refused with EPERM at `stage`, at once, and the
+    /// token never reaches the service.
+    fn assert_refused(&self, cgroup: &str, cmd: &str, addr: &str, port: &str, stage: &str) {
+        let t = token(cmd);
+        let o = self.probe(cgroup, &[cmd, addr, port, &t]);
+        assert!(!o.ok, "{cmd} {addr}:{port} from {cgroup} got through: {o:?}");
+        assert_eq!(o.errno, Some(EPERM), "{cmd} {addr}:{port} from {cgroup}: {o:?}");
+        assert_eq!(o.stage, stage, "{cmd} {addr}:{port} from {cgroup}: {o:?}");
+        // EPERM comes from the hook itself; a drop would surface as a timeout after seconds.
+        // This tells the two apart; it is not a speed assertion.
+        assert!(o.elapsed_us < 500_000, "refusal took {} us: {o:?}", o.elapsed_us);
+        assert!(!self.imds.wait_for(&t, Duration::from_millis(300)), "token {t} reached the IMDS");
+    }
+
+    /// `cmd` from `cgroup` is served and the token reaches the service.
+    fn assert_served(&self, cgroup: &str, cmd: &str, addr: &str, port: &str) {
+        let t = token(cmd);
+        let o = self.probe(cgroup, &[cmd, addr, port, &t]);
+        assert!(o.ok, "{cmd} {addr}:{port} from {cgroup} was not served: {o:?}");
+        assert!(self.imds.wait_for(&t, Duration::from_secs(2)), "token {t} never reached the IMDS");
+        if cmd == "tcp" {
+            assert!(o.reply.as_deref().is_some_and(|r| r.contains(INSTANCE_ID)), "{o:?}");
+        }
+    }
+}
+
+fn cg_policy_path(cg: &CgroupTree) -> PathBuf {
+    let name = cg.base.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    std::env::temp_dir().join(format!("{name}-policy.yaml"))
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.policy_file);
+    }
+}
+
+macro_rules! privileged {
+    ($name:ident) => {
+        if !require_privileges(stringify!($name)) {
+            return;
+        }
+    };
+}
+
+#[test]
+fn harness_without_agent_serves_everything() {
+    privileged!(harness_without_agent_serves_everything);
+    let env = Env::new("enforce");
+    env.assert_served("gated/pod-a", "tcp", IMDS_V4, "80");
+    env.assert_served("gated/pod-a", "tcp", IMDS_V6, "80");
+    env.assert_served("gated/pod-a", "udp", IMDS_V4, "80");
+    env.assert_served("gated/pod-a", "raw", IMDS_V4, "80");
+    let (base, ns) = (env.cg.base.clone(), env.net.node.clone());
+    drop(env);
+    assert!(!base.exists(), "cgroup tree left behind");
+    let list = integration_tests::sys::sh("ip", &["netns", "list"]).unwrap_or_default();
+    assert!(!list.contains(&ns), "netns left behind");
+}
+
+#[test]
+fn tcp_v4_refused_with_eperm_allowed_served() {
+    privileged!(tcp_v4_refused_with_eperm_allowed_served);
+    let env = Env::with_agent("enforce");
+    env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
+    env.assert_served("gated/cloud-agent", "tcp", IMDS_V4, "80");
+}
+
+#[test]
+fn tcp_v6_refused_allowed_served() {
+    privileged!(tcp_v6_refused_allowed_served);
+    let env = Env::with_agent("enforce");
+    env.assert_refused("gated/pod-a", "tcp", IMDS_V6, "80", "connect");
+    env.assert_served("gated/cloud-agent", "tcp", IMDS_V6, "80");
+}
+
+#[test]
+fn udp_sendto_and_connected_udp_refused() {
+    privileged!(udp_sendto_and_connected_udp_refused);
+    let env = Env::with_agent("enforce");
+    env.assert_refused("gated/pod-a", "udp", IMDS_V4, "80", "send");
+    env.assert_refused("gated/pod-a", "udp-connected", IMDS_V4, "80", "connect");
+    env.assert_served("gated/cloud-agent", "udp", IMDS_V4, "80");
+    env.assert_served("gated/cloud-agent", "udp-connected", IMDS_V4, "80");
+}
+
+#[test]
+fn ipv4_mapped_ipv6_refused() {
+    privileged!(ipv4_mapped_ipv6_refused);
+    let env = Env::with_agent("enforce");
+    let mapped = format!("::ffff:{IMDS_V4}");
+    env.assert_refused("gated/pod-a", "tcp", &mapped, "80", "connect");
+    env.assert_refused("gated/pod-a", "udp", &mapped, "80", "send");
+    env.assert_refused("gated/pod-a", "udp-connected", &mapped, "80", "connect");
+    env.assert_served("gated/cloud-agent", "tcp", &mapped, "80");
+}
+
+#[test]
+fn raw_socket_never_reaches_the_service() {
+    privileged!(raw_socket_never_reaches_the_service);
+    let env = Env::with_agent("enforce");
+    let t = token("raw");
+    // The egress program drops it; sendto may report EPERM or succeed, either is fine.
+    let o = env.probe("gated/pod-a", &["raw", IMDS_V4, "80", &t]);
+    assert!(o.ok || o.errno == Some(EPERM), "{o:?}");
+    assert!(!env.imds.wait_for(&t, Duration::from_secs(1)), "raw segment {t} reached the IMDS");
+    env.assert_served("gated/cloud-agent", "raw", IMDS_V4, "80");
+}
+
+#[test]
+fn connections_opened_before_the_agent_are_cut_off() {
+    privileged!(connections_opened_before_the_agent_are_cut_off);
+    let mut env = Env::new("enforce");
+    let tcp = Held::start(&env.net, &env.cgroup("gated/pod-a"), &["hold-tcp", IMDS_V4, "80"])
+        .expect("hold tcp");
+    let udp = Held::start(&env.net, &env.cgroup("gated/pod-a"), &["hold-udp", IMDS_V4, "80"])
+        .expect("hold udp");
+    let allowed =
+        Held::start(&env.net, &env.cgroup("gated/cloud-agent"), &["hold-tcp", IMDS_V4, "80"])
+            .expect("hold allowed");
+    env.start_agent();
+    let (t1, t2, t3) = (token("held-tcp"), token("held-udp"), token("held-allowed"));
+    let o = tcp.send(&t1).expect("held tcp result");
+    assert!(!o.ok, "pre-existing TCP connection still served: {o:?}");
+    let o = udp.send(&t2).expect("held udp result");
+    assert!(!o.ok, "pre-existing UDP socket still served: {o:?}");
+    assert!(!env.imds.wait_for(&t1, Duration::from_secs(1)), "held TCP token reached the IMDS");
+    assert!(!env.imds.saw(&t2), "held UDP token reached the IMDS");
+    let o = allowed.send(&t3).expect("held allowed result");
+    assert!(o.ok, "allowed pre-existing connection was cut: {o:?}");
+    assert!(env.imds.wait_for(&t3, Duration::from_secs(1)));
+}
+
+#[test]
+fn protected_address_on_unprotected_port_stays_open() {
+    privileged!(protected_address_on_unprotected_port_stays_open);
+    let env = Env::with_agent("enforce");
+    // GCP-style DNS on the metadata address.
+    env.assert_served("gated/pod-a", "tcp", IMDS_V4, "53");
+    env.assert_served("gated/pod-a", "udp", IMDS_V4, "53");
+    env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
+}
+
+#[test]
+fn neighbouring_addresses_stay_open() {
+    privileged!(neighbouring_addresses_stay_open);
+    let env = Env::with_agent("enforce");
+    env.assert_served("gated/pod-a", "tcp", DNS_V4, "80");
+    env.assert_served("gated/pod-a", "udp", NTP_V4, "123");
+    env.assert_served("gated/pod-a", "tcp", DNS_V6, "80");
+}
+
+#[test]
+fn nested_and_late_cgroups_under_an_allowed_one_are_allowed() {
+    privileged!(nested_and_late_cgroups_under_an_allowed_one_are_allowed);
+    let env = Env::with_agent("enforce");
+    env.assert_served("gated/cloud-agent/nested", "tcp", IMDS_V4, "80");
+    // Created after the agent is ready: allowed from its first syscall by the ancestor walk.
+    env.cg.create("gated/cloud-agent/late/deeper").expect("late cgroup");
+    env.assert_served("gated/cloud-agent/late/deeper", "tcp", IMDS_V4, "80");
+    // A sibling created late is still refused.
+    env.cg.create("gated/pod-late").expect("late sibling");
+    env.assert_refused("gated/pod-late", "tcp", IMDS_V4, "80", "connect");
+}
+
+#[test]
+fn processes_outside_the_gated_root_are_not_affected() {
+    privileged!(processes_outside_the_gated_root_are_not_affected);
+    let env = Env::with_agent("enforce");
+    env.assert_served("outside", "tcp", IMDS_V4, "80");
+    env.assert_served("outside", "udp", IMDS_V4, "80");
+}
+
+#[test]
+fn audit_mode_counts_and_logs_but_blocks_nothing() {
+    privileged!(audit_mode_counts_and_logs_but_blocks_nothing);
+    let env = Env::with_agent("audit");
+    env.assert_served("gated/pod-a", "tcp", IMDS_V4, "80");
+    let line = env
+        .agent()
+        .wait_log(|v| v["verdict"] == "audited" && v["cgroup"] == "pod-a", Duration::from_secs(5))
+        .expect("audit log line");
+    assert!(line["message"].as_str().is_some_and(|m| m.contains("blocked")), "{line}");
+    let (code, metrics) = env.agent().http_get("/metrics").expect("metrics");
+    assert_eq!(code, 200);
+    assert!(
+        metrics.lines().any(|l| l.starts_with(
+            "metadata_gate_endpoint_decisions_total{endpoint=\"ec2-imds\",verdict=\"audited\"}"
+        ) && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn each_denial_is_one_structured_log_event() {
+    privileged!(each_denial_is_one_structured_log_event);
+    let env = Env::with_agent("enforce");
+    env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
+    let line = env
+        .agent()
+        .wait_log(|v| v["verdict"] == "denied", Duration::from_secs(5))
+        .expect("denial log line");
+    assert!(line["message"].as_str().is_some_and(|m| m.contains("blocked")), "{line}");
+    assert_eq!(line["cgroup"], "pod-a", "{line}");
+    assert_eq!(line["dst"], IMDS_V4, "{line}");
+    assert_eq!(line["port"], 80, "{line}");
+    assert_eq!(line["proto"], "TCP", "{line}");
+    assert_eq!(line["endpoint"], "ec2-imds", "{line}");
+    assert_eq!(line["hook"], "connect4", "{line}");
+    assert!(line["pid"].as_u64().is_some_and(|p| p > 0), "{line}");
+    assert_eq!(line["comm"], "probe", "{line}");
+    let denials =
+        env.agent().logs().iter().filter(|l| l.contains("\"verdict\":\"denied\"")).count();
+    assert_eq!(denials, 1, "one refused connect, one event");
+}
+
+#[test]
+fn bad_policy_is_refused_and_attaches_nothing() {
+    privileged!(bad_policy_is_refused_and_attaches_nothing);
+    let env = Env::new("enforce");
+    let bad = env.policy_file.with_extension("bad.yaml");
+    std::fs::write(
+        &bad,
+        policy("enforce").replace("ports: [80], protocols: [TCP]", "ports: [70000]"),
+    )
+    .expect("bad policy");
+    let pin_root = integration_tests::agent::new_pin_root().expect("pin root");
+    let pin_dir = pin_root.join("gate");
+    let (bad_s, root_s, pin_s) = (
+        bad.to_string_lossy().into_owned(),
+        env.cg.gated().to_string_lossy().into_owned(),
+        pin_dir.to_string_lossy().into_owned(),
+    );
+    let out = run_to_end(
+        &[
+            "run",
+            "--policy",
+            &bad_s,
+            "--cgroup-root",
+            &root_s,
+            "--pin-dir",
+            &pin_s,
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        Duration::from_secs(10),
+    )
+    .expect("agent exits");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "agent accepted a bad policy");
+    assert!(stderr.contains("endpoints[0].ports"), "error does not name the field: {stderr}");
+    assert!(!pin_dir.exists(), "a refused start left pins behind");
+    env.assert_served("gated/pod-a", "tcp", IMDS_V4, "80");
+
+    let out = run_to_end(&["check", &bad_s], Duration::from_secs(10)).expect("check exits");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("endpoints[0].ports"));
+    let good = env.policy_file.to_string_lossy().into_owned();
+    let out = run_to_end(&["check", &good], Duration::from_secs(10)).expect("check exits");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    integration_tests::agent::remove_pin_root(&pin_root);
+    let _ = std::fs::remove_file(&bad);
+}
+
+#[test]
+fn gate_stays_closed_after_the_agent_stops_until_cleanup() {
+    privileged!(gate_stays_closed_after_the_agent_stops_until_cleanup);
+    let mut env = Env::with_agent("enforce");
+    let mut agent = env.agent.take().expect("agent");
+    agent.stop();
+    env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
+    env.assert_served("gated/cloud-agent", "tcp", IMDS_V4, "80");
+    let pin = agent.pin_dir.to_string_lossy().into_owned();
+    let out =
+        run_to_end(&["cleanup", "--pin-dir", &pin], Duration::from_secs(10)).expect("cleanup");
+    assert!(out.status.success());
+    env.assert_served("gated/pod-a", "tcp", IMDS_V4, "80");
+}
