@@ -25,7 +25,7 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Load the gate, apply a policy and keep it up to date (standalone: --policy + --cgroup-root)
+    /// Load the gate, apply a policy, keep the cgroup allow list current (standalone: --policy + --cgroup-root)
     Run(RunArgs),
     /// Validate policy files; exit 1 with the field and reason of every problem
     Check {
