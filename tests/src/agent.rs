@@ -95,10 +95,10 @@ impl Agent {
             if logged && self.http_get("/readyz").is_ok_and(|(code, _)| code == 200) {
                 return Ok(());
             }
-            if let Some(child) = &self.child {
-                if std::fs::metadata(format!("/proc/{}", child.id())).is_err() {
-                    break;
-                }
+            if let Some(child) = &self.child
+                && std::fs::metadata(format!("/proc/{}", child.id())).is_err()
+            {
+                break;
             }
             std::thread::sleep(Duration::from_millis(50));
         }

@@ -48,12 +48,12 @@ pub fn remove_tree(base: &Path) {
     let mut dirs = Vec::new();
     collect(base, &mut dirs);
     for d in &dirs {
-        if fs::write(d.join("cgroup.kill"), "1").is_err() {
-            if let Ok(procs) = fs::read_to_string(d.join("cgroup.procs")) {
-                for pid in procs.lines().filter_map(|l| l.parse::<i32>().ok()) {
-                    // SAFETY: plain kill(2).
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
-                }
+        if fs::write(d.join("cgroup.kill"), "1").is_err()
+            && let Ok(procs) = fs::read_to_string(d.join("cgroup.procs"))
+        {
+            for pid in procs.lines().filter_map(|l| l.parse::<i32>().ok()) {
+                // SAFETY: plain kill(2).
+                unsafe { libc::kill(pid, libc::SIGKILL) };
             }
         }
     }

@@ -30,10 +30,10 @@ pub fn cgroup2_mount() -> Result<PathBuf> {
     let info = fs::read_to_string("/proc/self/mountinfo")?;
     for line in info.lines() {
         let Some((pre, post)) = line.split_once(" - ") else { continue };
-        if post.split_whitespace().next() == Some("cgroup2") {
-            if let Some(mp) = pre.split_whitespace().nth(4) {
-                return Ok(PathBuf::from(mp.replace("\\040", " ")));
-            }
+        if post.split_whitespace().next() == Some("cgroup2")
+            && let Some(mp) = pre.split_whitespace().nth(4)
+        {
+            return Ok(PathBuf::from(mp.replace("\\040", " ")));
         }
     }
     bail!("no cgroup2 mount in /proc/self/mountinfo")
@@ -99,13 +99,13 @@ pub fn sweep_stale() {
             }
         }
     }
-    if let Ok(cg) = cgroup2_mount() {
-        if let Ok(rd) = fs::read_dir(&cg) {
-            for e in rd.flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                if name.starts_with("mg-test-") && owner_pid(&name).is_some_and(|p| !pid_alive(p)) {
-                    crate::cgroups::remove_tree(&e.path());
-                }
+    if let Ok(cg) = cgroup2_mount()
+        && let Ok(rd) = fs::read_dir(&cg)
+    {
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("mg-test-") && owner_pid(&name).is_some_and(|p| !pid_alive(p)) {
+                crate::cgroups::remove_tree(&e.path());
             }
         }
     }

@@ -193,11 +193,11 @@ fn main() {
         eprintln!("probe: --netns is required (never send from the host namespace)");
         std::process::exit(2);
     };
-    if let Some(cg) = cgroup {
-        if let Err(e) = std::fs::write(format!("{cg}/cgroup.procs"), "0") {
-            eprintln!("probe: joining cgroup {cg}: {e}");
-            std::process::exit(2);
-        }
+    if let Some(cg) = cgroup
+        && let Err(e) = std::fs::write(format!("{cg}/cgroup.procs"), "0")
+    {
+        eprintln!("probe: joining cgroup {cg}: {e}");
+        std::process::exit(2);
     }
     if let Err(e) = enter_netns(&netns) {
         eprintln!("probe: {e:#}");
