@@ -20,7 +20,7 @@ use aya::{
     maps::{Array, HashMap, LpmTrie, MapData, MapError, PerCpuArray, RingBuf, lpm_trie::Key},
     programs::{
         CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, CgroupSockAddr, ProgramError,
-        links::{FdLink, PinnedLink},
+        links::{FdLink, LinkError, PinnedLink},
     },
 };
 use gate_common::{
@@ -166,6 +166,17 @@ fn mount_bpffs(path: &Path) -> std::io::Result<()> {
     if rc != 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
 }
 
+/// A program of the object by name, as its concrete type.
+fn program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, LoaderError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
+{
+    ebpf.program_mut(name)
+        .ok_or(LoaderError::MissingProgram(name))?
+        .try_into()
+        .map_err(|source| LoaderError::Program { name, source })
+}
+
 fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, LoaderError>
 where
     T: TryFrom<aya::maps::Map, Error = MapError>,
@@ -181,11 +192,7 @@ impl Gate {
         let mut ebpf = EbpfLoader::new().load(OBJECT)?;
         for name in [programs::CONNECT4, programs::CONNECT6, programs::SENDMSG4, programs::SENDMSG6]
         {
-            let prog: &mut CgroupSockAddr = ebpf
-                .program_mut(name)
-                .ok_or(LoaderError::MissingProgram(name))?
-                .try_into()
-                .map_err(|source| LoaderError::Program { name, source })?;
+            let prog: &mut CgroupSockAddr = program(&mut ebpf, name)?;
             prog.load().map_err(|source| LoaderError::Program { name, source })?;
         }
         let egress = load_egress(&mut ebpf)?;
@@ -300,36 +307,31 @@ impl Gate {
     pub fn attach(&mut self, root: &GatedRoot) -> Result<(), LoaderError> {
         let cgroup = fs::File::open(&root.path)
             .map_err(|source| LoaderError::Cgroup { path: root.path.clone(), source })?;
-        let links = self.pin_dir.join("links");
         for name in [programs::CONNECT4, programs::CONNECT6, programs::SENDMSG4, programs::SENDMSG6]
         {
             let perr = |source| LoaderError::Program { name, source };
-            let prog: &mut CgroupSockAddr = self
-                .ebpf
-                .program_mut(name)
-                .ok_or(LoaderError::MissingProgram(name))?
-                .try_into()
-                .map_err(perr)?;
+            let prog: &mut CgroupSockAddr = program(&mut self.ebpf, name)?;
             let id = prog.attach(&cgroup, CgroupAttachMode::Single).map_err(perr)?;
             let link = prog.take_link(id).map_err(perr)?;
-            let fd = FdLink::try_from(link).map_err(|source| LoaderError::Link { name, source })?;
-            let path = links.join(name);
-            self.links.push(fd.pin(&path).map_err(|source| LoaderError::Pin { path, source })?);
+            self.pin_link(name, link)?;
         }
         let name = self.egress;
         let perr = |source| LoaderError::Program { name, source };
-        let prog: &mut CgroupSkb = self
-            .ebpf
-            .program_mut(name)
-            .ok_or(LoaderError::MissingProgram(name))?
-            .try_into()
-            .map_err(perr)?;
+        let prog: &mut CgroupSkb = program(&mut self.ebpf, name)?;
         let id = prog
             .attach(&cgroup, CgroupSkbAttachType::Egress, CgroupAttachMode::Single)
             .map_err(perr)?;
         let link = prog.take_link(id).map_err(perr)?;
+        self.pin_link(name, link)
+    }
+
+    /// Pin a freshly attached link under `links/<program>` and keep it.
+    fn pin_link<L>(&mut self, name: &'static str, link: L) -> Result<(), LoaderError>
+    where
+        FdLink: TryFrom<L, Error = LinkError>,
+    {
         let fd = FdLink::try_from(link).map_err(|source| LoaderError::Link { name, source })?;
-        let path = links.join(name);
+        let path = self.pin_dir.join("links").join(name);
         self.links.push(fd.pin(&path).map_err(|source| LoaderError::Pin { path, source })?);
         Ok(())
     }
@@ -370,11 +372,7 @@ impl Gate {
 fn load_egress(ebpf: &mut Ebpf) -> Result<&'static str, LoaderError> {
     let mut first_err = None;
     for name in [programs::EGRESS, programs::EGRESS_NOTASK] {
-        let prog: &mut CgroupSkb = ebpf
-            .program_mut(name)
-            .ok_or(LoaderError::MissingProgram(name))?
-            .try_into()
-            .map_err(|source| LoaderError::Program { name, source })?;
+        let prog: &mut CgroupSkb = program(ebpf, name)?;
         match prog.load() {
             Ok(()) => {
                 if let Some(e) = first_err {

@@ -1,5 +1,5 @@
 //! `cargo xtask demo`: the gate, working, in a throwaway world built by the test harness.
-use std::{process::Command, time::Duration};
+use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use integration_tests::{
@@ -11,7 +11,7 @@ use integration_tests::{
     sys::missing_privileges,
 };
 
-use crate::util::{self, root};
+use crate::util::root;
 
 const POLICY: &str = "deploy/examples/standalone-aws.yaml";
 
@@ -41,15 +41,7 @@ pub fn run() -> Result<()> {
         bail!("the demo {why}: run it as root (sudo -E cargo xtask demo)");
     }
     step(1, "Building gate-agent (with its eBPF programs) and the workload probe");
-    util::run(Command::new("cargo").args([
-        "build",
-        "-q",
-        "-p",
-        "gate-agent",
-        "-p",
-        "integration-tests",
-        "--bins",
-    ]))?;
+    crate::setup::build_bins()?;
 
     step(2, "A throwaway world: two network namespaces joined by a veth pair");
     let net = TestNet::new()?;

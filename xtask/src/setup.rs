@@ -99,16 +99,23 @@ pub fn lint() -> Result<()> {
     Ok(())
 }
 
-pub fn test(filter: Option<&str>) -> Result<()> {
-    run(Command::new("cargo").args(["test", "-p", "gate-common", "-p", "gate-agent"]))?;
+/// The binaries the privileged tests and the demo run: gate-agent (with its eBPF object)
+/// and the workload probe.
+pub fn build_bins() -> Result<()> {
     run(Command::new("cargo").args([
         "build",
+        "-q",
         "-p",
         "gate-agent",
         "-p",
         "integration-tests",
         "--bins",
-    ]))?;
+    ]))
+}
+
+pub fn test(filter: Option<&str>) -> Result<()> {
+    run(Command::new("cargo").args(["test", "-p", "gate-common", "-p", "gate-agent"]))?;
+    build_bins()?;
     if !is_root() {
         if in_ci() {
             bail!("the privileged kernel tests need root, and CI=true forbids skipping them");
