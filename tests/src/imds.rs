@@ -65,7 +65,12 @@ impl FakeImds {
             format!("[{IMDS_V6}]:80"),
             format!("[{DNS_V6}]:80"),
         ];
-        let udp = [format!("{IMDS_V4}:80"), format!("{IMDS_V4}:53"), format!("{NTP_V4}:123")];
+        let udp = [
+            format!("{IMDS_V4}:80"),
+            format!("{IMDS_V4}:53"),
+            format!("{NTP_V4}:123"),
+            format!("[{IMDS_V6}]:80"),
+        ];
         for a in tcp {
             me.spawn(net, format!("tcp {a}"), move |stop, log| serve_tcp(&a, stop, log))?;
         }

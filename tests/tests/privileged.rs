@@ -210,6 +210,24 @@ fn connections_opened_before_the_agent_are_cut_off() {
 }
 
 #[test]
+fn ipv6_extension_headers_do_not_hide_the_port() {
+    privileged!(ipv6_extension_headers_do_not_hide_the_port);
+    let mut env = Env::new("enforce");
+    // Opened before the agent, so only the egress program, which has to walk the hop-by-hop
+    // header to find the UDP port, stands between it and the service.
+    let args = ["hold-udp-hbh", IMDS_V6, "80"];
+    let held = Held::start(&env.net, &env.cgroup("gated/pod-a"), &args).expect("hold hbh");
+    let allowed = Held::start(&env.net, &env.cgroup("gated/cloud-agent"), &args).expect("hold hbh");
+    env.start_agent();
+    let (t1, t2) = (token("hbh"), token("hbh-allowed"));
+    let o = held.send(&t1).expect("held result");
+    assert!(!o.ok, "datagram with a hop-by-hop header got through: {o:?}");
+    assert!(!env.imds.wait_for(&t1, Duration::from_secs(1)), "token {t1} reached the IMDS");
+    let o = allowed.send(&t2).expect("allowed result");
+    assert!(o.ok && env.imds.wait_for(&t2, Duration::from_secs(1)), "control not served: {o:?}");
+}
+
+#[test]
 fn protected_address_on_unprotected_port_stays_open() {
     privileged!(protected_address_on_unprotected_port_stays_open);
     let env = Env::with_agent("enforce");

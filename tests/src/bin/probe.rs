@@ -120,6 +120,24 @@ fn raw_syn(dst: &SocketAddr, token: &str) -> Outcome {
     }
 }
 
+/// Make every datagram of an IPv6 socket carry a hop-by-hop options header (one PadN option),
+/// so the transport header is no longer right after the IPv6 header.
+fn hop_by_hop(s: &UdpSocket) -> std::io::Result<()> {
+    // next header (filled in by the kernel), length 0 (8 bytes), PadN with 4 zero bytes.
+    let opts: [u8; 8] = [0, 0, 1, 4, 0, 0, 0, 0];
+    // SAFETY: valid fd and option buffer.
+    let rc = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_IPV6,
+            libc::IPV6_HOPOPTS,
+            opts.as_ptr().cast(),
+            opts.len() as libc::socklen_t,
+        )
+    };
+    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+}
+
 fn read_token() -> String {
     let mut line = String::new();
     let _ = std::io::stdin().lock().read_line(&mut line);
@@ -161,7 +179,10 @@ fn run(cmd: &str, dst: SocketAddr, token: &str) -> Outcome {
             }
             Err(e) => fail("connect", &e),
         },
-        "hold-udp" => match udp_socket(&dst).and_then(|s| s.connect(dst).map(|()| s)) {
+        "hold-udp" | "hold-udp-hbh" => match udp_socket(&dst)
+            .and_then(|s| s.connect(dst).map(|()| s))
+            .and_then(|s| if cmd == "hold-udp-hbh" { hop_by_hop(&s).map(|()| s) } else { Ok(s) })
+        {
             Ok(s) => {
                 print(
                     &Outcome { ok: true, errno: None, stage: "connected", reply: None },
