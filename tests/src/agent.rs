@@ -4,7 +4,7 @@ use std::{
     fs,
     io::{BufRead as _, BufReader, Read as _, Write as _},
     net::{TcpListener, TcpStream},
-    os::unix::ffi::OsStrExt as _,
+    os::unix::{ffi::OsStrExt as _, process::CommandExt as _},
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
     sync::{Arc, Mutex},
@@ -54,8 +54,8 @@ impl Agent {
         let pin_root = new_pin_root()?;
         let pin_dir = pin_root.join("gate");
         let listen = format!("127.0.0.1:{}", free_port()?);
-        let mut child = Command::new(agent_bin()?)
-            .args(["run", "--log-format", "json", "--rescan-ms", "200", "--listen", &listen])
+        let mut cmd = Command::new(agent_bin()?);
+        cmd.args(["run", "--log-format", "json", "--rescan-ms", "200", "--listen", &listen])
             .arg("--policy")
             .arg(policy)
             .arg("--cgroup-root")
@@ -63,9 +63,19 @@ impl Agent {
             .arg("--pin-dir")
             .arg(&pin_dir)
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("spawning gate-agent")?;
+            .stderr(Stdio::piped());
+        // If the test process dies (SIGKILL, abort), the agent gets SIGTERM instead of
+        // running on. It is tied to the spawning thread: an Agent stays on its test's thread.
+        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().context("spawning gate-agent")?;
         let lines = Arc::new(Mutex::new(Vec::new()));
         for stream in [
             child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),

@@ -101,11 +101,8 @@ impl Drop for Held {
     }
 }
 
-/// A fresh token for one probe.
+/// A fresh token for one probe. It ends in `.end`, so no token is a substring of another
+/// (`…-4.end` is not inside `…-45.end`).
 pub fn token(tag: &str) -> String {
-    format!(
-        "tok-{tag}-{}-{}",
-        std::process::id(),
-        crate::sys::unique("t").rsplit('-').next().unwrap_or("0")
-    )
+    format!("tok-{tag}-{}.end", crate::sys::unique("t"))
 }

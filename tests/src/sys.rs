@@ -113,7 +113,11 @@ pub fn sweep_stale() {
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             if name.starts_with("mg-") && owner_pid(&name).is_some_and(|p| !pid_alive(p)) {
-                crate::agent::remove_pin_root(&e.path());
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    crate::agent::remove_pin_root(&e.path());
+                } else {
+                    let _ = fs::remove_file(e.path());
+                }
             }
         }
     }
