@@ -259,7 +259,7 @@ impl Gate {
         self.generation += 1;
         self.clear(old)?;
         // Counters are per endpoint index: a new policy starts them afresh.
-        for i in 0..compiled_endpoints(meta) {
+        for i in 0..meta.endpoints.min(MAX_ENDPOINTS) {
             self.ep_counters
                 .set(i, EndpointCounters::default(), 0)
                 .map_err(map_err(names::EP_COUNTERS))?;
@@ -387,10 +387,6 @@ fn load_egress(ebpf: &mut Ebpf) -> Result<&'static str, LoaderError> {
         }
     }
     Err(first_err.unwrap_or(LoaderError::MissingProgram(programs::EGRESS)))
-}
-
-fn compiled_endpoints(meta: PolicyMeta) -> u32 {
-    meta.endpoints.min(MAX_ENDPOINTS)
 }
 
 fn ignore_missing(r: Result<(), MapError>) -> Result<(), MapError> {

@@ -37,12 +37,16 @@ fn meta(policy: &Policy, root: &GatedRoot) -> PolicyMeta {
 
 /// Load, apply and attach. On failure after the pin dir was created, remove it again so a
 /// failed start leaves nothing behind.
-fn bring_up(args: &RunArgs, policy: &Policy, root: &GatedRoot) -> Result<Gate> {
+fn bring_up(
+    args: &RunArgs,
+    policy: &Policy,
+    root: &GatedRoot,
+    allow: &[(u64, u32)],
+) -> Result<Gate> {
     let mut gate = Gate::load(&args.pin_dir).context("loading the eBPF programs")?;
     let result = (|| -> Result<()> {
         let compiled = policy.compile(gate.next_generation())?;
-        gate.apply(&compiled, meta(policy, root), &allow_set(root, policy))
-            .context("writing the policy maps")?;
+        gate.apply(&compiled, meta(policy, root), allow).context("writing the policy maps")?;
         gate.attach(root).with_context(|| format!("attaching to {}", root.path.display()))
     })();
     if let Err(e) = result {
@@ -62,11 +66,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
         );
     };
     let policy = Policy::load(policy_path)?;
-    for (_, entry) in policy
+    for entry in policy
         .allow
         .iter()
-        .enumerate()
-        .filter(|(_, e)| !matches!(e.selector, crate::policy::AllowSelector::Cgroup { .. }))
+        .filter(|e| !matches!(e.selector, crate::policy::AllowSelector::Cgroup(_)))
     {
         tracing::warn!(entry = %entry.name, "allow entry selects pods: it applies in cluster mode only");
     }
@@ -76,7 +79,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let endpoint_names =
         Arc::new(RwLock::new(policy.endpoints.iter().map(|e| e.name.clone()).collect::<Vec<_>>()));
 
-    let mut gate = bring_up(&args, &policy, &root)?;
+    let allow = allow_set(&root, &policy);
+    let mut gate = bring_up(&args, &policy, &root, &allow)?;
     let ring = gate.take_events();
     let pinned = gate.pin_dir().to_path_buf();
     let gate = Arc::new(Mutex::new(gate));
@@ -94,8 +98,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         });
     }
 
-    let mut known: BTreeSet<u64> =
-        allow_set(&root, &policy).into_iter().map(|(id, _)| id).collect();
+    let mut known: BTreeSet<u64> = allow.iter().map(|&(id, _)| id).collect();
     ready.store(true, Ordering::Release);
     tracing::info!(
         policy = %policy_path.display(),

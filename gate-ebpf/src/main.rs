@@ -164,11 +164,12 @@ fn report(caller: &Caller, verdict: u32, endpoint: u32, dst: &Dst) {
 fn gate(caller: &Caller, dst: &Dst, ancestor: impl FnMut(u32) -> u64) -> bool {
     let Some(&active) = CONFIG.get(CONFIG_ACTIVE_GEN) else { return true };
     let generation = active & 1;
-    let Some(meta) = POLICY_META.get(generation) else { return true };
     let Some(endpoint) = match_endpoint(&Maps, generation, dst) else {
         count(caller.hook, VERDICT_UNMATCHED);
         return true;
     };
+    // Only traffic to a protected endpoint needs the rest of the policy.
+    let Some(meta) = POLICY_META.get(generation) else { return true };
     let allowed = cgroup_allowed(&Maps, generation, meta.root_level, ancestor).is_some();
     let verdict = decide(meta.mode, allowed);
     count(caller.hook, verdict);
