@@ -3,6 +3,8 @@ use std::{net::SocketAddr, path::PathBuf};
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+pub use crate::loader::EgressProgram;
+
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/metadata-gate";
 
 #[derive(Debug, Parser)]
@@ -15,8 +17,11 @@ pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/metadata-gate";
         endpoints with EPERM and drop any other packet to them on egress, unless the \
         process's cgroup (or an ancestor below the gated root) is allow-listed. Processes \
         outside the gated cgroup are not affected.\n\n\
-        Lifecycle: `run` pins its programs and maps under --pin-dir, so the gate stays closed \
-        when the agent stops or crashes; `cleanup` is the only way to open it."
+        Lifecycle: `run` pins its programs, links and maps under --pin-dir/v<ABI>, so the gate \
+        stays closed when the agent stops, crashes or is upgraded. A new `run` adopts the \
+        pinned gate without opening it: the policy is swapped in atomically and each program \
+        is replaced in place (bpf_link update). `status` shows the pinned gate, with or \
+        without an agent; `cleanup` is the only way to open the gate."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -32,6 +37,14 @@ pub enum Command {
         /// Policy files (YAML, the schema of DESIGN.md)
         #[arg(required = true, value_name = "FILE")]
         files: Vec<PathBuf>,
+    },
+    /// Show the pinned gate: attachments, policy generation and hash, counters, last denials (works while no agent runs)
+    Status {
+        #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
+        pin_dir: PathBuf,
+        /// Print JSON instead of text
+        #[arg(long)]
+        json: bool,
     },
     /// Detach and unpin everything under the pin dir: this opens the gate
     Cleanup {
@@ -60,6 +73,10 @@ pub struct RunArgs {
     /// How often cgroup globs of the allow list are re-evaluated, in milliseconds
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     pub rescan_ms: u64,
+    /// Which cgroup_skb egress program to load (auto: with pid/comm in events where the
+    /// kernel allows it)
+    #[arg(long, value_enum, value_name = "VARIANT", default_value_t = EgressProgram::Auto)]
+    pub egress_program: EgressProgram,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -3,16 +3,22 @@ use std::{
     collections::HashMap,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::PathBuf,
+    sync::{Arc, Mutex, RwLock},
+    time::{Duration, Instant},
 };
 
 use aya::maps::{MapData, RingBuf};
+
 use gate_common::abi::{
     DenyEvent, HOOK_CONNECT4, HOOK_CONNECT6, HOOK_EGRESS4, HOOK_EGRESS6, HOOK_SENDMSG4,
-    HOOK_SENDMSG6, PROTO_TCP, PROTO_UDP, VERDICT_AUDITED,
+    HOOK_SENDMSG6, HOOK_TC4, HOOK_TC6, PROTO_TCP, PROTO_UDP, VERDICT_AUDITED,
 };
 use tokio::io::unix::AsyncFd;
 
-use crate::cgroup::GatedRoot;
+use crate::{
+    cgroup::GatedRoot,
+    ratelimit::{Admit, RateLimiter, WorkloadCounts},
+};
 
 /// Decode a raw ring buffer record.
 pub fn decode(bytes: &[u8]) -> Option<DenyEvent> {
@@ -31,6 +37,8 @@ pub fn hook_name(hook: u8) -> &'static str {
         HOOK_SENDMSG6 => "sendmsg6",
         HOOK_EGRESS4 => "egress4",
         HOOK_EGRESS6 => "egress6",
+        HOOK_TC4 => "tc4",
+        HOOK_TC6 => "tc6",
         _ => "unknown",
     }
 }
@@ -53,7 +61,11 @@ pub fn dst_addr(ev: &DenyEvent) -> IpAddr {
     }
 }
 
-fn comm(ev: &DenyEvent) -> String {
+pub fn verdict_name(verdict: u8) -> &'static str {
+    if u32::from(verdict) == VERDICT_AUDITED { "audited" } else { "denied" }
+}
+
+pub fn comm(ev: &DenyEvent) -> String {
     let end = ev.comm.iter().position(|&b| b == 0).unwrap_or(ev.comm.len());
     String::from_utf8_lossy(&ev.comm[..end]).into_owned()
 }
@@ -86,8 +98,7 @@ impl CgroupNames {
 }
 
 /// Log one event. `endpoints` maps endpoint index to its policy name.
-pub fn log_event(ev: &DenyEvent, endpoints: &[String], names: &mut CgroupNames) {
-    let cgroup = names.name(ev.cgroup_id);
+pub fn log_event(ev: &DenyEvent, cgroup: &str, endpoints: &[String]) {
     let endpoint = endpoints.get(ev.endpoint as usize).map(String::as_str).unwrap_or("?");
     let dst = dst_addr(ev);
     let proto = proto_name(ev.proto);
@@ -106,23 +117,70 @@ pub fn log_event(ev: &DenyEvent, endpoints: &[String], names: &mut CgroupNames) 
     }
 }
 
-/// Read events until the task is dropped.
+/// Log rate limit: this many events per workload per window, then one summary.
+pub const LOG_BURST: u32 = 5;
+pub const LOG_WINDOW: Duration = Duration::from_secs(10);
+/// Distinct workload labels on the denial metric.
+pub const WORKLOAD_LABELS: usize = 256;
+
+/// What the event reader shares with the rest of the agent.
+#[derive(Clone)]
+pub struct EventSinks {
+    /// Endpoint names of the live policy, by index.
+    pub endpoints: Arc<RwLock<Vec<String>>>,
+    /// Denials per workload, for /metrics.
+    pub by_workload: Arc<Mutex<WorkloadCounts>>,
+}
+
+impl EventSinks {
+    pub fn new(endpoints: Vec<String>) -> Self {
+        Self {
+            endpoints: Arc::new(RwLock::new(endpoints)),
+            by_workload: Arc::new(Mutex::new(WorkloadCounts::new(WORKLOAD_LABELS))),
+        }
+    }
+}
+
+/// Read events until the task is dropped: count each by workload, log it unless its
+/// workload is over the rate limit, and log a summary of what was suppressed.
 pub async fn run(
     ring: RingBuf<MapData>,
-    endpoints: std::sync::Arc<std::sync::RwLock<Vec<String>>>,
+    sinks: EventSinks,
     mut names: CgroupNames,
 ) -> std::io::Result<()> {
     // SAFETY: the ring buffer owns its map fd, which stays open and unchanged for as long as
     // the AsyncFd owns the ring buffer.
     let mut fd = unsafe { AsyncFd::register(ring) }.map_err(std::io::Error::from)?;
+    let mut limiter = RateLimiter::new(LOG_BURST, LOG_WINDOW, 4096);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
-        let mut guard = fd.readable_mut().await?;
-        let ring = guard.get_inner_mut();
-        while let Some(item) = ring.next() {
-            if let (Some(ev), Ok(eps)) = (decode(&item), endpoints.read()) {
-                log_event(&ev, &eps, &mut names);
+        tokio::select! {
+            guard = fd.readable_mut() => {
+                let mut guard = guard?;
+                let ring = guard.get_inner_mut();
+                let now = Instant::now();
+                while let Some(item) = ring.next() {
+                    let Some(ev) = decode(&item) else { continue };
+                    let cgroup = names.name(ev.cgroup_id);
+                    if let Ok(mut c) = sinks.by_workload.lock() {
+                        c.add(&cgroup);
+                    }
+                    if limiter.admit(&cgroup, now) == Admit::Log
+                        && let Ok(eps) = sinks.endpoints.read()
+                    {
+                        log_event(&ev, &cgroup, &eps);
+                    }
+                }
+                guard.clear_ready();
+            }
+            _ = tick.tick() => {
+                for (cgroup, suppressed) in limiter.flush(Instant::now()) {
+                    tracing::warn!(
+                        cgroup, suppressed, window_s = LOG_WINDOW.as_secs(),
+                        "blocked more often than logged: suppressed denial events"
+                    );
+                }
             }
         }
-        guard.clear_ready();
     }
 }

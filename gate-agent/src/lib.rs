@@ -5,5 +5,8 @@ pub mod events;
 pub mod loader;
 pub mod metrics;
 pub mod policy;
+pub mod ratelimit;
 pub mod server;
 pub mod standalone;
+pub mod status;
+pub mod watch;

@@ -7,6 +7,7 @@ use gate_agent::{
     loader,
     policy::Policy,
     standalone,
+    status::Status,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -46,13 +47,37 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Check { files } => check(&files),
+        Command::Status { pin_dir, json } => match Status::read(&pin_dir) {
+            Ok(st) => {
+                if json {
+                    match serde_json::to_string_pretty(&st) {
+                        Ok(s) => println!("{s}"),
+                        Err(e) => {
+                            eprintln!("error: {e}");
+                            return ExitCode::FAILURE;
+                        }
+                    }
+                } else {
+                    print!("{}", st.render_text());
+                }
+                // 0: a gate is installed; 3: none (scripts can tell the two apart).
+                if st.installed { ExitCode::SUCCESS } else { ExitCode::from(3) }
+            }
+            Err(e) => {
+                eprintln!("error: reading the gate pinned under {}: {e}", pin_dir.display());
+                ExitCode::FAILURE
+            }
+        },
         Command::Cleanup { pin_dir } => match loader::cleanup(&pin_dir) {
-            Ok(true) => {
-                println!("removed the gate pinned under {}: the gate is open", pin_dir.display());
+            Ok(removed) if removed.is_empty() => {
+                println!("nothing pinned under {}", pin_dir.display());
                 ExitCode::SUCCESS
             }
-            Ok(false) => {
-                println!("nothing pinned under {}", pin_dir.display());
+            Ok(removed) => {
+                for dir in removed {
+                    println!("removed the gate pinned under {}", dir.display());
+                }
+                println!("the gate is open");
                 ExitCode::SUCCESS
             }
             Err(e) => {

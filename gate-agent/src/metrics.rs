@@ -1,22 +1,43 @@
-//! Prometheus metrics, read from the kernel counters at scrape time.
-use std::sync::{Arc, Mutex, RwLock};
+//! Prometheus metrics. Kernel counters are read from the maps at scrape time; agent-side
+//! counters (reloads, denials by workload) are kept here.
+use std::sync::{Arc, Mutex};
 
 use prometheus_client::{
     collector::Collector,
-    encoding::{DescriptorEncoder, EncodeMetric},
-    metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
+    metrics::{
+        MetricType, counter::ConstCounter, counter::Counter, family::Family, gauge::ConstGauge,
+    },
     registry::Registry,
 };
 
-use crate::{events::hook_name, loader::Gate};
+use crate::{events::EventSinks, events::hook_name, loader::Gate};
 
 const VERDICTS: [&str; 4] = ["unmatched", "allowed", "denied", "audited"];
 
-/// What the collector needs: the gate (for its maps) and the live policy's endpoint names.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReloadLabels {
+    /// `success`, `failure` or `unchanged`.
+    pub result: &'static str,
+}
+
+/// Agent-side metrics the rest of the agent updates.
+#[derive(Clone, Default)]
+pub struct AgentMetrics {
+    pub reloads: Family<ReloadLabels, Counter>,
+}
+
+impl AgentMetrics {
+    pub fn reload(&self, result: &'static str) {
+        self.reloads.get_or_create(&ReloadLabels { result }).inc();
+    }
+}
+
+/// What the collector needs: the gate (for its maps) and the event reader's state.
 #[derive(Clone)]
 pub struct Shared {
     pub gate: Arc<Mutex<Gate>>,
-    pub endpoints: Arc<RwLock<Vec<String>>>,
+    pub sinks: EventSinks,
 }
 
 #[derive(Clone)]
@@ -30,10 +51,10 @@ impl std::fmt::Debug for GateCollector {
 
 impl Collector for GateCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let names = self.0.endpoints.read().map(|n| n.clone()).unwrap_or_default();
-        let (stats, generation) = match self.0.gate.lock() {
+        let names = self.0.sinks.endpoints.read().map(|n| n.clone()).unwrap_or_default();
+        let (stats, generation, usage) = match self.0.gate.lock() {
             Ok(g) => match g.stats(names.len() as u32) {
-                Ok(s) => (s, g.generation),
+                Ok(s) => (s, g.info().policy_generation, g.usage()),
                 Err(e) => {
                     tracing::warn!(error = %e, "reading counters for /metrics");
                     return Ok(());
@@ -57,7 +78,7 @@ impl Collector for GateCollector {
 
         let mut fam = enc.encode_descriptor(
             "metadata_gate_endpoint_decisions",
-            "Decisions on traffic that matched a protected endpoint",
+            "Decisions on traffic that matched a protected endpoint (reset when a policy is applied)",
             None,
             MetricType::Counter,
         )?;
@@ -71,6 +92,18 @@ impl Collector for GateCollector {
             }
         }
 
+        let by_workload = self.0.sinks.by_workload.lock().map(|c| c.snapshot()).unwrap_or_default();
+        let mut fam = enc.encode_descriptor(
+            "metadata_gate_workload_denials",
+            "Denial events by workload (cgroup below the gated root; at most 256 workloads, the rest as _other)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (workload, v) in &by_workload {
+            let labels = [("workload", workload.as_str())];
+            ConstCounter::new(*v).encode(fam.encode_family(&labels)?)?;
+        }
+
         let fam = enc.encode_descriptor(
             "metadata_gate_events_lost",
             "Denial events dropped because the ring buffer was full",
@@ -81,17 +114,41 @@ impl Collector for GateCollector {
 
         let fam = enc.encode_descriptor(
             "metadata_gate_policy_generation",
-            "Policies applied since the agent started",
+            "Policies applied over the life of the pinned gate",
             None,
             MetricType::Gauge,
         )?;
         ConstGauge::new(generation as i64).encode(fam)?;
+
+        let mut fam = enc.encode_descriptor(
+            "metadata_gate_map_entries",
+            "Entries the live policy holds per map",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (map, used, _) in usage {
+            ConstGauge::new(used as i64).encode(fam.encode_family(&[("map", map)])?)?;
+        }
+        let mut fam = enc.encode_descriptor(
+            "metadata_gate_map_capacity",
+            "Entries one policy may hold per map",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (map, _, cap) in usage {
+            ConstGauge::new(i64::from(cap)).encode(fam.encode_family(&[("map", map)])?)?;
+        }
         Ok(())
     }
 }
 
-pub fn registry(shared: Shared) -> Registry {
+pub fn registry(shared: Shared, agent: &AgentMetrics) -> Registry {
     let mut r = Registry::default();
+    r.register(
+        "metadata_gate_policy_reloads",
+        "Policy reloads by result (failure: refused, the last good policy stays)",
+        agent.reloads.clone(),
+    );
     r.register_collector(Box::new(GateCollector(shared)));
     r
 }

@@ -1,25 +1,30 @@
 //! `gate-agent run --policy FILE --cgroup-root DIR`: no cluster needed.
+//!
+//! Start-up never opens the gate: a pinned gate is adopted (see [`crate::loader`]), and a
+//! failed start of an adopted gate leaves it enforcing what it enforced. The policy file is
+//! watched and reloaded on change and on SIGHUP; a bad edit is refused and the last good
+//! policy stays. SIGTERM/SIGINT stop the agent and leave the gate closed.
 use std::{
-    collections::BTreeSet,
     sync::{
-        Arc, Mutex, RwLock,
+        Arc, Mutex,
         atomic::{AtomicBool, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result};
-use gate_common::abi::{MODE_AUDIT, MODE_ENFORCE, PolicyMeta};
+use gate_common::abi::{MODE_AUDIT, MODE_ENFORCE, PolicyMeta, TERMINATE_UNKNOWN};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{
     cgroup::GatedRoot,
     cli::RunArgs,
-    events::{self, CgroupNames},
-    loader::{self, Gate},
-    metrics,
-    policy::{Mode, Policy},
+    events::{self, CgroupNames, EventSinks},
+    loader::{self, Gate, PolicyInfo, Start},
+    metrics::{self, AgentMetrics},
+    policy::{AllowSelector, Mode, Policy},
     server,
+    watch::{PolicyWatch, Trigger},
 };
 
 fn allow_set(root: &GatedRoot, policy: &Policy) -> Vec<(u64, u32)> {
@@ -35,28 +40,163 @@ fn meta(policy: &Policy, root: &GatedRoot) -> PolicyMeta {
     }
 }
 
-/// Load, apply and attach. On failure after the pin dir was created, remove it again so a
-/// failed start leaves nothing behind.
-fn bring_up(
-    args: &RunArgs,
-    policy: &Policy,
-    root: &GatedRoot,
-    allow: &[(u64, u32)],
-) -> Result<Gate> {
-    let mut gate = Gate::load(&args.pin_dir).context("loading the eBPF programs")?;
+fn policy_info(policy: &Policy) -> PolicyInfo {
+    PolicyInfo {
+        hash: u64::from_str_radix(&policy.hash(), 16).unwrap_or(0),
+        platform: policy.platform.clone(),
+        endpoint_names: policy.endpoints.iter().map(|e| e.name.clone()).collect(),
+        terminate: TERMINATE_UNKNOWN,
+    }
+}
+
+/// Validate-compile-swap: the one way a policy reaches the kernel.
+fn apply(gate: &mut Gate, policy: &Policy, root: &GatedRoot) -> Result<usize> {
+    let allow = allow_set(root, policy);
+    let compiled = policy.compile(gate.next_generation())?;
+    gate.apply(&compiled, meta(policy, root), &allow, root, &policy_info(policy))
+        .context("writing the policy maps")?;
+    Ok(allow.len())
+}
+
+/// Load (or adopt), apply and attach. A failed fresh start removes its own pins; a failed
+/// adoption leaves the pinned gate as it was, still enforcing.
+fn bring_up(args: &RunArgs, policy: &Policy, root: &GatedRoot) -> Result<Gate> {
+    let mut gate =
+        Gate::open(&args.pin_dir, args.egress_program).context("loading the eBPF programs")?;
+    let start = gate.start();
+    if start == Start::Adopted {
+        let info = gate.info();
+        tracing::info!(
+            generation = info.policy_generation,
+            policy_hash = format!("{:016x}", info.policy_hash),
+            previous_pid = info.agent_pid,
+            "adopting the pinned gate (it kept enforcing while no agent ran)"
+        );
+    }
     let result = (|| -> Result<()> {
-        let compiled = policy.compile(gate.next_generation())?;
-        gate.apply(&compiled, meta(policy, root), allow).context("writing the policy maps")?;
-        gate.attach(root).with_context(|| format!("attaching to {}", root.path.display()))
+        gate.check_root(root)?;
+        apply(&mut gate, policy, root)?;
+        for c in
+            gate.attach(root).with_context(|| format!("attaching to {}", root.path.display()))?
+        {
+            match c.old_prog_id {
+                Some(old) => tracing::info!(
+                    hook = c.hook,
+                    program = c.program,
+                    old_prog_id = old,
+                    new_prog_id = c.new_prog_id,
+                    "replaced program in place (link update)"
+                ),
+                None => tracing::info!(
+                    hook = c.hook,
+                    program = c.program,
+                    prog_id = c.new_prog_id,
+                    "attached"
+                ),
+            }
+        }
+        Ok(())
     })();
     if let Err(e) = result {
-        drop(gate);
-        if let Err(c) = loader::cleanup(&args.pin_dir) {
-            tracing::error!(error = %c, "removing the pin dir after a failed start");
+        if start == Start::Fresh {
+            let dir = gate.pin_dir().to_path_buf();
+            drop(gate);
+            if let Err(c) = loader::pins::remove_version(&dir) {
+                tracing::error!(error = %c, "removing the pin dir after a failed start");
+            }
+            let _ = std::fs::remove_dir(&args.pin_dir);
+        } else {
+            tracing::error!("adoption failed: the pinned gate keeps enforcing its previous policy");
         }
         return Err(e);
     }
     Ok(gate)
+}
+
+/// The agent's view of the live policy.
+struct Live {
+    policy: Policy,
+    root: GatedRoot,
+    gate: Arc<Mutex<Gate>>,
+    sinks: EventSinks,
+    metrics: AgentMetrics,
+    /// Hash of the last refused policy text, so one bad edit is reported once.
+    last_refused: Option<String>,
+}
+
+impl Live {
+    fn reload(&mut self, trigger: Trigger) {
+        let path = self.policy.source.clone();
+        let started = Instant::now();
+        let candidate = match Policy::load(std::path::Path::new(&path)) {
+            Ok(p) => p,
+            Err(e) => {
+                let msg = e.to_string();
+                if self.last_refused.as_deref() != Some(msg.as_str()) || trigger == Trigger::Sighup
+                {
+                    tracing::error!(
+                        trigger = trigger.as_str(), error = %msg, live_policy_hash = %self.policy.hash(),
+                        "policy rejected; the last good policy stays in force"
+                    );
+                }
+                self.last_refused = Some(msg);
+                self.metrics.reload("failure");
+                return;
+            }
+        };
+        self.last_refused = None;
+        if candidate.hash() == self.policy.hash() {
+            tracing::debug!(trigger = trigger.as_str(), "policy unchanged");
+            self.metrics.reload("unchanged");
+            return;
+        }
+        let result = match self.gate.lock() {
+            Ok(mut g) => {
+                apply(&mut g, &candidate, &self.root).map(|n| (n, g.info().policy_generation))
+            }
+            Err(_) => Err(anyhow::anyhow!("gate lock poisoned")),
+        };
+        match result {
+            Ok((allowed, generation)) => {
+                if let Ok(mut names) = self.sinks.endpoints.write() {
+                    *names = candidate.endpoints.iter().map(|e| e.name.clone()).collect();
+                }
+                tracing::info!(
+                    trigger = trigger.as_str(),
+                    generation,
+                    policy_hash = %candidate.hash(),
+                    mode = ?candidate.mode,
+                    endpoints = candidate.endpoints.len(),
+                    allowed_cgroups = allowed,
+                    took_us = started.elapsed().as_micros() as u64,
+                    "policy applied"
+                );
+                self.policy = candidate;
+                self.metrics.reload("success");
+            }
+            Err(e) => {
+                tracing::error!(
+                    trigger = trigger.as_str(),
+                    error = format!("{e:#}"),
+                    "policy rejected; the last good policy stays in force"
+                );
+                self.metrics.reload("failure");
+            }
+        }
+    }
+
+    /// Re-evaluate the cgroup globs: allow cgroups that appeared, forget those that vanished.
+    fn rescan(&mut self) {
+        let want = allow_set(&self.root, &self.policy);
+        let Ok(mut g) = self.gate.lock() else { return };
+        match g.sync_allow(&want) {
+            Ok((0, 0)) => {}
+            Ok((added, removed)) => {
+                tracing::info!(added, removed, allowed_cgroups = want.len(), "allow set updated")
+            }
+            Err(e) => tracing::error!(error = %e, "updating the allow set"),
+        }
+    }
 }
 
 pub async fn run(args: RunArgs) -> Result<()> {
@@ -66,51 +206,57 @@ pub async fn run(args: RunArgs) -> Result<()> {
         );
     };
     let policy = Policy::load(policy_path)?;
-    for entry in policy
-        .allow
-        .iter()
-        .filter(|e| !matches!(e.selector, crate::policy::AllowSelector::Cgroup(_)))
-    {
+    for entry in policy.allow.iter().filter(|e| !matches!(e.selector, AllowSelector::Cgroup(_))) {
         tracing::warn!(entry = %entry.name, "allow entry selects pods: it applies in cluster mode only");
     }
     let root = GatedRoot::open(cgroup_root)?;
+    let mut watch = PolicyWatch::new(policy_path)?;
 
     let ready = Arc::new(AtomicBool::new(false));
-    let endpoint_names =
-        Arc::new(RwLock::new(policy.endpoints.iter().map(|e| e.name.clone()).collect::<Vec<_>>()));
-
-    let allow = allow_set(&root, &policy);
-    let mut gate = bring_up(&args, &policy, &root, &allow)?;
+    let mut gate = bring_up(&args, &policy, &root)?;
     let ring = gate.take_events();
     let pinned = gate.pin_dir().to_path_buf();
+    let start = gate.start();
+    let allowed = gate.allowed_ids().count();
+    let generation = gate.info().policy_generation;
+    let egress = gate.egress_program();
     let gate = Arc::new(Mutex::new(gate));
-    let shared = metrics::Shared { gate: gate.clone(), endpoints: endpoint_names.clone() };
-    let _server = server::serve(args.listen, ready.clone(), metrics::registry(shared))
-        .await
-        .with_context(|| format!("listening on {}", args.listen))?;
+    let sinks = EventSinks::new(policy.endpoints.iter().map(|e| e.name.clone()).collect());
+    let agent_metrics = AgentMetrics::default();
+    let shared = metrics::Shared { gate: gate.clone(), sinks: sinks.clone() };
+    let _server =
+        server::serve(args.listen, ready.clone(), metrics::registry(shared, &agent_metrics))
+            .await
+            .with_context(|| format!("listening on {}", args.listen))?;
     if let Some(ring) = ring {
         let names = CgroupNames::new(GatedRoot::open(cgroup_root)?);
-        let endpoints = endpoint_names.clone();
+        let sinks = sinks.clone();
         tokio::spawn(async move {
-            if let Err(e) = events::run(ring, endpoints, names).await {
+            if let Err(e) = events::run(ring, sinks, names).await {
                 tracing::error!(error = %e, "event reader stopped");
             }
         });
     }
 
-    let mut known: BTreeSet<u64> = allow.iter().map(|&(id, _)| id).collect();
     ready.store(true, Ordering::Release);
     tracing::info!(
         policy = %policy_path.display(),
         policy_hash = %policy.hash(),
+        generation,
         cgroup_root = %root.path.display(),
         pin_dir = %pinned.display(),
+        start = ?start,
+        egress,
         mode = ?policy.mode,
         endpoints = policy.endpoints.len(),
-        allowed_cgroups = known.len(),
+        allowed_cgroups = allowed,
         "ready"
     );
+    if let Ok(g) = gate.lock() {
+        g.retire_other_versions();
+    }
 
+    let mut live = Live { policy, root, gate, sinks, metrics: agent_metrics, last_refused: None };
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut tick = tokio::time::interval(Duration::from_millis(args.rescan_ms.max(50)));
@@ -118,23 +264,11 @@ pub async fn run(args: RunArgs) -> Result<()> {
         tokio::select! {
             _ = term.recv() => break,
             _ = int.recv() => break,
-            _ = tick.tick() => {
-                let fresh: Vec<_> = allow_set(&root, &policy)
-                    .into_iter()
-                    .filter(|(id, _)| !known.contains(id))
-                    .collect();
-                if fresh.is_empty() { continue; }
-                let mut g = gate.lock().map_err(|_| anyhow::anyhow!("gate lock poisoned"))?;
-                match g.allow_more(&fresh) {
-                    Ok(()) => {
-                        for (id, entry) in &fresh {
-                            known.insert(*id);
-                            tracing::info!(cgroup_id = id, entry = %policy.allow[*entry as usize].name, "allowed new cgroup");
-                        }
-                    }
-                    Err(e) => tracing::error!(error = %e, "adding allowed cgroups"),
-                }
-            }
+            trigger = watch.next() => match trigger {
+                Some(t) => live.reload(t),
+                None => anyhow::bail!("the policy file watcher stopped"),
+            },
+            _ = tick.tick() => live.rescan(),
         }
     }
     ready.store(false, Ordering::Release);

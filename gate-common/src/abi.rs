@@ -10,7 +10,7 @@
 
 /// Bumped whenever a type, map or program below changes incompatibly; the agent pins under
 /// `<pin-dir>/v<ABI_VERSION>/`.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 /// Map names as they appear in the eBPF object (and under the pin dir).
 pub mod names {
@@ -23,6 +23,29 @@ pub mod names {
     pub const EP_COUNTERS: &str = "EP_COUNTERS";
     pub const STATS: &str = "STATS";
     pub const EVENTS: &str = "EVENTS";
+    /// User space only: what was applied, for `status` while the agent is down.
+    pub const GATE_INFO: &str = "GATE_INFO";
+    /// User space only: endpoint names of each generation, for `status` and metrics.
+    pub const EP_NAMES: &str = "EP_NAMES";
+    /// The last [`RECENT_DENIALS`](super::RECENT_DENIALS) denials, a ring indexed by
+    /// CONFIG[[`CONFIG_RECENT_CURSOR`](super::CONFIG_RECENT_CURSOR)], readable without the agent.
+    pub const RECENT: &str = "RECENT";
+
+    /// Every map of the object, in pin order.
+    pub const ALL: [&str; 12] = [
+        CONFIG,
+        POLICY_META,
+        PREFIX_V4,
+        PREFIX_V6,
+        PORT_RULES,
+        ALLOWED,
+        EP_COUNTERS,
+        STATS,
+        EVENTS,
+        GATE_INFO,
+        EP_NAMES,
+        RECENT,
+    ];
 }
 
 /// Program names (function names in gate-ebpf).
@@ -48,6 +71,10 @@ pub const MAX_ALLOWED_CGROUPS: u32 = 65_536;
 pub const MAX_CGROUP_DEPTH: u32 = 32;
 /// Ring buffer for denial events, bytes (power of two, multiple of the page size).
 pub const EVENTS_BYTES: u32 = 256 * 1024;
+/// Denials kept in the RECENT map (power of two).
+pub const RECENT_DENIALS: u32 = 16;
+/// Bytes of an endpoint name kept in EP_NAMES (longer names are cut).
+pub const ENDPOINT_NAME_BYTES: usize = 64;
 
 // ---- enumerations --------------------------------------------------------------------------
 
@@ -74,7 +101,9 @@ pub const HOOK_SENDMSG4: u32 = 2;
 pub const HOOK_SENDMSG6: u32 = 3;
 pub const HOOK_EGRESS4: u32 = 4;
 pub const HOOK_EGRESS6: u32 = 5;
-pub const NUM_HOOKS: u32 = 6;
+pub const HOOK_TC4: u32 = 6;
+pub const HOOK_TC6: u32 = 7;
+pub const NUM_HOOKS: u32 = 8;
 
 /// STATS slot of a (hook, verdict) pair.
 pub const fn stat_slot(hook: u32, verdict: u32) -> u32 {
@@ -85,7 +114,9 @@ pub const STAT_EVENTS_LOST: u32 = NUM_HOOKS * NUM_VERDICTS;
 pub const NUM_STATS: u32 = STAT_EVENTS_LOST + 1;
 
 pub const CONFIG_ACTIVE_GEN: u32 = 0;
-pub const NUM_CONFIG: u32 = 1;
+/// Next RECENT slot to write (wraps; the slot is `cursor % RECENT_DENIALS`).
+pub const CONFIG_RECENT_CURSOR: u32 = 1;
+pub const NUM_CONFIG: u32 = 2;
 
 // ---- PrefixValue.kinds bits: which rule-key shapes exist for a prefix ------------------------
 
@@ -198,6 +229,8 @@ pub struct EndpointCounters {
 pub struct DenyEvent {
     /// cgroup v2 id of the socket's (sock hooks: the calling task's) cgroup.
     pub cgroup_id: u64,
+    /// CLOCK_MONOTONIC nanoseconds (bpf_ktime_get_ns) of the decision.
+    pub ts_ns: u64,
     /// Destination; IPv4 in the first 4 bytes (network order).
     pub addr: [u8; 16],
     /// Thread group id; 0 where the kernel offers none (softirq egress).
@@ -217,8 +250,91 @@ pub struct DenyEvent {
     pub comm: [u8; 16],
 }
 
+/// TERMINATE_* values of [`GateInfo::terminate`].
+pub const TERMINATE_UNKNOWN: u32 = 0;
+/// Established connections to protected endpoints are destroyed when a policy takes effect.
+pub const TERMINATE_ON: u32 = 1;
+/// Disabled by `--terminate-established=false`.
+pub const TERMINATE_OFF: u32 = 2;
+/// The kernel refuses socket destruction (no CONFIG_INET_DIAG_DESTROY).
+pub const TERMINATE_UNSUPPORTED: u32 = 3;
+
+/// GATE_INFO[0]: what the agent last applied. Written by user space only (after the flip),
+/// read by `gate-agent status`, also while no agent runs, and by a restarted agent.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GateInfo {
+    /// Policies applied over the gate's life (survives agent restarts).
+    pub policy_generation: u64,
+    /// `Policy::hash()` of the live policy.
+    pub policy_hash: u64,
+    /// cgroup v2 id of the gated root the programs are attached to.
+    pub root_cgroup_id: u64,
+    /// Wall clock (ms since the Unix epoch) of the last apply.
+    pub applied_at_ms: u64,
+    /// Agent pid that applied it.
+    pub agent_pid: u32,
+    /// TERMINATE_*.
+    pub terminate: u32,
+    /// NUL-padded platform name of the policy.
+    pub platform: [u8; 32],
+    /// NUL-padded absolute path of the gated root (cut at 255 bytes).
+    pub root_path: [u8; 256],
+}
+
+impl Default for GateInfo {
+    fn default() -> Self {
+        Self {
+            policy_generation: 0,
+            policy_hash: 0,
+            root_cgroup_id: 0,
+            applied_at_ms: 0,
+            agent_pid: 0,
+            terminate: TERMINATE_UNKNOWN,
+            platform: [0; 32],
+            root_path: [0; 256],
+        }
+    }
+}
+
+/// EP_NAMES key.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct EpNameKey {
+    pub generation: u32,
+    pub index: u32,
+}
+
+/// EP_NAMES value: NUL-padded endpoint name.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EndpointName {
+    pub name: [u8; ENDPOINT_NAME_BYTES],
+}
+
+/// Copy `s` into a NUL-padded fixed buffer, cut at a char boundary so it stays UTF-8.
+pub fn fixed_str<const N: usize>(s: &str) -> [u8; N] {
+    let mut out = [0u8; N];
+    let mut end = s.len().min(N.saturating_sub(1));
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    out[..end].copy_from_slice(&s.as_bytes()[..end]);
+    out
+}
+
+/// The text of a NUL-padded fixed buffer.
+pub fn fixed_str_value(b: &[u8]) -> &str {
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    core::str::from_utf8(&b[..end]).unwrap_or("?")
+}
+
 const _: () = {
     use core::mem::size_of;
+    assert!(size_of::<GateInfo>() == 328);
+    assert!(size_of::<EpNameKey>() == 8);
+    assert!(size_of::<EndpointName>() == ENDPOINT_NAME_BYTES);
+    assert!(RECENT_DENIALS.is_power_of_two());
     assert!(size_of::<PolicyMeta>() == 16);
     assert!(size_of::<PrefixV4>() == 8);
     assert!(size_of::<PrefixV6>() == 20);
@@ -226,6 +342,6 @@ const _: () = {
     assert!(size_of::<PortRuleKey>() == 12);
     assert!(size_of::<AllowKey>() == 16);
     assert!(size_of::<EndpointCounters>() == 24);
-    assert!(size_of::<DenyEvent>() == 56);
+    assert!(size_of::<DenyEvent>() == 64);
     assert!(EVENTS_BYTES.is_power_of_two());
 };

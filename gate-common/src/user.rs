@@ -1,6 +1,7 @@
 //! User-space glue: these types may be read from and written to aya maps.
 use crate::abi::{
-    AllowKey, DenyEvent, EndpointCounters, PolicyMeta, PortRuleKey, PrefixV4, PrefixV6, PrefixValue,
+    AllowKey, DenyEvent, EndpointCounters, EndpointName, EpNameKey, GateInfo, PolicyMeta,
+    PortRuleKey, PrefixV4, PrefixV6, PrefixValue,
 };
 
 // SAFETY: all are #[repr(C)], Copy, with explicit padding and no invalid bit patterns.
@@ -12,3 +13,6 @@ unsafe impl aya::Pod for PortRuleKey {}
 unsafe impl aya::Pod for AllowKey {}
 unsafe impl aya::Pod for EndpointCounters {}
 unsafe impl aya::Pod for DenyEvent {}
+unsafe impl aya::Pod for GateInfo {}
+unsafe impl aya::Pod for EpNameKey {}
+unsafe impl aya::Pod for EndpointName {}

@@ -20,6 +20,7 @@ use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
+        bpf_ktime_get_ns,
         generated::{
             bpf_get_current_ancestor_cgroup_id, bpf_skb_ancestor_cgroup_id, bpf_skb_cgroup_id,
         },
@@ -30,12 +31,13 @@ use aya_ebpf::{
 };
 use gate_common::{
     abi::{
-        AllowKey, CONFIG_ACTIVE_GEN, DenyEvent, EVENTS_BYTES, EndpointCounters, GEN_PREFIX_BITS,
-        HOOK_CONNECT4, HOOK_CONNECT6, HOOK_EGRESS4, HOOK_EGRESS6, HOOK_SENDMSG4, HOOK_SENDMSG6,
+        AllowKey, CONFIG_ACTIVE_GEN, CONFIG_RECENT_CURSOR, DenyEvent, EVENTS_BYTES,
+        EndpointCounters, EndpointName, EpNameKey, GEN_PREFIX_BITS, GateInfo, HOOK_CONNECT4,
+        HOOK_CONNECT6, HOOK_EGRESS4, HOOK_EGRESS6, HOOK_SENDMSG4, HOOK_SENDMSG6,
         MAX_ALLOWED_CGROUPS, MAX_ENDPOINTS, MAX_PORT_RULES, NUM_CONFIG, NUM_STATS, PORT_ANY,
         PROTO_TCP, PROTO_UDP, PolicyMeta, PortRuleKey, PrefixV4, PrefixV6, PrefixValue,
-        STAT_EVENTS_LOST, VERDICT_ALLOWED, VERDICT_AUDITED, VERDICT_DENIED, VERDICT_UNMATCHED,
-        stat_slot,
+        RECENT_DENIALS, STAT_EVENTS_LOST, VERDICT_ALLOWED, VERDICT_AUDITED, VERDICT_DENIED,
+        VERDICT_UNMATCHED, stat_slot,
     },
     verdict::{Addr, Dst, Tables, cgroup_allowed, decide, match_endpoint},
 };
@@ -64,6 +66,15 @@ static EP_COUNTERS: Array<EndpointCounters> = Array::with_max_entries(MAX_ENDPOI
 static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(NUM_STATS, 0);
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTES, 0);
+#[map]
+static RECENT: Array<DenyEvent> = Array::with_max_entries(RECENT_DENIALS, 0);
+// Written and read by user space only; part of the object so that they are pinned with the
+// rest and share its lifetime.
+#[map]
+static GATE_INFO: Array<GateInfo> = Array::with_max_entries(1, 0);
+#[map]
+static EP_NAMES: HashMap<EpNameKey, EndpointName> =
+    HashMap::with_max_entries(2 * MAX_ENDPOINTS, BPF_F_NO_PREALLOC);
 
 struct Maps;
 
@@ -130,10 +141,6 @@ struct Caller {
 
 #[inline(always)]
 fn report(caller: &Caller, verdict: u32, endpoint: u32, dst: &Dst) {
-    let Some(mut entry) = EVENTS.reserve::<DenyEvent>(0) else {
-        bump(STAT_EVENTS_LOST);
-        return;
-    };
     let (family, addr) = match dst.addr {
         Addr::V4(a) => (4u8, [a[0], a[1], a[2], a[3], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
         Addr::V6(a) => (6u8, a),
@@ -143,8 +150,10 @@ fn report(caller: &Caller, verdict: u32, endpoint: u32, dst: &Dst) {
     } else {
         (0, [0; 16])
     };
-    entry.write(DenyEvent {
+    let ev = DenyEvent {
         cgroup_id: caller.cgroup_id,
+        // SAFETY: helper without arguments.
+        ts_ns: unsafe { bpf_ktime_get_ns() },
         addr,
         pid,
         endpoint,
@@ -155,8 +164,33 @@ fn report(caller: &Caller, verdict: u32, endpoint: u32, dst: &Dst) {
         hook: caller.hook as u8,
         _pad: [0; 2],
         comm,
-    });
-    entry.submit(0);
+    };
+    remember(&ev);
+    match EVENTS.reserve::<DenyEvent>(0) {
+        Some(mut entry) => {
+            entry.write(ev);
+            entry.submit(0);
+        }
+        None => bump(STAT_EVENTS_LOST),
+    }
+}
+
+/// Keep the event in the RECENT ring, which `gate-agent status` reads without the agent.
+/// The cursor is bumped without an atomic fetch (which needs BPF cpu v3, newer than the
+/// kernels we target): CPUs racing on a denial may overwrite one record, a diagnostic loss.
+#[inline(always)]
+fn remember(ev: &DenyEvent) {
+    let Some(cursor) = CONFIG.get_ptr_mut(CONFIG_RECENT_CURSOR) else { return };
+    // SAFETY: `cursor` points into the CONFIG array's value.
+    let n = unsafe {
+        let n = *cursor;
+        *cursor = n.wrapping_add(1);
+        n
+    };
+    if let Some(slot) = RECENT.get_ptr_mut(n & (RECENT_DENIALS - 1)) {
+        // SAFETY: `slot` points into the RECENT array's value.
+        unsafe { *slot = *ev }
+    }
 }
 
 /// The whole decision for one destination. Returns whether the traffic may proceed.

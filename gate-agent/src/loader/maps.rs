@@ -1,0 +1,148 @@
+//! The gate's maps, typed. Opened from a freshly loaded object (the agent) or from their pins
+//! (`gate-agent status`, which must work while no agent runs).
+use aya::{
+    Ebpf,
+    maps::{Array, HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray},
+};
+use gate_common::abi::{
+    AllowKey, CONFIG_ACTIVE_GEN, CONFIG_RECENT_CURSOR, DenyEvent, EndpointCounters, EndpointName,
+    EpNameKey, GateInfo, MAX_ENDPOINTS, NUM_HOOKS, NUM_VERDICTS, PolicyMeta, PortRuleKey, PrefixV4,
+    PrefixV6, PrefixValue, RECENT_DENIALS, STAT_EVENTS_LOST, fixed_str_value, names, stat_slot,
+};
+
+use super::{LoaderError, map_err, pins::Layout};
+
+pub struct Maps {
+    pub config: Array<MapData, u32>,
+    pub meta: Array<MapData, PolicyMeta>,
+    pub v4: LpmTrie<MapData, PrefixV4, PrefixValue>,
+    pub v6: LpmTrie<MapData, PrefixV6, PrefixValue>,
+    pub rules: HashMap<MapData, PortRuleKey, u32>,
+    pub allowed: HashMap<MapData, AllowKey, u32>,
+    pub ep_counters: Array<MapData, EndpointCounters>,
+    pub stats: PerCpuArray<MapData, u64>,
+    pub recent: Array<MapData, DenyEvent>,
+    pub info: Array<MapData, GateInfo>,
+    pub names: HashMap<MapData, EpNameKey, EndpointName>,
+}
+
+/// Counters read back from the kernel.
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    /// `[hook][verdict]` summed over CPUs.
+    pub decisions: Vec<Vec<u64>>,
+    pub events_lost: u64,
+    pub endpoints: Vec<EndpointCounters>,
+}
+
+fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, LoaderError>
+where
+    T: TryFrom<Map, Error = MapError>,
+{
+    let map = ebpf.take_map(name).ok_or(LoaderError::MissingMap(name))?;
+    T::try_from(map).map_err(map_err(name))
+}
+
+fn from_pin<T>(layout: &Layout, name: &'static str) -> Result<T, LoaderError>
+where
+    T: TryFrom<Map, Error = MapError>,
+{
+    let data = MapData::from_pin(layout.map(name)).map_err(map_err(name))?;
+    let map = Map::from_map_data(data).map_err(map_err(name))?;
+    T::try_from(map).map_err(map_err(name))
+}
+
+macro_rules! open_all {
+    ($f:ident, $src:expr) => {
+        Ok(Maps {
+            config: $f($src, names::CONFIG)?,
+            meta: $f($src, names::POLICY_META)?,
+            v4: $f($src, names::PREFIX_V4)?,
+            v6: $f($src, names::PREFIX_V6)?,
+            rules: $f($src, names::PORT_RULES)?,
+            allowed: $f($src, names::ALLOWED)?,
+            ep_counters: $f($src, names::EP_COUNTERS)?,
+            stats: $f($src, names::STATS)?,
+            recent: $f($src, names::RECENT)?,
+            info: $f($src, names::GATE_INFO)?,
+            names: $f($src, names::EP_NAMES)?,
+        })
+    };
+}
+
+impl Maps {
+    pub fn take(ebpf: &mut Ebpf) -> Result<Maps, LoaderError> {
+        open_all!(take, ebpf)
+    }
+
+    pub fn from_pins(layout: &Layout) -> Result<Maps, LoaderError> {
+        open_all!(from_pin, layout)
+    }
+
+    /// The live generation (0 or 1).
+    pub fn active(&self) -> Result<u32, LoaderError> {
+        Ok(self.config.get(&CONFIG_ACTIVE_GEN, 0).map_err(map_err(names::CONFIG))? & 1)
+    }
+
+    pub fn info(&self) -> Result<GateInfo, LoaderError> {
+        self.info.get(&0, 0).map_err(map_err(names::GATE_INFO))
+    }
+
+    pub fn policy_meta(&self, generation: u32) -> Result<PolicyMeta, LoaderError> {
+        self.meta.get(&generation, 0).map_err(map_err(names::POLICY_META))
+    }
+
+    /// Endpoint names of a generation, by index (missing ones as `?`).
+    pub fn endpoint_names(&self, generation: u32, count: u32) -> Vec<String> {
+        (0..count.min(MAX_ENDPOINTS))
+            .map(|index| {
+                self.names
+                    .get(&EpNameKey { generation, index }, 0)
+                    .map(|n| fixed_str_value(&n.name).to_owned())
+                    .unwrap_or_else(|_| "?".to_owned())
+            })
+            .collect()
+    }
+
+    /// All counters.
+    pub fn stats(&self, endpoints: u32) -> Result<Stats, LoaderError> {
+        let read = |slot: u32| -> Result<u64, LoaderError> {
+            let v = self.stats.get(&slot, 0).map_err(map_err(names::STATS))?;
+            Ok(v.iter().sum())
+        };
+        let mut decisions = Vec::new();
+        for hook in 0..NUM_HOOKS {
+            let mut row = Vec::new();
+            for verdict in 0..NUM_VERDICTS {
+                row.push(read(stat_slot(hook, verdict))?);
+            }
+            decisions.push(row);
+        }
+        let mut eps = Vec::new();
+        for i in 0..endpoints.min(MAX_ENDPOINTS) {
+            eps.push(self.ep_counters.get(&i, 0).map_err(map_err(names::EP_COUNTERS))?);
+        }
+        Ok(Stats { decisions, events_lost: read(STAT_EVENTS_LOST)?, endpoints: eps })
+    }
+
+    /// The last denials, oldest first.
+    pub fn recent(&self) -> Result<Vec<DenyEvent>, LoaderError> {
+        let cursor = self.config.get(&CONFIG_RECENT_CURSOR, 0).map_err(map_err(names::CONFIG))?;
+        let n = cursor.min(RECENT_DENIALS);
+        let mut out = Vec::new();
+        for i in 0..n {
+            let slot = cursor.wrapping_sub(n).wrapping_add(i) & (RECENT_DENIALS - 1);
+            out.push(self.recent.get(&slot, 0).map_err(map_err(names::RECENT))?);
+        }
+        Ok(out)
+    }
+
+    /// Entries per generation in the allow set: `[gen0, gen1]`.
+    pub fn allowed_counts(&self) -> [usize; 2] {
+        let mut n = [0; 2];
+        for k in self.allowed.keys().flatten() {
+            n[(k.generation & 1) as usize] += 1;
+        }
+        n
+    }
+}

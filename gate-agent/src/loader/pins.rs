@@ -1,0 +1,151 @@
+//! The pin dir: `<pin-dir>/v<ABI>/{maps,progs,links}/` on bpffs.
+//!
+//! `links/<hook>` are what keep the programs attached when no agent runs; `maps/<MAP>` keep the
+//! policy; `progs/<hook>` name the programs for inspection. Removing the versioned dir is what
+//! opens the gate ([`cleanup`]).
+use std::{
+    fs, io,
+    os::unix::ffi::OsStrExt as _,
+    path::{Path, PathBuf},
+};
+
+use gate_common::abi::ABI_VERSION;
+
+use super::LoaderError;
+
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// Where one ABI version of the gate lives.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    /// `<pin-dir>/v<ABI>`.
+    pub dir: PathBuf,
+}
+
+impl Layout {
+    pub fn new(pin_dir: &Path) -> Self {
+        Self { dir: versioned(pin_dir, ABI_VERSION) }
+    }
+    pub fn map(&self, name: &str) -> PathBuf {
+        self.dir.join("maps").join(name)
+    }
+    pub fn link(&self, hook: &str) -> PathBuf {
+        self.dir.join("links").join(hook)
+    }
+    pub fn prog(&self, hook: &str) -> PathBuf {
+        self.dir.join("progs").join(hook)
+    }
+    /// Names of the pinned links.
+    pub fn links(&self) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(self.dir.join("links"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+}
+
+/// `<pin-dir>/v<abi>`.
+pub fn versioned(pin_dir: &Path, abi: u32) -> PathBuf {
+    pin_dir.join(format!("v{abi}"))
+}
+
+/// Mount bpffs at the pin dir's parent if that is not on bpffs yet, then create the layout.
+pub fn prepare(pin_dir: &Path) -> Result<Layout, LoaderError> {
+    let err = |reason: String| LoaderError::PinDir { path: pin_dir.to_path_buf(), reason };
+    let parent = pin_dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .ok_or_else(|| err("has no parent directory to mount bpffs on".into()))?;
+    fs::create_dir_all(parent).map_err(|e| err(format!("creating {}: {e}", parent.display())))?;
+    if statfs_type(parent).map_err(|e| err(format!("statfs {}: {e}", parent.display())))?
+        != BPF_FS_MAGIC
+    {
+        mount_bpffs(parent)
+            .map_err(|e| err(format!("mounting bpffs on {}: {e}", parent.display())))?;
+        tracing::info!(path = %parent.display(), "mounted bpffs");
+    }
+    let layout = Layout::new(pin_dir);
+    for sub in ["maps", "progs", "links"] {
+        fs::create_dir_all(layout.dir.join(sub))
+            .map_err(|e| err(format!("creating {sub}/: {e}")))?;
+    }
+    Ok(layout)
+}
+
+/// Other ABI versions pinned under the same pin dir (`v<N>` directories), oldest first.
+pub fn other_versions(pin_dir: &Path) -> Vec<(u32, PathBuf)> {
+    let mut v: Vec<(u32, PathBuf)> = fs::read_dir(pin_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name();
+            let n: u32 = name.to_str()?.strip_prefix('v')?.parse().ok()?;
+            (n != ABI_VERSION).then(|| (n, e.path()))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn statfs_type(path: &Path) -> io::Result<i64> {
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())?;
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid NUL-terminated path and out-pointer.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    #[allow(clippy::unnecessary_cast)]
+    Ok(st.f_type as i64)
+}
+
+fn mount_bpffs(path: &Path) -> io::Result<()> {
+    let target = std::ffi::CString::new(path.as_os_str().as_bytes())?;
+    // SAFETY: NUL-terminated strings that outlive the call.
+    let rc = unsafe {
+        libc::mount(
+            c"bpffs".as_ptr(),
+            target.as_ptr(),
+            c"bpf".as_ptr(),
+            0,
+            c"mode=0700".as_ptr().cast(),
+        )
+    };
+    if rc != 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
+/// Remove one versioned dir. Unpinning the links detaches them once no process holds them,
+/// which opens that version's gate.
+pub fn remove_version(dir: &Path) -> Result<(), LoaderError> {
+    fs::remove_dir_all(dir).map_err(|e| LoaderError::PinDir {
+        path: dir.to_path_buf(),
+        reason: format!("removing: {e}"),
+    })
+}
+
+/// Remove every version pinned under `pin_dir`: this opens the gate. Returns the removed dirs.
+pub fn cleanup(pin_dir: &Path) -> Result<Vec<PathBuf>, LoaderError> {
+    let mut removed = Vec::new();
+    let mut dirs = other_versions(pin_dir);
+    dirs.push((ABI_VERSION, Layout::new(pin_dir).dir));
+    for (_, dir) in dirs {
+        if dir.exists() {
+            remove_version(&dir)?;
+            removed.push(dir);
+        }
+    }
+    // Remove the pin dir itself if nothing else lives there.
+    let _ = fs::remove_dir(pin_dir);
+    Ok(removed)
+}
+
+/// Open the pinned link of `hook`.
+pub fn open_link(layout: &Layout, hook: &str) -> std::io::Result<std::os::fd::OwnedFd> {
+    super::sys::obj_get(&layout.link(hook))
+}
+
+pub use super::sys::{LinkInfo, link_info};

@@ -1,0 +1,96 @@
+//! The few bpf(2) commands aya 0.14 does not expose for an already pinned link: open it
+//! (BPF_OBJ_GET), swap its program (BPF_LINK_UPDATE, 5.7+) and describe it
+//! (BPF_OBJ_GET_INFO_BY_FD).
+use std::{
+    ffi::CString,
+    io,
+    os::{
+        fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+        unix::ffi::OsStrExt as _,
+    },
+    path::Path,
+};
+
+const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_LINK_UPDATE: libc::c_long = 29;
+
+fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
+    // SAFETY: `attr` is a properly sized, initialised bpf_attr prefix for `cmd`; the kernel
+    // zero-extends attributes shorter than its own.
+    let rc = unsafe {
+        libc::syscall(libc::SYS_bpf, cmd, attr as *mut T as *mut libc::c_void, size_of::<T>())
+    };
+    if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(rc) }
+}
+
+#[repr(C)]
+struct ObjGetAttr {
+    pathname: u64,
+    bpf_fd: u32,
+    file_flags: u32,
+}
+
+/// Open a pinned bpf object (link, program or map).
+pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
+    let mut attr = ObjGetAttr { pathname: c.as_ptr() as u64, bpf_fd: 0, file_flags: 0 };
+    let fd = bpf(BPF_OBJ_GET, &mut attr)?;
+    // SAFETY: BPF_OBJ_GET returned a new file descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+#[repr(C)]
+struct LinkUpdateAttr {
+    link_fd: u32,
+    new_prog_fd: u32,
+    flags: u32,
+    old_prog_fd: u32,
+}
+
+/// Replace the program of a link in one step: there is no moment without a program.
+pub fn link_update(link: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Result<()> {
+    let mut attr = LinkUpdateAttr {
+        link_fd: link.as_raw_fd() as u32,
+        new_prog_fd: prog.as_raw_fd() as u32,
+        flags: 0,
+        old_prog_fd: 0,
+    };
+    bpf(BPF_LINK_UPDATE, &mut attr).map(drop)
+}
+
+/// The head of `struct bpf_link_info` with the cgroup member of its union.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LinkInfo {
+    pub link_type: u32,
+    pub id: u32,
+    pub prog_id: u32,
+    _pad: u32,
+    /// For cgroup links: the cgroup the program is attached to.
+    pub cgroup_id: u64,
+    pub attach_type: u32,
+    _pad2: u32,
+}
+
+#[repr(C)]
+struct InfoAttr {
+    bpf_fd: u32,
+    info_len: u32,
+    info: u64,
+}
+
+/// Describe a link.
+pub fn link_info(link: BorrowedFd<'_>) -> io::Result<LinkInfo> {
+    let mut info = LinkInfo::default();
+    let mut attr = InfoAttr {
+        bpf_fd: link.as_raw_fd() as u32,
+        info_len: size_of::<LinkInfo>() as u32,
+        info: &mut info as *mut LinkInfo as u64,
+    };
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    Ok(info)
+}
+
+const _: () = assert!(size_of::<LinkInfo>() == 32);

@@ -1,0 +1,300 @@
+//! `gate-agent status`: what the pinned gate is doing, read from bpffs alone, so it works
+//! whether or not an agent runs.
+use std::{
+    fmt::Write as _,
+    os::fd::AsFd as _,
+    path::{Path, PathBuf},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use aya::programs::loaded_programs;
+use gate_common::abi::{
+    MODE_AUDIT, TERMINATE_OFF, TERMINATE_ON, TERMINATE_UNSUPPORTED, fixed_str_value,
+};
+use serde::Serialize;
+
+use crate::{
+    events::{self, hook_name},
+    loader::{Layout, LoaderError, Maps, pins},
+};
+
+#[derive(Debug, Serialize)]
+pub struct Status {
+    pub pin_dir: PathBuf,
+    /// Whether a gate of this agent's ABI is pinned (programs attached).
+    pub installed: bool,
+    pub abi: u32,
+    /// Other ABI versions pinned under the same pin dir (an unfinished hand-over).
+    pub other_versions: Vec<PathBuf>,
+    pub attachments: Vec<Attachment>,
+    pub cgroup_root: String,
+    pub cgroup_root_id: u64,
+    pub policy: Option<PolicyStatus>,
+    pub decisions: Vec<HookCounters>,
+    pub events_lost: u64,
+    pub recent_denials: Vec<Denial>,
+    pub terminate_established: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Attachment {
+    pub hook: String,
+    pub link_id: u32,
+    pub program_id: u32,
+    pub program: String,
+    /// Program tag (hash of its instructions) in hex: differs when the program changed.
+    pub tag: String,
+    pub attached_cgroup_id: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PolicyStatus {
+    pub generation: u64,
+    pub hash: String,
+    pub platform: String,
+    pub mode: &'static str,
+    pub applied_at_unix_ms: u64,
+    pub applied_by_pid: u32,
+    pub allowed_cgroups: usize,
+    pub endpoints: Vec<EndpointStatus>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct EndpointStatus {
+    pub name: String,
+    pub allowed: u64,
+    pub denied: u64,
+    pub audited: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct HookCounters {
+    pub hook: &'static str,
+    pub unmatched: u64,
+    pub allowed: u64,
+    pub denied: u64,
+    pub audited: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Denial {
+    /// Seconds before this status was taken.
+    pub age_s: f64,
+    pub cgroup_id: u64,
+    pub dst: String,
+    pub port: u16,
+    pub proto: String,
+    pub pid: u32,
+    pub comm: String,
+    pub endpoint: String,
+    pub verdict: &'static str,
+    pub hook: &'static str,
+}
+
+fn monotonic_now_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+impl Status {
+    /// Read the gate pinned under `pin_dir`.
+    pub fn read(pin_dir: &Path) -> Result<Status, LoaderError> {
+        let layout = Layout::new(pin_dir);
+        let other_versions = pins::other_versions(pin_dir).into_iter().map(|(_, p)| p).collect();
+        let mut status = Status {
+            pin_dir: pin_dir.to_path_buf(),
+            installed: false,
+            abi: gate_common::abi::ABI_VERSION,
+            other_versions,
+            attachments: Vec::new(),
+            cgroup_root: String::new(),
+            cgroup_root_id: 0,
+            policy: None,
+            decisions: Vec::new(),
+            events_lost: 0,
+            recent_denials: Vec::new(),
+            terminate_established: "unknown",
+        };
+        if !layout.dir.join("maps").exists() {
+            return Ok(status);
+        }
+        status.attachments = attachments(&layout);
+        status.installed = !status.attachments.is_empty();
+        let maps = Maps::from_pins(&layout)?;
+        let info = maps.info()?;
+        status.cgroup_root = fixed_str_value(&info.root_path).to_owned();
+        status.cgroup_root_id = info.root_cgroup_id;
+        status.terminate_established = match info.terminate {
+            TERMINATE_ON => "on",
+            TERMINATE_OFF => "off",
+            TERMINATE_UNSUPPORTED => "unsupported by this kernel",
+            _ => "unknown",
+        };
+        let generation = maps.active()?;
+        let meta = maps.policy_meta(generation)?;
+        let names = maps.endpoint_names(generation, meta.endpoints);
+        let stats = maps.stats(meta.endpoints)?;
+        if info.policy_generation > 0 {
+            status.policy = Some(PolicyStatus {
+                generation: info.policy_generation,
+                hash: format!("{:016x}", info.policy_hash),
+                platform: fixed_str_value(&info.platform).to_owned(),
+                mode: if meta.mode == MODE_AUDIT { "audit" } else { "enforce" },
+                applied_at_unix_ms: info.applied_at_ms,
+                applied_by_pid: info.agent_pid,
+                allowed_cgroups: maps.allowed_counts()[generation as usize],
+                endpoints: names
+                    .iter()
+                    .zip(&stats.endpoints)
+                    .map(|(name, c)| EndpointStatus {
+                        name: name.clone(),
+                        allowed: c.allowed,
+                        denied: c.denied,
+                        audited: c.audited,
+                    })
+                    .collect(),
+            });
+        }
+        status.decisions = stats
+            .decisions
+            .iter()
+            .enumerate()
+            .map(|(hook, row)| HookCounters {
+                hook: hook_name(hook as u8),
+                unmatched: row[0],
+                allowed: row[1],
+                denied: row[2],
+                audited: row[3],
+            })
+            .collect();
+        status.events_lost = stats.events_lost;
+        let now = monotonic_now_ns();
+        status.recent_denials = maps
+            .recent()?
+            .iter()
+            .rev()
+            .map(|ev| Denial {
+                age_s: now.saturating_sub(ev.ts_ns) as f64 / 1e9,
+                cgroup_id: ev.cgroup_id,
+                dst: events::dst_addr(ev).to_string(),
+                port: ev.port,
+                proto: events::proto_name(ev.proto),
+                pid: ev.pid,
+                comm: events::comm(ev),
+                endpoint: names.get(ev.endpoint as usize).cloned().unwrap_or_else(|| "?".into()),
+                verdict: events::verdict_name(ev.verdict),
+                hook: hook_name(ev.hook),
+            })
+            .collect();
+        Ok(status)
+    }
+
+    pub fn render_text(&self) -> String {
+        let mut o = String::new();
+        if !self.installed {
+            let _ = writeln!(
+                o,
+                "gate: not installed (nothing attached under {})",
+                self.pin_dir.display()
+            );
+            for v in &self.other_versions {
+                let _ = writeln!(o, "other ABI version pinned: {}", v.display());
+            }
+            return o;
+        }
+        let _ = writeln!(o, "gate: installed (ABI v{}) under {}", self.abi, self.pin_dir.display());
+        let _ = writeln!(o, "cgroup root: {} (id {})", self.cgroup_root, self.cgroup_root_id);
+        for v in &self.other_versions {
+            let _ = writeln!(o, "other ABI version pinned: {} (hand-over unfinished)", v.display());
+        }
+        let _ = writeln!(o, "attached:");
+        for a in &self.attachments {
+            let _ = writeln!(
+                o,
+                "  {:<9} link {:<6} program {:<6} {:<20} tag {}",
+                a.hook, a.link_id, a.program_id, a.program, a.tag
+            );
+        }
+        match &self.policy {
+            Some(p) => {
+                let applied = UNIX_EPOCH + Duration::from_millis(p.applied_at_unix_ms);
+                let ago = SystemTime::now().duration_since(applied).unwrap_or_default().as_secs();
+                let _ = writeln!(
+                    o,
+                    "policy: generation {} hash {} platform {} mode {} ({} s ago by pid {})",
+                    p.generation, p.hash, p.platform, p.mode, ago, p.applied_by_pid
+                );
+                let _ = writeln!(
+                    o,
+                    "  {} endpoints, {} allowed cgroups",
+                    p.endpoints.len(),
+                    p.allowed_cgroups
+                );
+                for e in &p.endpoints {
+                    let _ = writeln!(
+                        o,
+                        "  {:<24} allowed {:<8} denied {:<8} audited {}",
+                        e.name, e.allowed, e.denied, e.audited
+                    );
+                }
+            }
+            None => {
+                let _ = writeln!(o, "policy: none applied");
+            }
+        }
+        let _ = writeln!(o, "terminate-established: {}", self.terminate_established);
+        let _ = writeln!(o, "decisions (unmatched/allowed/denied/audited):");
+        for h in
+            self.decisions.iter().filter(|h| h.unmatched + h.allowed + h.denied + h.audited > 0)
+        {
+            let _ = writeln!(
+                o,
+                "  {:<9} {}/{}/{}/{}",
+                h.hook, h.unmatched, h.allowed, h.denied, h.audited
+            );
+        }
+        let _ = writeln!(o, "events lost: {}", self.events_lost);
+        let _ = writeln!(o, "recent denials (newest first):");
+        for d in &self.recent_denials {
+            let _ = writeln!(
+                o,
+                "  {:>8.1}s ago  {} {}:{}/{} pid {} ({}) cgroup-id {} endpoint {} via {}",
+                d.age_s,
+                d.verdict,
+                d.dst,
+                d.port,
+                d.proto,
+                d.pid,
+                d.comm,
+                d.cgroup_id,
+                d.endpoint,
+                d.hook
+            );
+        }
+        o
+    }
+}
+
+/// The pinned links and the programs they run.
+fn attachments(layout: &Layout) -> Vec<Attachment> {
+    let programs: Vec<_> = loaded_programs().flatten().collect();
+    layout
+        .links()
+        .into_iter()
+        .filter_map(|hook| {
+            let fd = crate::loader::pins::open_link(layout, &hook).ok()?;
+            let info = crate::loader::pins::link_info(fd.as_fd()).ok()?;
+            let prog = programs.iter().find(|p| p.id() == info.prog_id);
+            Some(Attachment {
+                program: prog.and_then(|p| p.name_as_str()).unwrap_or("?").to_owned(),
+                tag: prog.map(|p| format!("{:016x}", p.tag())).unwrap_or_default(),
+                hook,
+                link_id: info.id,
+                program_id: info.prog_id,
+                attached_cgroup_id: info.cgroup_id,
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,89 @@
+//! Policy file watching: inotify on the file's directory (so that editors' write-and-rename
+//! and Kubernetes ConfigMap volume symlink swaps are seen), debounced, plus SIGHUP.
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use notify::{RecursiveMode, Watcher as _};
+use tokio::sync::mpsc;
+
+/// Wait this long after the first change before reloading, so a multi-step write is whole.
+pub const DEBOUNCE: Duration = Duration::from_millis(50);
+
+/// Why a reload was asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Trigger {
+    FileChanged,
+    Sighup,
+}
+
+impl Trigger {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Trigger::FileChanged => "file changed",
+            Trigger::Sighup => "SIGHUP",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    #[error("watching {path}: {source}")]
+    Notify { path: PathBuf, source: notify::Error },
+    #[error("installing the SIGHUP handler: {0}")]
+    Signal(std::io::Error),
+}
+
+/// Keeps the watcher alive; yields debounced reload triggers.
+pub struct PolicyWatch {
+    _watcher: notify::RecommendedWatcher,
+    rx: mpsc::UnboundedReceiver<Trigger>,
+    hup: tokio::signal::unix::Signal,
+}
+
+/// Whether an event touched the policy file (by name) or a ConfigMap volume's `..data` link.
+fn relevant(event: &notify::Event, file_name: &std::ffi::OsStr) -> bool {
+    event.paths.iter().any(|p| p.file_name().is_some_and(|n| n == file_name || n == "..data"))
+}
+
+impl PolicyWatch {
+    pub fn new(policy: &Path) -> Result<PolicyWatch, WatchError> {
+        let dir = match policy.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let file_name = policy.file_name().map(ToOwned::to_owned).unwrap_or_default();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut watcher =
+            notify::recommended_watcher(move |res: notify::Result<notify::Event>| match res {
+                Ok(ev) if ev.kind.is_access() => {}
+                Ok(ev) if relevant(&ev, &file_name) => {
+                    let _ = tx.send(Trigger::FileChanged);
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "policy file watch"),
+            })
+            .map_err(|source| WatchError::Notify { path: dir.clone(), source })?;
+        watcher
+            .watch(&dir, RecursiveMode::NonRecursive)
+            .map_err(|source| WatchError::Notify { path: dir.clone(), source })?;
+        let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .map_err(WatchError::Signal)?;
+        Ok(PolicyWatch { _watcher: watcher, rx, hup })
+    }
+
+    /// The next reload trigger, after the debounce; `None` if the watcher died.
+    pub async fn next(&mut self) -> Option<Trigger> {
+        let trigger = tokio::select! {
+            t = self.rx.recv() => t?,
+            _ = self.hup.recv() => Trigger::Sighup,
+        };
+        if trigger == Trigger::FileChanged {
+            tokio::time::sleep(DEBOUNCE).await;
+        }
+        // Coalesce what arrived meanwhile.
+        while self.rx.try_recv().is_ok() {}
+        Some(trigger)
+    }
+}
