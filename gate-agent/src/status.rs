@@ -288,7 +288,10 @@ fn attachments(layout: &Layout) -> Vec<Attachment> {
             let info = crate::loader::pins::link_info(fd.as_fd()).ok()?;
             let prog = programs.iter().find(|p| p.id() == info.prog_id);
             Some(Attachment {
-                program: prog.and_then(|p| p.name_as_str()).unwrap_or("?").to_owned(),
+                program: gate_common::abi::programs::full_name(
+                    prog.and_then(|p| p.name_as_str()).unwrap_or("?"),
+                )
+                .to_owned(),
                 tag: prog.map(|p| format!("{:016x}", p.tag())).unwrap_or_default(),
                 hook,
                 link_id: info.id,

@@ -57,6 +57,17 @@ pub mod programs {
     pub const EGRESS: &str = "gate_egress";
     /// Fallback for kernels whose cgroup_skb programs may not call the current-task helpers.
     pub const EGRESS_NOTASK: &str = "gate_egress_notask";
+
+    pub const ALL: [&str; 6] = [CONNECT4, CONNECT6, SENDMSG4, SENDMSG6, EGRESS, EGRESS_NOTASK];
+
+    /// The full name of one of our programs from the kernel's name of it, which is cut to
+    /// 15 bytes (BPF_OBJ_NAME_LEN).
+    pub fn full_name(kernel_name: &str) -> &str {
+        if kernel_name.len() < 15 {
+            return kernel_name;
+        }
+        ALL.iter().find(|n| n.starts_with(kernel_name)).copied().unwrap_or(kernel_name)
+    }
 }
 
 // ---- limits --------------------------------------------------------------------------------

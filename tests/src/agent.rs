@@ -35,6 +35,8 @@ pub struct Agent {
     pin_root: PathBuf,
     pub pin_dir: PathBuf,
     pub listen: String,
+    policy: PathBuf,
+    cgroup_root: PathBuf,
 }
 
 fn free_port() -> Result<u16> {
@@ -51,17 +53,44 @@ pub fn new_pin_root() -> Result<PathBuf> {
 impl Agent {
     /// Start `gate-agent run` on `policy` gating `cgroup_root`, and wait until it is ready.
     pub fn start(policy: &Path, cgroup_root: &Path) -> Result<Agent> {
+        Self::start_with(policy, cgroup_root, &[])
+    }
+
+    /// [`start`](Self::start) with extra `run` arguments.
+    pub fn start_with(policy: &Path, cgroup_root: &Path, extra: &[&str]) -> Result<Agent> {
         let pin_root = new_pin_root()?;
-        let pin_dir = pin_root.join("gate");
-        let listen = format!("127.0.0.1:{}", free_port()?);
+        let mut agent = Agent {
+            child: None,
+            lines: Arc::new(Mutex::new(Vec::new())),
+            pin_dir: pin_root.join("gate"),
+            pin_root,
+            listen: format!("127.0.0.1:{}", free_port()?),
+            policy: policy.to_path_buf(),
+            cgroup_root: cgroup_root.to_path_buf(),
+        };
+        agent.spawn(extra)?;
+        agent.wait_ready(Duration::from_secs(30))?;
+        Ok(agent)
+    }
+
+    /// Start a new agent process on the same pin dir (after [`stop`](Self::stop) or
+    /// [`kill`](Self::kill)), with fresh logs, and wait until it is ready.
+    pub fn restart_with(&mut self, extra: &[&str]) -> Result<()> {
+        self.stop();
+        self.spawn(extra)?;
+        self.wait_ready(Duration::from_secs(30))
+    }
+
+    fn spawn(&mut self, extra: &[&str]) -> Result<()> {
         let mut cmd = Command::new(agent_bin()?);
-        cmd.args(["run", "--log-format", "json", "--rescan-ms", "200", "--listen", &listen])
+        cmd.args(["run", "--log-format", "json", "--rescan-ms", "200", "--listen", &self.listen])
             .arg("--policy")
-            .arg(policy)
+            .arg(&self.policy)
             .arg("--cgroup-root")
-            .arg(cgroup_root)
+            .arg(&self.cgroup_root)
             .arg("--pin-dir")
-            .arg(&pin_dir)
+            .arg(&self.pin_dir)
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         // If the test process dies (SIGKILL, abort), the agent gets SIGTERM instead of
@@ -93,9 +122,39 @@ impl Agent {
                 }
             });
         }
-        let agent = Agent { child: Some(child), lines, pin_root, pin_dir, listen };
-        agent.wait_ready(Duration::from_secs(30))?;
-        Ok(agent)
+        self.lines = lines;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// The agent's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGKILL the agent (no chance to clean up anything) and reap it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Send a signal to the running agent.
+    pub fn signal(&self, sig: i32) {
+        if let Some(pid) = self.pid() {
+            // SAFETY: plain kill(2) on our own child.
+            unsafe { libc::kill(pid as i32, sig) };
+        }
+    }
+
+    /// `gate-agent status --json` on this agent's pin dir: (exit code, parsed output).
+    pub fn status(&self) -> Result<(i32, serde_json::Value)> {
+        let pin = self.pin_dir.to_string_lossy().into_owned();
+        let out = run_to_end(&["status", "--json", "--pin-dir", &pin], Duration::from_secs(10))?;
+        let v = serde_json::from_slice(&out.stdout)
+            .with_context(|| format!("status output: {}", String::from_utf8_lossy(&out.stdout)))?;
+        Ok((out.status.code().unwrap_or(-1), v))
     }
 
     fn wait_ready(&self, timeout: Duration) -> Result<()> {

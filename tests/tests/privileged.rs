@@ -12,7 +12,6 @@ use integration_tests::{
     imds::{FakeImds, INSTANCE_ID},
     net::{DNS_V4, DNS_V6, IMDS_V4, IMDS_V6, NTP_V4, TestNet},
     probe::{self, Held, Outcome, token},
-    sys::require_privileges,
 };
 
 const EPERM: i32 = 1;
@@ -115,11 +114,14 @@ impl Drop for Env {
 
 macro_rules! privileged {
     ($name:ident) => {
-        if !require_privileges(stringify!($name)) {
+        if !integration_tests::sys::require_privileges(stringify!($name)) {
             return;
         }
     };
 }
+
+#[path = "privileged/lifecycle.rs"]
+mod lifecycle;
 
 #[test]
 fn harness_without_agent_serves_everything() {

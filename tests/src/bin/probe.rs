@@ -4,7 +4,9 @@
 //! `probe --netns PATH --cgroup DIR <tcp|udp|udp-connected|raw|hold-tcp|hold-udp> ADDR PORT [TOKEN]`
 //!
 //! Hold commands connect first, print `{"stage":"connected"}`, read the token from stdin,
-//! then send. It refuses to run without --netns: it never sends from the host namespace.
+//! then send. `hammer-tcp` prints `{"stage":"connected"}`, then connect()s and sends the
+//! token in a loop until a line arrives on stdin, and reports
+//! `attempts=N successes=N eperm=N other=N` as its reply (ok = no success). It refuses to run without --netns: it never sends from the host namespace.
 use std::{
     io::{BufRead as _, Read as _, Write as _},
     net::{IpAddr, SocketAddr, TcpStream, UdpSocket},
@@ -193,7 +195,43 @@ fn run(cmd: &str, dst: SocketAddr, token: &str) -> Outcome {
             }
             Err(e) => fail("connect", &e),
         },
+        "hammer-tcp" => hammer_tcp(dst, token),
         _ => Outcome { ok: false, errno: Some(libc::EINVAL), stage: "usage", reply: None },
+    }
+}
+
+/// connect() + send the token in a tight loop until stdin yields a line.
+fn hammer_tcp(dst: SocketAddr, token: &str) -> Outcome {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let s2 = stop.clone();
+    std::thread::spawn(move || {
+        read_token();
+        s2.store(true, Ordering::Release);
+    });
+    print(&Outcome { ok: true, errno: None, stage: "connected", reply: None }, Instant::now());
+    let (mut attempts, mut successes, mut eperm, mut other) = (0u64, 0u64, 0u64, 0u64);
+    while !stop.load(Ordering::Acquire) {
+        attempts += 1;
+        match TcpStream::connect_timeout(&dst, Duration::from_millis(300)) {
+            Ok(mut s) => {
+                successes += 1;
+                let _ = s.write_all(request(token).as_bytes());
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => eperm += 1,
+            Err(_) => other += 1,
+        }
+    }
+    Outcome {
+        ok: successes == 0,
+        errno: None,
+        stage: "hammer",
+        reply: Some(format!(
+            "attempts={attempts} successes={successes} eperm={eperm} other={other}"
+        )),
     }
 }
 

@@ -1,0 +1,269 @@
+//! The gate's lifecycle: it outlives the agent, a restarted or upgraded agent adopts it
+//! without an open moment, the policy file is live, and `status` shows it all.
+use std::time::Duration;
+
+use integration_tests::{
+    agent::run_to_end,
+    net::{IMDS_V4, NTP_V4},
+    probe::{Held, token},
+};
+
+use super::{EPERM, Env, policy};
+
+/// `gate-agent status --json` of the env's agent.
+fn status(env: &Env) -> serde_json::Value {
+    let (code, v) = env.agent().status().expect("status runs");
+    assert_eq!(code, 0, "status exit code with a gate installed: {v}");
+    v
+}
+
+fn prog_ids(status: &serde_json::Value) -> Vec<(String, u64, u64)> {
+    let mut v: Vec<_> = status["attachments"]
+        .as_array()
+        .expect("attachments")
+        .iter()
+        .map(|a| {
+            (
+                a["hook"].as_str().unwrap_or_default().to_owned(),
+                a["link_id"].as_u64().unwrap_or(0),
+                a["program_id"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// The value of a metric line that starts with `prefix` (name and labels).
+fn metric(body: &str, prefix: &str) -> Option<f64> {
+    body.lines().find(|l| l.starts_with(prefix)).and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// Rewrite the policy file the way editors and ConfigMap volumes do: write aside, rename over.
+fn replace_policy(env: &Env, text: &str) {
+    let tmp = env.policy_file.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("write policy");
+    std::fs::rename(&tmp, &env.policy_file).expect("rename policy");
+}
+
+#[test]
+fn sigkill_keeps_the_gate_closed_and_a_restart_adopts_it() {
+    privileged!(sigkill_keeps_the_gate_closed_and_a_restart_adopts_it);
+    let mut env = Env::with_agent("enforce");
+    env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
+    let before = status(&env);
+    assert_eq!(before["policy"]["generation"], 1, "{before}");
+
+    env.agent.as_mut().expect("agent").kill();
+    // No agent: the pinned programs still refuse, the allow list still holds.
+    env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
+    env.assert_served("gated/cloud-agent", "tcp", IMDS_V4, "80");
+    let down = status(&env);
+    assert_eq!(down["installed"], true, "{down}");
+    assert_eq!(down["attachments"].as_array().map(Vec::len), Some(5), "{down}");
+    assert_eq!(prog_ids(&down), prog_ids(&before), "programs changed while no agent ran");
+    let eps = &down["policy"]["endpoints"];
+    assert_eq!(eps[0]["name"], "ec2-imds", "{down}");
+    assert!(eps[0]["denied"].as_u64().is_some_and(|n| n >= 2), "{down}");
+    assert_eq!(down["policy"]["allowed_cgroups"], 1, "{down}");
+    let last = &down["recent_denials"][0];
+    assert_eq!(last["dst"], IMDS_V4, "{down}");
+    assert_eq!(last["comm"], "probe", "{down}");
+    assert_eq!(last["endpoint"], "ec2-imds", "{down}");
+
+    // A new agent adopts the pinned gate: same links, new programs, policy generation 2.
+    env.agent.as_mut().expect("agent").restart_with(&[]).expect("restart");
+    let ready = env.agent().find(|v| v["message"] == "ready").expect("ready line");
+    assert_eq!(ready["start"], "Adopted", "{ready}");
+    env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
+    env.assert_served("gated/cloud-agent", "tcp", IMDS_V4, "80");
+    let after = status(&env);
+    assert_eq!(after["policy"]["generation"], 2, "{after}");
+    for ((hook, link_before, prog_before), (_, link_after, prog_after)) in
+        prog_ids(&before).into_iter().zip(prog_ids(&after))
+    {
+        assert_eq!(link_before, link_after, "{hook}: the link was replaced, not updated");
+        assert_ne!(prog_before, prog_after, "{hook}: program not replaced");
+    }
+}
+
+#[test]
+fn upgrade_swaps_programs_without_an_open_window() {
+    privileged!(upgrade_swaps_programs_without_an_open_window);
+    let mut env = Env::new("enforce");
+    env.agent = Some(
+        integration_tests::agent::Agent::start_with(
+            &env.policy_file,
+            &env.cg.gated(),
+            &["--egress-program", "task"],
+        )
+        .expect("agent"),
+    );
+    let before = status(&env);
+    let t = token("hammer");
+    let hammer =
+        Held::start(&env.net, &env.cgroup("gated/pod-a"), &["hammer-tcp", IMDS_V4, "80", &t])
+            .expect("hammer");
+    std::thread::sleep(Duration::from_millis(200));
+    // The rolling upgrade: the old agent stops, the new one (a different egress program)
+    // starts and swaps every program while the workload keeps trying.
+    env.agent
+        .as_mut()
+        .expect("agent")
+        .restart_with(&["--egress-program", "notask"])
+        .expect("upgrade");
+    std::thread::sleep(Duration::from_millis(200));
+    let o = hammer.send("stop").expect("hammer result");
+    let counts = o.reply.clone().unwrap_or_default();
+    assert!(o.ok, "a connect() got through during the upgrade: {counts}");
+    let field = |k: &str| -> u64 {
+        counts
+            .split(' ')
+            .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('=')?.parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(field("attempts") >= 100, "too few attempts to cover the swap: {counts}");
+    assert_eq!(field("eperm"), field("attempts"), "every attempt refused with EPERM: {counts}");
+    assert!(!env.imds.wait_for(&t, Duration::from_millis(300)), "hammer token reached the IMDS");
+
+    let after = status(&env);
+    let egress = |s: &serde_json::Value| {
+        s["attachments"].as_array().and_then(|a| {
+            a.iter()
+                .find(|x| x["hook"] == "egress")
+                .map(|x| x["program"].as_str().unwrap_or("").to_owned())
+        })
+    };
+    assert_eq!(egress(&before).as_deref(), Some("gate_egress"), "{before}");
+    assert_eq!(egress(&after).as_deref(), Some("gate_egress_notask"), "{after}");
+    assert_eq!(
+        env.agent().logs().iter().filter(|l| l.contains("replaced program in place")).count(),
+        5,
+        "every hook updated in place"
+    );
+    env.assert_served("gated/cloud-agent", "tcp", IMDS_V4, "80");
+}
+
+#[test]
+fn policy_file_edits_are_live_and_a_bad_edit_keeps_the_last_good() {
+    privileged!(policy_file_edits_are_live_and_a_bad_edit_keeps_the_last_good);
+    let env = Env::with_agent("enforce");
+    env.assert_served("gated/pod-a", "udp", NTP_V4, "123");
+
+    // Protect NTP too.
+    let extra = "  - {name: ntp-test, cidr: 169.254.169.123/32, ports: [123], protocols: [UDP]}\n";
+    let with_ntp = policy("enforce").replace("allow:\n", &format!("{extra}allow:\n"));
+    replace_policy(&env, &with_ntp);
+    env.agent()
+        .wait_log(
+            |v| v["message"] == "policy applied" && v["generation"] == 2,
+            Duration::from_secs(5),
+        )
+        .expect("policy applied");
+    env.assert_refused("gated/pod-a", "udp", NTP_V4, "123", "send");
+    env.assert_served("gated/cloud-agent", "udp", NTP_V4, "123");
+
+    // A bad edit is refused, named, counted; the last good policy stays in force.
+    replace_policy(&env, &with_ntp.replace("ports: [123]", "ports: [70000]"));
+    let refused = env
+        .agent()
+        .wait_log(
+            |v| v["message"].as_str().is_some_and(|m| m.starts_with("policy rejected")),
+            Duration::from_secs(5),
+        )
+        .expect("rejection logged");
+    assert!(
+        refused["error"].as_str().is_some_and(|e| e.contains("endpoints[3].ports")),
+        "{refused}"
+    );
+    env.assert_refused("gated/pod-a", "udp", NTP_V4, "123", "send");
+    env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
+    env.assert_served("gated/cloud-agent", "tcp", IMDS_V4, "80");
+    let (_, body) = env.agent().http_get("/metrics").expect("metrics");
+    assert_eq!(
+        metric(&body, "metadata_gate_policy_reloads_total{result=\"success\"}"),
+        Some(1.0),
+        "{body}"
+    );
+    assert_eq!(
+        metric(&body, "metadata_gate_policy_reloads_total{result=\"failure\"}"),
+        Some(1.0),
+        "{body}"
+    );
+    assert_eq!(metric(&body, "metadata_gate_policy_generation"), Some(2.0), "{body}");
+    assert_eq!(status(&env)["policy"]["generation"], 2);
+
+    // An in-place rewrite back to the original opens NTP again; SIGHUP with no change is a no-op.
+    std::fs::write(&env.policy_file, policy("enforce")).expect("rewrite");
+    env.agent()
+        .wait_log(
+            |v| v["message"] == "policy applied" && v["generation"] == 3,
+            Duration::from_secs(5),
+        )
+        .expect("policy applied");
+    env.assert_served("gated/pod-a", "udp", NTP_V4, "123");
+    env.agent().signal(libc::SIGHUP);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, body) = env.agent().http_get("/metrics").expect("metrics");
+        if metric(&body, "metadata_gate_policy_reloads_total{result=\"unchanged\"}") >= Some(1.0) {
+            assert_eq!(metric(&body, "metadata_gate_policy_generation"), Some(3.0), "{body}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "SIGHUP not handled: {body}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn denial_logs_are_rate_limited_per_workload_and_metrics_count_all() {
+    privileged!(denial_logs_are_rate_limited_per_workload_and_metrics_count_all);
+    let env = Env::with_agent("enforce");
+    for _ in 0..20 {
+        let o = env.probe("gated/pod-a", &["tcp", IMDS_V4, "80", &token("flood")]);
+        assert_eq!(o.errno, Some(EPERM), "{o:?}");
+    }
+    let summary = env
+        .agent()
+        .wait_log(|v| v["suppressed"].as_u64().is_some(), Duration::from_secs(15))
+        .expect("suppression summary");
+    assert_eq!(summary["cgroup"], "pod-a", "{summary}");
+    assert_eq!(summary["suppressed"], 15, "{summary}");
+    let logged =
+        env.agent().logs().iter().filter(|l| l.contains("\"message\":\"blocked\"")).count();
+    assert_eq!(logged, 5, "log burst per workload and window");
+    let (_, body) = env.agent().http_get("/metrics").expect("metrics");
+    assert_eq!(
+        metric(&body, "metadata_gate_workload_denials_total{workload=\"pod-a\"}"),
+        Some(20.0),
+        "{body}"
+    );
+    assert_eq!(
+        metric(&body, "metadata_gate_decisions_total{hook=\"connect4\",verdict=\"denied\"}"),
+        Some(20.0),
+        "{body}"
+    );
+    assert_eq!(metric(&body, "metadata_gate_map_entries{map=\"ALLOWED\"}"), Some(1.0), "{body}");
+    assert!(
+        metric(&body, "metadata_gate_map_capacity{map=\"ALLOWED\"}").is_some_and(|c| c >= 1.0),
+        "{body}"
+    );
+}
+
+#[test]
+fn cleanup_opens_the_gate_and_status_says_so() {
+    privileged!(cleanup_opens_the_gate_and_status_says_so);
+    let mut env = Env::with_agent("enforce");
+    let agent = env.agent.as_mut().expect("agent");
+    agent.stop();
+    env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
+    let pin = env.agent().pin_dir.to_string_lossy().into_owned();
+    let out =
+        run_to_end(&["cleanup", "--pin-dir", &pin], Duration::from_secs(10)).expect("cleanup");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    env.assert_served("gated/pod-a", "tcp", IMDS_V4, "80");
+    let (code, v) = env.agent().status().expect("status");
+    assert_eq!(code, 3, "status without a gate: {v}");
+    assert_eq!(v["installed"], false, "{v}");
+    assert!(!env.agent().pin_dir.join("v2").exists(), "pins left behind");
+}
