@@ -5,6 +5,16 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 pub use crate::loader::EgressProgram;
 
+impl RunArgs {
+    pub fn tc(&self) -> crate::loader::TcConfig {
+        crate::loader::TcConfig {
+            egress: self.tc_interface.clone(),
+            workload: self.tc_workload_interface.clone(),
+            netns: self.tc_netns.clone(),
+        }
+    }
+}
+
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/metadata-gate";
 
 #[derive(Debug, Parser)]
@@ -77,6 +87,20 @@ pub struct RunArgs {
     /// kernel allows it)
     #[arg(long, value_enum, value_name = "VARIANT", default_value_t = EgressProgram::Auto)]
     pub egress_program: EgressProgram,
+    /// Also guard the egress of these interfaces with a tc program (glob, repeatable): drops
+    /// packets to protected endpoints from gated sockets the cgroup hooks cannot see, such
+    /// as AF_PACKET. tcx, kernel 6.6+
+    #[arg(long, value_name = "GLOB")]
+    pub tc_interface: Vec<String>,
+    /// Workload-facing interfaces (pod veths, VM taps; glob, repeatable): everything that
+    /// enters through them and is bound for a protected endpoint is dropped, locally and when
+    /// forwarded. tcx, kernel 6.6+
+    #[arg(long, value_name = "GLOB")]
+    pub tc_workload_interface: Vec<String>,
+    /// Network namespace of the --tc-* interfaces (e.g. /run/netns/NAME); default: the
+    /// agent's own
+    #[arg(long, value_name = "PATH")]
+    pub tc_netns: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

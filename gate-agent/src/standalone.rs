@@ -37,6 +37,7 @@ fn meta(policy: &Policy, root: &GatedRoot) -> PolicyMeta {
         root_level: root.level,
         endpoints: policy.endpoints.len() as u32,
         _pad: 0,
+        root_id: root.id,
     }
 }
 
@@ -122,6 +123,7 @@ struct Live {
     metrics: AgentMetrics,
     /// Hash of the last refused policy text, so one bad edit is reported once.
     last_refused: Option<String>,
+    tc: crate::loader::TcConfig,
 }
 
 impl Live {
@@ -196,6 +198,9 @@ impl Live {
             }
             Err(e) => tracing::error!(error = %e, "updating the allow set"),
         }
+        if let Err(e) = g.sync_tc(&self.tc, false) {
+            tracing::error!(error = %e, "updating the tc attachments");
+        }
     }
 }
 
@@ -256,7 +261,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
         g.retire_other_versions();
     }
 
-    let mut live = Live { policy, root, gate, sinks, metrics: agent_metrics, last_refused: None };
+    let tc = args.tc();
+    let mut live =
+        Live { policy, root, gate, sinks, metrics: agent_metrics, last_refused: None, tc };
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut tick = tokio::time::interval(Duration::from_millis(args.rescan_ms.max(50)));

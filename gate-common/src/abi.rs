@@ -30,9 +30,11 @@ pub mod names {
     /// The last [`RECENT_DENIALS`](super::RECENT_DENIALS) denials, a ring indexed by
     /// CONFIG[[`CONFIG_RECENT_CURSOR`](super::CONFIG_RECENT_CURSOR)], readable without the agent.
     pub const RECENT: &str = "RECENT";
+    /// ifindexes whose forwarded traffic is workload traffic (`--tc-workload-interface`).
+    pub const WORKLOAD_IFACES: &str = "WORKLOAD_IFACES";
 
     /// Every map of the object, in pin order.
-    pub const ALL: [&str; 12] = [
+    pub const ALL: [&str; 13] = [
         CONFIG,
         POLICY_META,
         PREFIX_V4,
@@ -45,6 +47,7 @@ pub mod names {
         GATE_INFO,
         EP_NAMES,
         RECENT,
+        WORKLOAD_IFACES,
     ];
 }
 
@@ -57,8 +60,10 @@ pub mod programs {
     pub const EGRESS: &str = "gate_egress";
     /// Fallback for kernels whose cgroup_skb programs may not call the current-task helpers.
     pub const EGRESS_NOTASK: &str = "gate_egress_notask";
+    /// tc (tcx) program for `--tc-interface` / `--tc-workload-interface`.
+    pub const TC: &str = "gate_tc";
 
-    pub const ALL: [&str; 6] = [CONNECT4, CONNECT6, SENDMSG4, SENDMSG6, EGRESS, EGRESS_NOTASK];
+    pub const ALL: [&str; 7] = [CONNECT4, CONNECT6, SENDMSG4, SENDMSG6, EGRESS, EGRESS_NOTASK, TC];
 
     /// The full name of one of our programs from the kernel's name of it, which is cut to
     /// 15 bytes (BPF_OBJ_NAME_LEN).
@@ -82,6 +87,8 @@ pub const MAX_ALLOWED_CGROUPS: u32 = 65_536;
 pub const MAX_CGROUP_DEPTH: u32 = 32;
 /// Ring buffer for denial events, bytes (power of two, multiple of the page size).
 pub const EVENTS_BYTES: u32 = 256 * 1024;
+/// Interfaces in WORKLOAD_IFACES.
+pub const MAX_WORKLOAD_IFACES: u32 = 4096;
 /// Denials kept in the RECENT map (power of two).
 pub const RECENT_DENIALS: u32 = 16;
 /// Bytes of an endpoint name kept in EP_NAMES (longer names are cut).
@@ -149,6 +156,9 @@ pub struct PolicyMeta {
     /// Number of endpoints, for status.
     pub endpoints: u32,
     pub _pad: u32,
+    /// cgroup v2 id of the gated root: tc programs, which see every packet of an interface,
+    /// gate only sockets whose ancestor at `root_level` is this cgroup.
+    pub root_id: u64,
 }
 
 /// LPM trie data for IPv4: generation (big endian) then the address, so a lookup with
@@ -346,7 +356,7 @@ const _: () = {
     assert!(size_of::<EpNameKey>() == 8);
     assert!(size_of::<EndpointName>() == ENDPOINT_NAME_BYTES);
     assert!(RECENT_DENIALS.is_power_of_two());
-    assert!(size_of::<PolicyMeta>() == 16);
+    assert!(size_of::<PolicyMeta>() == 24);
     assert!(size_of::<PrefixV4>() == 8);
     assert!(size_of::<PrefixV6>() == 20);
     assert!(size_of::<PrefixValue>() == 8);

@@ -7,6 +7,9 @@
 //! * `cgroup/connect4|6`, `cgroup/sendmsg4|6`: refuse with EPERM at the syscall.
 //! * `cgroup_skb/egress`: drops what the socket hooks cannot see: raw sockets, sockets
 //!   connected before the gate existed, anything else that reaches the wire.
+//! * `tc` (`gate_tc`, on interfaces the operator names): frames the cgroup hooks never see,
+//!   such as AF_PACKET sends from a gated cgroup, and traffic forwarded from workload-facing
+//!   interfaces (VM-based runtimes, pod veths).
 #![no_std]
 #![no_main]
 // The BPF target has no compare-and-swap, so `AtomicU64::fetch_add` is unavailable; the
@@ -25,19 +28,19 @@ use aya_ebpf::{
             bpf_get_current_ancestor_cgroup_id, bpf_skb_ancestor_cgroup_id, bpf_skb_cgroup_id,
         },
     },
-    macros::{cgroup_skb, cgroup_sock_addr, map},
+    macros::{cgroup_skb, cgroup_sock_addr, classifier, map},
     maps::{Array, HashMap, LpmTrie, PerCpuArray, RingBuf, lpm_trie::Key},
-    programs::{SkBuffContext, SockAddrContext},
+    programs::{SkBuffContext, SockAddrContext, TcContext, sk_buff::SkBuff},
 };
 use gate_common::{
     abi::{
         AllowKey, CONFIG_ACTIVE_GEN, CONFIG_RECENT_CURSOR, DenyEvent, EVENTS_BYTES,
         EndpointCounters, EndpointName, EpNameKey, GEN_PREFIX_BITS, GateInfo, HOOK_CONNECT4,
-        HOOK_CONNECT6, HOOK_EGRESS4, HOOK_EGRESS6, HOOK_SENDMSG4, HOOK_SENDMSG6,
-        MAX_ALLOWED_CGROUPS, MAX_ENDPOINTS, MAX_PORT_RULES, NUM_CONFIG, NUM_STATS, PORT_ANY,
-        PROTO_TCP, PROTO_UDP, PolicyMeta, PortRuleKey, PrefixV4, PrefixV6, PrefixValue,
-        RECENT_DENIALS, STAT_EVENTS_LOST, VERDICT_ALLOWED, VERDICT_AUDITED, VERDICT_DENIED,
-        VERDICT_UNMATCHED, stat_slot,
+        HOOK_CONNECT6, HOOK_EGRESS4, HOOK_EGRESS6, HOOK_SENDMSG4, HOOK_SENDMSG6, HOOK_TC4,
+        HOOK_TC6, MAX_ALLOWED_CGROUPS, MAX_ENDPOINTS, MAX_PORT_RULES, MAX_WORKLOAD_IFACES,
+        NUM_CONFIG, NUM_STATS, PORT_ANY, PROTO_TCP, PROTO_UDP, PolicyMeta, PortRuleKey, PrefixV4,
+        PrefixV6, PrefixValue, RECENT_DENIALS, STAT_EVENTS_LOST, VERDICT_ALLOWED, VERDICT_AUDITED,
+        VERDICT_DENIED, VERDICT_UNMATCHED, stat_slot,
     },
     verdict::{Addr, Dst, Tables, cgroup_allowed, decide, match_endpoint},
 };
@@ -75,6 +78,9 @@ static GATE_INFO: Array<GateInfo> = Array::with_max_entries(1, 0);
 #[map]
 static EP_NAMES: HashMap<EpNameKey, EndpointName> =
     HashMap::with_max_entries(2 * MAX_ENDPOINTS, BPF_F_NO_PREALLOC);
+#[map]
+static WORKLOAD_IFACES: HashMap<u32, u32> =
+    HashMap::with_max_entries(MAX_WORKLOAD_IFACES, BPF_F_NO_PREALLOC);
 
 struct Maps;
 
@@ -262,7 +268,7 @@ const MAX_V6_EXT_HEADERS: usize = 6;
 
 /// Destination port at `l4` for protocols that have one; PORT_ANY when unknown.
 #[inline(always)]
-fn l4_port(ctx: &SkBuffContext, proto: u8, l4: usize) -> u16 {
+fn l4_port(ctx: &SkBuff, proto: u8, l4: usize) -> u16 {
     if proto == PROTO_TCP || proto == PROTO_UDP {
         ctx.load::<u16>(l4 + 2).map(u16::from_be).unwrap_or(PORT_ANY)
     } else {
@@ -271,25 +277,25 @@ fn l4_port(ctx: &SkBuffContext, proto: u8, l4: usize) -> u16 {
 }
 
 #[inline(always)]
-fn parse_v4(ctx: &SkBuffContext) -> Option<Dst> {
-    let vihl: u8 = ctx.load(0).ok()?;
-    let frag: u16 = ctx.load::<u16>(6).ok().map(u16::from_be)?;
-    let proto: u8 = ctx.load(9).ok()?;
-    let daddr: [u8; 4] = ctx.load(16).ok()?;
+fn parse_v4(ctx: &SkBuff, l3: usize) -> Option<Dst> {
+    let vihl: u8 = ctx.load(l3).ok()?;
+    let frag: u16 = ctx.load::<u16>(l3 + 6).ok().map(u16::from_be)?;
+    let proto: u8 = ctx.load(l3 + 9).ok()?;
+    let daddr: [u8; 4] = ctx.load(l3 + 16).ok()?;
     // Non-first fragments carry no ports; the first fragment (which does) decides.
     let port = if frag & 0x1fff != 0 {
         PORT_ANY
     } else {
-        l4_port(ctx, proto, usize::from(vihl & 0x0f) * 4)
+        l4_port(ctx, proto, l3 + usize::from(vihl & 0x0f) * 4)
     };
     Some(Dst { addr: Addr::V4(daddr), port, proto })
 }
 
 #[inline(always)]
-fn parse_v6(ctx: &SkBuffContext) -> Option<Dst> {
-    let mut next: u8 = ctx.load(6).ok()?;
-    let daddr: [u8; 16] = ctx.load(24).ok()?;
-    let mut off = 40usize;
+fn parse_v6(ctx: &SkBuff, l3: usize) -> Option<Dst> {
+    let mut next: u8 = ctx.load(l3 + 6).ok()?;
+    let daddr: [u8; 16] = ctx.load(l3 + 24).ok()?;
+    let mut off = l3 + 40;
     let mut fragmented = false;
     for _ in 0..MAX_V6_EXT_HEADERS {
         match next {
@@ -325,8 +331,8 @@ fn egress(ctx: &SkBuffContext, task: bool) -> i32 {
     let skb = ctx.skb.skb;
     let proto = u32::from(u16::from_be(ctx.skb.protocol() as u16));
     let (dst, hook) = match proto {
-        ETH_P_IP => (parse_v4(ctx), HOOK_EGRESS4),
-        ETH_P_IPV6 => (parse_v6(ctx), HOOK_EGRESS6),
+        ETH_P_IP => (parse_v4(&ctx.skb, 0), HOOK_EGRESS4),
+        ETH_P_IPV6 => (parse_v6(&ctx.skb, 0), HOOK_EGRESS6),
         _ => return 1,
     };
     // A packet we cannot parse has no destination we could protect.
@@ -350,6 +356,62 @@ pub fn gate_egress(ctx: SkBuffContext) -> i32 {
 #[cgroup_skb(egress)]
 pub fn gate_egress_notask(ctx: SkBuffContext) -> i32 {
     egress(&ctx, false)
+}
+
+// ---- tc ----------------------------------------------------------------------------------------
+
+const TC_ACT_OK: i32 = 0;
+const TC_ACT_SHOT: i32 = 2;
+const ETH_HLEN: usize = 14;
+
+/// tc on Ethernet devices, ingress or egress. A packet to a protected endpoint is dropped when
+/// * its socket belongs to a gated, not allowed cgroup (AF_PACKET and other senders the cgroup
+///   hooks do not see), or
+/// * it has no socket and entered the node on a workload-facing interface (WORKLOAD_IFACES):
+///   forwarded traffic of pods or VMs, which carries no cgroup at all.
+///
+/// Everything else passes: host processes outside the gated root, replies, other addresses.
+#[classifier]
+pub fn gate_tc(ctx: TcContext) -> i32 {
+    let skb = ctx.skb.skb;
+    let proto = u32::from(u16::from_be(ctx.skb.protocol() as u16));
+    let (dst, hook) = match proto {
+        ETH_P_IP => (parse_v4(&ctx.skb, ETH_HLEN), HOOK_TC4),
+        ETH_P_IPV6 => (parse_v6(&ctx.skb, ETH_HLEN), HOOK_TC6),
+        _ => return TC_ACT_OK,
+    };
+    let Some(dst) = dst else { return TC_ACT_OK };
+    let Some(&active) = CONFIG.get(CONFIG_ACTIVE_GEN) else { return TC_ACT_OK };
+    let generation = active & 1;
+    let Some(endpoint) = match_endpoint(&Maps, generation, &dst) else {
+        return TC_ACT_OK;
+    };
+    let Some(meta) = POLICY_META.get(generation) else { return TC_ACT_OK };
+    // SAFETY: `skb` is the program's context pointer.
+    let cgroup_id = unsafe { bpf_skb_cgroup_id(skb) };
+    let allowed = if cgroup_id != 0 {
+        // SAFETY: as above.
+        let ancestor = |level: u32| unsafe { bpf_skb_ancestor_cgroup_id(skb, level as i32) };
+        if ancestor(meta.root_level) != meta.root_id {
+            return TC_ACT_OK; // not gated: outside the gated root
+        }
+        cgroup_allowed(&Maps, generation, meta.root_level, ancestor).is_some()
+    } else {
+        // SAFETY: reads a field of the context.
+        let ifindex = unsafe { (*skb).ingress_ifindex };
+        // SAFETY: the value is not read.
+        if unsafe { WORKLOAD_IFACES.get(&ifindex) }.is_none() {
+            return TC_ACT_OK;
+        }
+        false
+    };
+    let verdict = decide(meta.mode, allowed);
+    count(hook, verdict);
+    count_endpoint(endpoint, verdict);
+    if verdict != VERDICT_ALLOWED {
+        report(&Caller { hook, cgroup_id, task: false }, verdict, endpoint, &dst);
+    }
+    if verdict == VERDICT_DENIED { TC_ACT_SHOT } else { TC_ACT_OK }
 }
 
 #[cfg(not(test))]

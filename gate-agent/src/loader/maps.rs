@@ -24,6 +24,7 @@ pub struct Maps {
     pub recent: Array<MapData, DenyEvent>,
     pub info: Array<MapData, GateInfo>,
     pub names: HashMap<MapData, EpNameKey, EndpointName>,
+    pub workload: HashMap<MapData, u32, u32>,
 }
 
 /// Counters read back from the kernel.
@@ -66,6 +67,7 @@ macro_rules! open_all {
             recent: $f($src, names::RECENT)?,
             info: $f($src, names::GATE_INFO)?,
             names: $f($src, names::EP_NAMES)?,
+            workload: $f($src, names::WORKLOAD_IFACES)?,
         })
     };
 }

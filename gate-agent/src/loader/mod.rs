@@ -18,6 +18,7 @@
 mod maps;
 pub mod pins;
 mod sys;
+mod tc;
 
 use std::{
     collections::BTreeMap,
@@ -44,6 +45,7 @@ use gate_common::{
 };
 pub use maps::{Maps, Stats};
 pub use pins::{Layout, cleanup};
+pub use tc::TcConfig;
 
 use crate::cgroup::GatedRoot;
 
@@ -70,6 +72,8 @@ pub enum LoaderError {
     Pin { path: PathBuf, source: aya::pin::PinError },
     #[error("{what} {path}: {source}")]
     Io { what: &'static str, path: PathBuf, source: std::io::Error },
+    #[error("tc: {0}")]
+    Tc(String),
     #[error(
         "the gate pinned under {pin_dir} protects cgroup {pinned} (id {pinned_id}), not {wanted}: \
          run `gate-agent cleanup --pin-dir {pin_dir}` first, or keep --cgroup-root"
@@ -188,6 +192,8 @@ impl Gate {
             prog.load().map_err(|source| LoaderError::Program { name: hook.program, source })?;
         }
         let egress = load_egress(&mut ebpf, egress)?;
+        let tc: &mut aya::programs::SchedClassifier = program(&mut ebpf, programs::TC)?;
+        tc.load().map_err(|source| LoaderError::Program { name: programs::TC, source })?;
         let mut maps = Maps::take(&mut ebpf)?;
         let events = Some(
             ebpf.take_map(names::EVENTS)
