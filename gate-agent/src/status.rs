@@ -44,7 +44,8 @@ pub struct Attachment {
     pub program: String,
     /// Program tag (hash of its instructions) in hex: differs when the program changed.
     pub tag: String,
-    pub attached_cgroup_id: u64,
+    /// cgroup id for cgroup hooks, ifindex for tc hooks.
+    pub target_id: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -287,6 +288,9 @@ fn attachments(layout: &Layout) -> Vec<Attachment> {
             let fd = crate::loader::pins::open_link(layout, &hook).ok()?;
             let info = crate::loader::pins::link_info(fd.as_fd()).ok()?;
             let prog = programs.iter().find(|p| p.id() == info.prog_id);
+            // The union of bpf_link_info holds the cgroup id (u64) or the ifindex (u32).
+            let target_id =
+                if hook.starts_with("tc-") { info.cgroup_id & 0xffff_ffff } else { info.cgroup_id };
             Some(Attachment {
                 program: gate_common::abi::programs::full_name(
                     prog.and_then(|p| p.name_as_str()).unwrap_or("?"),
@@ -296,7 +300,7 @@ fn attachments(layout: &Layout) -> Vec<Attachment> {
                 hook,
                 link_id: info.id,
                 program_id: info.prog_id,
-                attached_cgroup_id: info.cgroup_id,
+                target_id,
             })
         })
         .collect()

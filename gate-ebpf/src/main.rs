@@ -367,8 +367,8 @@ const ETH_HLEN: usize = 14;
 /// tc on Ethernet devices, ingress or egress. A packet to a protected endpoint is dropped when
 /// * its socket belongs to a gated, not allowed cgroup (AF_PACKET and other senders the cgroup
 ///   hooks do not see), or
-/// * it has no socket and entered the node on a workload-facing interface (WORKLOAD_IFACES):
-///   forwarded traffic of pods or VMs, which carries no cgroup at all.
+/// * it entered the node on a workload-facing interface (WORKLOAD_IFACES) and does not come
+///   from an allowed gated socket: forwarded traffic of pods or VMs.
 ///
 /// Everything else passes: host processes outside the gated root, replies, other addresses.
 #[classifier]
@@ -389,22 +389,22 @@ pub fn gate_tc(ctx: TcContext) -> i32 {
     let Some(meta) = POLICY_META.get(generation) else { return TC_ACT_OK };
     // SAFETY: `skb` is the program's context pointer.
     let cgroup_id = unsafe { bpf_skb_cgroup_id(skb) };
-    let allowed = if cgroup_id != 0 {
-        // SAFETY: as above.
-        let ancestor = |level: u32| unsafe { bpf_skb_ancestor_cgroup_id(skb, level as i32) };
-        if ancestor(meta.root_level) != meta.root_id {
-            return TC_ACT_OK; // not gated: outside the gated root
-        }
-        cgroup_allowed(&Maps, generation, meta.root_level, ancestor).is_some()
-    } else {
-        // SAFETY: reads a field of the context.
-        let ifindex = unsafe { (*skb).ingress_ifindex };
-        // SAFETY: the value is not read.
-        if unsafe { WORKLOAD_IFACES.get(&ifindex) }.is_none() {
-            return TC_ACT_OK;
-        }
-        false
-    };
+    // SAFETY: as above.
+    let ancestor = |level: u32| unsafe { bpf_skb_ancestor_cgroup_id(skb, level as i32) };
+    // The socket (it survives a veth hop into this netns) is gated if it is at or below the
+    // gated root.
+    let gated_socket = cgroup_id != 0 && ancestor(meta.root_level) == meta.root_id;
+    // SAFETY: reads a field of the context.
+    let ifindex = unsafe { (*skb).ingress_ifindex };
+    // SAFETY: the value is not read.
+    let from_workload = ifindex != 0 && unsafe { WORKLOAD_IFACES.get(ifindex) }.is_some();
+    if !gated_socket && !from_workload {
+        return TC_ACT_OK; // a host process outside the gated root, or a reply
+    }
+    // From a workload-facing interface only a gated socket on the allow set may pass; VM
+    // traffic and sockets outside the gated root never do.
+    let allowed =
+        gated_socket && cgroup_allowed(&Maps, generation, meta.root_level, ancestor).is_some();
     let verdict = decide(meta.mode, allowed);
     count(hook, verdict);
     count_endpoint(endpoint, verdict);

@@ -77,6 +77,57 @@ impl TestNet {
     }
 }
 
+/// A third namespace, `pod`, behind the node: a VM or pod whose traffic the node forwards.
+/// Its veth's node end is `vpod` (the workload-facing interface), 10.99.0.1/24 on the node,
+/// 10.99.0.2/24 in the pod with a default route through the node.
+pub struct PodNet {
+    pub name: String,
+}
+
+pub const POD_IFACE: &str = "vpod";
+
+impl PodNet {
+    pub fn new(net: &TestNet) -> Result<PodNet> {
+        let pod = PodNet { name: format!("{}-pod", net.node.trim_end_matches("-node")) };
+        sh("ip", &["netns", "add", &pod.name])?;
+        sh(
+            "ip",
+            &[
+                "-n", &net.node, "link", "add", POD_IFACE, "type", "veth", "peer", "name", "eth0",
+                "netns", &pod.name,
+            ],
+        )?;
+        let run = |ns: &str, args: &str| -> Result<()> {
+            let mut v = vec!["-n", ns];
+            v.extend(args.split(' '));
+            sh("ip", &v).map(drop)
+        };
+        run(&net.node, "addr add 10.99.0.1/24 dev vpod")?;
+        run(&net.node, "link set vpod up")?;
+        run(&pod.name, "link set lo up")?;
+        run(&pod.name, "addr add 10.99.0.2/24 dev eth0")?;
+        run(&pod.name, "link set eth0 up")?;
+        run(&pod.name, "route add default via 10.99.0.1")?;
+        run(&net.imds, "route add 10.99.0.0/24 via 169.254.0.1")?;
+        sh("ip", &["netns", "exec", &net.node, "sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+        let r = sh("ip", &["-n", &pod.name, "route", "get", IMDS_V4])?;
+        if !r.contains("dev eth0") {
+            bail!("route to {IMDS_V4} in {} does not use the test veth: {r}", pod.name);
+        }
+        Ok(pod)
+    }
+
+    pub fn path(&self) -> String {
+        format!("/run/netns/{}", self.name)
+    }
+}
+
+impl Drop for PodNet {
+    fn drop(&mut self) {
+        let _ = sh("ip", &["netns", "del", &self.name]);
+    }
+}
+
 impl Drop for TestNet {
     fn drop(&mut self) {
         // Deleting a netns destroys its veth end and, with it, the pair.

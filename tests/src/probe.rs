@@ -54,6 +54,26 @@ pub fn run(net: &TestNet, cgroup: &Path, args: &[&str]) -> Result<Outcome> {
     serde_json::from_str(line).with_context(|| format!("probe output {line:?}"))
 }
 
+/// Run `probe <args>` in another test netns (`path` under /run/netns) and `cgroup`.
+pub fn run_in(netns_path: &str, cgroup: &Path, args: &[&str]) -> Result<Outcome> {
+    if !netns_path.starts_with("/run/netns/mg-") {
+        return Err(anyhow!("{netns_path} is not a test network namespace"));
+    }
+    let out = Command::new(probe_bin())
+        .arg("--netns")
+        .arg(netns_path)
+        .arg("--cgroup")
+        .arg(cgroup)
+        .args(args)
+        .output()
+        .with_context(|| format!("running {:?}", probe_bin()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().last().ok_or_else(|| {
+        anyhow!("probe {args:?} printed nothing; stderr: {}", String::from_utf8_lossy(&out.stderr))
+    })?;
+    serde_json::from_str(line).with_context(|| format!("probe output {line:?}"))
+}
+
 /// A probe that connected and waits for its token (`hold-tcp` / `hold-udp`).
 pub struct Held {
     child: Child,

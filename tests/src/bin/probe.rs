@@ -155,7 +155,7 @@ fn print(o: &Outcome, started: Instant) {
     let _ = std::io::stdout().flush();
 }
 
-fn run(cmd: &str, dst: SocketAddr, token: &str) -> Outcome {
+fn run(cmd: &str, dst: SocketAddr, token: &str, iface: &str) -> Outcome {
     match cmd {
         "tcp" => match TcpStream::connect_timeout(&dst, Duration::from_secs(2)) {
             Ok(s) => tcp_exchange(s, token),
@@ -196,8 +196,88 @@ fn run(cmd: &str, dst: SocketAddr, token: &str) -> Outcome {
             Err(e) => fail("connect", &e),
         },
         "hammer-tcp" => hammer_tcp(dst, token),
+        "packet" => packet_udp(dst, token, iface),
         _ => Outcome { ok: false, errno: Some(libc::EINVAL), stage: "usage", reply: None },
     }
+}
+
+fn ip_checksum(h: &[u8]) -> u16 {
+    let mut sum: u32 = h.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], c[1]]))).sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// A hand-built Ethernet + IPv4 + UDP frame carrying the token, sent on an AF_PACKET socket
+/// bound to `iface`: it never passes the cgroup socket hooks. L2 broadcast, so no ARP is
+/// needed; the receiver delivers it by its IP destination.
+fn packet_udp(dst: SocketAddr, token: &str, iface: &str) -> Outcome {
+    let IpAddr::V4(ip) = dst.ip() else {
+        return Outcome {
+            ok: false,
+            errno: Some(libc::EAFNOSUPPORT),
+            stage: "socket",
+            reply: None,
+        };
+    };
+    let Ok(cname) = std::ffi::CString::new(iface) else {
+        return Outcome { ok: false, errno: Some(libc::EINVAL), stage: "usage", reply: None };
+    };
+    // SAFETY: plain libc calls with valid arguments; the fd is owned right away.
+    let ifindex = unsafe { libc::if_nametoindex(cname.as_ptr()) };
+    if ifindex == 0 {
+        return fail("ifindex", &std::io::Error::last_os_error());
+    }
+    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
+    if fd < 0 {
+        return fail("socket", &std::io::Error::last_os_error());
+    }
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    let payload = token.as_bytes();
+    let udp_len = 8 + payload.len();
+    let total = 20 + udp_len;
+    let mut f = Vec::with_capacity(14 + total);
+    f.extend_from_slice(&[0xff; 6]); // dst MAC: broadcast
+    f.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x01]); // src MAC: locally administered
+    f.extend_from_slice(&0x0800u16.to_be_bytes());
+    let mut iph = [0u8; 20];
+    iph[0] = 0x45;
+    iph[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+    iph[8] = 64;
+    iph[9] = 17;
+    iph[12..16].copy_from_slice(&[169, 254, 0, 1]);
+    iph[16..20].copy_from_slice(&ip.octets());
+    let csum = ip_checksum(&iph);
+    iph[10..12].copy_from_slice(&csum.to_be_bytes());
+    f.extend_from_slice(&iph);
+    f.extend_from_slice(&40000u16.to_be_bytes());
+    f.extend_from_slice(&dst.port().to_be_bytes());
+    f.extend_from_slice(&(udp_len as u16).to_be_bytes());
+    f.extend_from_slice(&[0, 0]); // no UDP checksum (allowed for IPv4)
+    f.extend_from_slice(payload);
+    // SAFETY: zeroed sockaddr_ll is valid; the fields set below are all it needs.
+    let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    sll.sll_family = libc::AF_PACKET as u16;
+    sll.sll_protocol = 0x0800u16.to_be();
+    sll.sll_ifindex = ifindex as i32;
+    sll.sll_halen = 6;
+    sll.sll_addr[..6].copy_from_slice(&[0xff; 6]);
+    // SAFETY: valid buffer and address.
+    let rc = unsafe {
+        libc::sendto(
+            sock.as_raw_fd(),
+            f.as_ptr().cast(),
+            f.len(),
+            0,
+            (&sll as *const libc::sockaddr_ll).cast(),
+            size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return fail("send", &std::io::Error::last_os_error());
+    }
+    Outcome { ok: true, errno: None, stage: "send", reply: None }
 }
 
 /// connect() + send the token in a tight loop until stdin yields a line.
@@ -272,6 +352,7 @@ fn main() {
     };
     let token = tail.first().map(String::as_str).unwrap_or("");
     let started = Instant::now();
-    let outcome = run(cmd, SocketAddr::new(ip, port), token);
+    let iface = tail.get(1).map(String::as_str).unwrap_or("");
+    let outcome = run(cmd, SocketAddr::new(ip, port), token, iface);
     print(&outcome, started);
 }

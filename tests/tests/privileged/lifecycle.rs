@@ -267,3 +267,85 @@ fn cleanup_opens_the_gate_and_status_says_so() {
     assert_eq!(v["installed"], false, "{v}");
     assert!(!env.agent().pin_dir.join("v2").exists(), "pins left behind");
 }
+
+#[test]
+fn af_packet_frames_from_a_gated_cgroup_never_arrive() {
+    privileged!(af_packet_frames_from_a_gated_cgroup_never_arrive);
+    let mut env = Env::new("enforce");
+    let netns = env.net.node_path();
+    env.agent = Some(
+        integration_tests::agent::Agent::start_with(
+            &env.policy_file,
+            &env.cg.gated(),
+            &["--tc-interface", "vnode", "--tc-netns", &netns],
+        )
+        .expect("agent"),
+    );
+    // Control: the same frame from the allowed cgroup arrives (the frame is well formed).
+    let t = token("packet-allowed");
+    let o = env.probe("gated/cloud-agent", &["packet", IMDS_V4, "80", &t, "vnode"]);
+    assert!(o.ok, "{o:?}");
+    assert!(env.imds.wait_for(&t, Duration::from_secs(2)), "allowed AF_PACKET frame lost");
+    // A gated cgroup's frame is dropped by tc before it leaves.
+    let t = token("packet-gated");
+    let o = env.probe("gated/pod-a", &["packet", IMDS_V4, "80", &t, "vnode"]);
+    assert!(!env.imds.wait_for(&t, Duration::from_millis(500)), "AF_PACKET frame arrived: {o:?}");
+    // Processes outside the gated root are not affected; unprotected ports pass.
+    let t = token("packet-outside");
+    env.probe("outside", &["packet", IMDS_V4, "80", &t, "vnode"]);
+    assert!(env.imds.wait_for(&t, Duration::from_secs(2)), "frame from outside the root lost");
+    let t = token("packet-dns");
+    env.probe("gated/pod-a", &["packet", IMDS_V4, "53", &t, "vnode"]);
+    assert!(env.imds.wait_for(&t, Duration::from_secs(2)), "frame to :53 lost");
+    let st = status(&env);
+    let tc =
+        st["decisions"].as_array().and_then(|d| d.iter().find(|h| h["hook"] == "tc4")).cloned();
+    assert!(tc.as_ref().is_some_and(|h| h["denied"] == 1), "{st}");
+    assert!(
+        st["attachments"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x["hook"] == "tc-egress-vnode")),
+        "{st}"
+    );
+}
+
+#[test]
+fn forwarded_traffic_from_a_workload_interface_is_dropped() {
+    privileged!(forwarded_traffic_from_a_workload_interface_is_dropped);
+    let mut env = Env::new("enforce");
+    let pod = integration_tests::net::PodNet::new(&env.net).expect("pod netns");
+    let outside = env.cgroup("outside");
+    let send = |port: &str, t: &str| {
+        integration_tests::probe::run_in(&pod.path(), &outside, &["udp", IMDS_V4, port, t])
+            .expect("probe")
+    };
+    // Without the gate, forwarding works both ways.
+    let t = token("fwd-before");
+    send("80", &t);
+    assert!(env.imds.wait_for(&t, Duration::from_secs(2)), "forwarding does not work");
+
+    let netns = env.net.node_path();
+    env.agent = Some(
+        integration_tests::agent::Agent::start_with(
+            &env.policy_file,
+            &env.cg.gated(),
+            &["--tc-workload-interface", "vpod", "--tc-netns", &netns],
+        )
+        .expect("agent"),
+    );
+    let t = token("fwd-gated");
+    send("80", &t);
+    assert!(!env.imds.wait_for(&t, Duration::from_millis(500)), "forwarded packet arrived");
+    // Unprotected ports still pass.
+    let t = token("fwd-dns");
+    send("53", &t);
+    assert!(env.imds.wait_for(&t, Duration::from_secs(2)), "forwarded :53 lost");
+    let (_, body) = env.agent().http_get("/metrics").expect("metrics");
+    assert!(
+        metric(&body, "metadata_gate_decisions_total{hook=\"tc4\",verdict=\"denied\"}")
+            >= Some(1.0),
+        "{body}"
+    );
+    drop(env.agent.take());
+    drop(pod);
+}
