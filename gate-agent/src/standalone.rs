@@ -121,8 +121,8 @@ struct Live {
     gate: Arc<Mutex<Gate>>,
     sinks: EventSinks,
     metrics: AgentMetrics,
-    /// Hash of the last refused policy text, so one bad edit is reported once.
-    last_refused: Option<String>,
+    /// The policy file's text as last judged (applied or refused), so one write is judged once.
+    last_text: Option<String>,
     tc: crate::loader::TcConfig,
 }
 
@@ -130,23 +130,35 @@ impl Live {
     fn reload(&mut self, trigger: Trigger) {
         let path = self.policy.source.clone();
         let started = Instant::now();
-        let candidate = match Policy::load(std::path::Path::new(&path)) {
-            Ok(p) => p,
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
             Err(e) => {
-                let msg = e.to_string();
-                if self.last_refused.as_deref() != Some(msg.as_str()) || trigger == Trigger::Sighup
-                {
-                    tracing::error!(
-                        trigger = trigger.as_str(), error = %msg, live_policy_hash = %self.policy.hash(),
-                        "policy rejected; the last good policy stays in force"
-                    );
-                }
-                self.last_refused = Some(msg);
+                tracing::error!(
+                    trigger = trigger.as_str(), policy = %path, error = %e,
+                    "policy file unreadable; the last good policy stays in force"
+                );
                 self.metrics.reload("failure");
                 return;
             }
         };
-        self.last_refused = None;
+        // One write can raise several file events: the same bytes are judged once.
+        if self.last_text.as_deref() == Some(text.as_str()) {
+            tracing::debug!(trigger = trigger.as_str(), "policy file unchanged");
+            self.metrics.reload("unchanged");
+            return;
+        }
+        self.last_text = Some(text.clone());
+        let candidate = match Policy::parse(&path, &text) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(
+                    trigger = trigger.as_str(), error = %e, live_policy_hash = %self.policy.hash(),
+                    "policy rejected; the last good policy stays in force"
+                );
+                self.metrics.reload("failure");
+                return;
+            }
+        };
         if candidate.hash() == self.policy.hash() {
             tracing::debug!(trigger = trigger.as_str(), "policy unchanged");
             self.metrics.reload("unchanged");
@@ -262,8 +274,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     }
 
     let tc = args.tc();
-    let mut live =
-        Live { policy, root, gate, sinks, metrics: agent_metrics, last_refused: None, tc };
+    let mut live = Live { policy, root, gate, sinks, metrics: agent_metrics, last_text: None, tc };
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut tick = tokio::time::interval(Duration::from_millis(args.rescan_ms.max(50)));
