@@ -11,6 +11,7 @@ impl RunArgs {
             egress: self.tc_interface.clone(),
             workload: self.tc_workload_interface.clone(),
             netns: self.tc_netns.clone(),
+            mode: self.tc_mode,
         }
     }
 }
@@ -101,6 +102,9 @@ pub struct RunArgs {
     /// agent's own
     #[arg(long, value_name = "PATH")]
     pub tc_netns: Option<PathBuf>,
+    /// How tc programs attach: tcx links (6.6+) or clsact filters (older kernels)
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = crate::loader::TcMode::Auto)]
+    pub tc_mode: crate::loader::TcMode,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -27,6 +27,8 @@ pub struct Status {
     /// Other ABI versions pinned under the same pin dir (an unfinished hand-over).
     pub other_versions: Vec<PathBuf>,
     pub attachments: Vec<Attachment>,
+    /// tc programs attached as clsact filters (kernels without tcx): `<dir> <iface> [netns]`.
+    pub tc_clsact: Vec<String>,
     pub cgroup_root: String,
     pub cgroup_root_id: u64,
     pub policy: Option<PolicyStatus>,
@@ -110,6 +112,7 @@ impl Status {
             abi: gate_common::abi::ABI_VERSION,
             other_versions,
             attachments: Vec::new(),
+            tc_clsact: Vec::new(),
             cgroup_root: String::new(),
             cgroup_root_id: 0,
             policy: None,
@@ -125,6 +128,17 @@ impl Status {
         status.installed = !status.attachments.is_empty();
         let maps = Maps::from_pins(&layout)?;
         let info = maps.info()?;
+        status.tc_clsact = maps
+            .clsact
+            .iter()
+            .flatten()
+            .map(|(key, rec)| {
+                let dir = if key & 1 == 1 { "egress" } else { "ingress" };
+                let netns = fixed_str_value(&rec.netns);
+                format!("{dir} {} {netns}", fixed_str_value(&rec.ifname)).trim_end().to_owned()
+            })
+            .collect();
+        status.tc_clsact.sort();
         status.cgroup_root = fixed_str_value(&info.root_path).to_owned();
         status.cgroup_root_id = info.root_cgroup_id;
         status.terminate_established = match info.terminate {
@@ -217,6 +231,9 @@ impl Status {
                 "  {:<9} link {:<6} program {:<6} {:<20} tag {}",
                 a.hook, a.link_id, a.program_id, a.program, a.tag
             );
+        }
+        for c in &self.tc_clsact {
+            let _ = writeln!(o, "  tc (clsact) {c}");
         }
         match &self.policy {
             Some(p) => {

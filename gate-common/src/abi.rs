@@ -32,9 +32,12 @@ pub mod names {
     pub const RECENT: &str = "RECENT";
     /// ifindexes whose forwarded traffic is workload traffic (`--tc-workload-interface`).
     pub const WORKLOAD_IFACES: &str = "WORKLOAD_IFACES";
+    /// User space only: tc programs attached the clsact (netlink) way on kernels without tcx.
+    /// Unlike tcx links they are not pinned files, so `cleanup` finds them here.
+    pub const TC_CLSACT: &str = "TC_CLSACT";
 
     /// Every map of the object, in pin order.
-    pub const ALL: [&str; 13] = [
+    pub const ALL: [&str; 14] = [
         CONFIG,
         POLICY_META,
         PREFIX_V4,
@@ -48,6 +51,7 @@ pub mod names {
         EP_NAMES,
         RECENT,
         WORKLOAD_IFACES,
+        TC_CLSACT,
     ];
 }
 
@@ -318,6 +322,21 @@ impl Default for GateInfo {
     }
 }
 
+/// TC_CLSACT key: `ifindex << 8 | direction` (0 ingress, 1 egress).
+pub const fn tc_clsact_key(ifindex: u32, egress: bool) -> u64 {
+    ((ifindex as u64) << 8) | egress as u64
+}
+
+/// TC_CLSACT value: where a clsact filter of ours lives.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TcClsact {
+    /// NUL-padded interface name.
+    pub ifname: [u8; 16],
+    /// NUL-padded network namespace path; empty: the agent's own.
+    pub netns: [u8; 240],
+}
+
 /// EP_NAMES key.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -354,6 +373,7 @@ const _: () = {
     use core::mem::size_of;
     assert!(size_of::<GateInfo>() == 328);
     assert!(size_of::<EpNameKey>() == 8);
+    assert!(size_of::<TcClsact>() == 256);
     assert!(size_of::<EndpointName>() == ENDPOINT_NAME_BYTES);
     assert!(RECENT_DENIALS.is_power_of_two());
     assert!(size_of::<PolicyMeta>() == 24);

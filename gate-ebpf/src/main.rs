@@ -39,8 +39,8 @@ use gate_common::{
         HOOK_CONNECT6, HOOK_EGRESS4, HOOK_EGRESS6, HOOK_SENDMSG4, HOOK_SENDMSG6, HOOK_TC4,
         HOOK_TC6, MAX_ALLOWED_CGROUPS, MAX_ENDPOINTS, MAX_PORT_RULES, MAX_WORKLOAD_IFACES,
         NUM_CONFIG, NUM_STATS, PORT_ANY, PROTO_TCP, PROTO_UDP, PolicyMeta, PortRuleKey, PrefixV4,
-        PrefixV6, PrefixValue, RECENT_DENIALS, STAT_EVENTS_LOST, VERDICT_ALLOWED, VERDICT_AUDITED,
-        VERDICT_DENIED, VERDICT_UNMATCHED, stat_slot,
+        PrefixV6, PrefixValue, RECENT_DENIALS, STAT_EVENTS_LOST, TcClsact, VERDICT_ALLOWED,
+        VERDICT_AUDITED, VERDICT_DENIED, VERDICT_UNMATCHED, stat_slot,
     },
     verdict::{Addr, Dst, Tables, cgroup_allowed, decide, match_endpoint},
 };
@@ -78,6 +78,9 @@ static GATE_INFO: Array<GateInfo> = Array::with_max_entries(1, 0);
 #[map]
 static EP_NAMES: HashMap<EpNameKey, EndpointName> =
     HashMap::with_max_entries(2 * MAX_ENDPOINTS, BPF_F_NO_PREALLOC);
+#[map]
+static TC_CLSACT: HashMap<u64, TcClsact> =
+    HashMap::with_max_entries(MAX_WORKLOAD_IFACES, BPF_F_NO_PREALLOC);
 #[map]
 static WORKLOAD_IFACES: HashMap<u32, u32> =
     HashMap::with_max_entries(MAX_WORKLOAD_IFACES, BPF_F_NO_PREALLOC);

@@ -7,7 +7,8 @@ use aya::{
 use gate_common::abi::{
     AllowKey, CONFIG_ACTIVE_GEN, CONFIG_RECENT_CURSOR, DenyEvent, EndpointCounters, EndpointName,
     EpNameKey, GateInfo, MAX_ENDPOINTS, NUM_HOOKS, NUM_VERDICTS, PolicyMeta, PortRuleKey, PrefixV4,
-    PrefixV6, PrefixValue, RECENT_DENIALS, STAT_EVENTS_LOST, fixed_str_value, names, stat_slot,
+    PrefixV6, PrefixValue, RECENT_DENIALS, STAT_EVENTS_LOST, TcClsact, fixed_str_value, names,
+    stat_slot,
 };
 
 use super::{LoaderError, map_err, pins::Layout};
@@ -25,6 +26,7 @@ pub struct Maps {
     pub info: Array<MapData, GateInfo>,
     pub names: HashMap<MapData, EpNameKey, EndpointName>,
     pub workload: HashMap<MapData, u32, u32>,
+    pub clsact: HashMap<MapData, u64, TcClsact>,
 }
 
 /// Counters read back from the kernel.
@@ -68,6 +70,7 @@ macro_rules! open_all {
             info: $f($src, names::GATE_INFO)?,
             names: $f($src, names::EP_NAMES)?,
             workload: $f($src, names::WORKLOAD_IFACES)?,
+            clsact: $f($src, names::TC_CLSACT)?,
         })
     };
 }

@@ -45,7 +45,7 @@ use gate_common::{
 };
 pub use maps::{Maps, Stats};
 pub use pins::{Layout, cleanup};
-pub use tc::TcConfig;
+pub use tc::{TcConfig, TcMode};
 
 use crate::cgroup::GatedRoot;
 
@@ -163,6 +163,8 @@ pub struct Gate {
     start: Start,
     /// The egress program variant the kernel accepted.
     egress: &'static str,
+    /// clsact filters attached by this agent (TC_CLSACT keys).
+    clsact_done: std::collections::BTreeSet<u64>,
 }
 
 /// A program of the object by name, as its concrete type.
@@ -204,7 +206,18 @@ impl Gate {
         let active = maps.active()?;
         let info = maps.info()?;
         let written = scan(&mut maps, &info, active)?;
-        Ok(Gate { ebpf, layout, maps, events, active, written, info, start, egress })
+        Ok(Gate {
+            ebpf,
+            layout,
+            maps,
+            events,
+            active,
+            written,
+            info,
+            start,
+            egress,
+            clsact_done: Default::default(),
+        })
     }
 
     pub fn start(&self) -> Start {

@@ -132,7 +132,10 @@ pub fn cleanup(pin_dir: &Path) -> Result<Vec<PathBuf>, LoaderError> {
     let mut removed = Vec::new();
     let mut dirs = other_versions(pin_dir);
     dirs.push((ABI_VERSION, Layout::new(pin_dir).dir));
-    for (_, dir) in dirs {
+    for (abi, dir) in dirs {
+        if abi == ABI_VERSION {
+            super::tc::cleanup_clsact(&Layout::new(pin_dir));
+        }
         if dir.exists() {
             remove_version(&dir)?;
             removed.push(dir);

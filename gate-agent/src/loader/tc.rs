@@ -1,7 +1,13 @@
 //! tc programs on named interfaces (`--tc-interface`, `--tc-workload-interface`): defense in
 //! depth for frames the cgroup hooks never see (AF_PACKET) and for forwarded traffic of pods
-//! and VM-based runtimes. tcx links (kernel 6.6+) are pinned under `links/tc-<dir>-<iface>`
-//! like the cgroup links, so they outlive the agent and are swapped in place on upgrade.
+//! and VM-based runtimes.
+//!
+//! * **tcx** (kernel 6.6+): links pinned under `links/tc-<dir>-<iface>` like the cgroup links,
+//!   so they outlive the agent and are swapped in place (BPF_LINK_UPDATE) on upgrade.
+//! * **clsact** (older kernels, RHEL 9): a cls_bpf filter with our fixed priority and handle.
+//!   The kernel keeps it after the agent exits; a new agent replaces it in place (netlink
+//!   replace of the same priority/handle). Filters are recorded in the TC_CLSACT map so that
+//!   `cleanup` can find and remove them.
 use std::{
     collections::BTreeSet,
     ffi::CStr,
@@ -9,8 +15,15 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use aya::programs::{LinkOrder, SchedClassifier, TcAttachType, links::FdLink, tc::TcAttachOptions};
-use gate_common::abi::{names, programs};
+use aya::{
+    programs::{
+        LinkOrder, SchedClassifier, TcAttachType,
+        links::FdLink,
+        tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcHandle},
+    },
+    util::KernelVersion,
+};
+use gate_common::abi::{TcClsact, fixed_str, fixed_str_value, names, programs, tc_clsact_key};
 use globset::{Glob, GlobSet, GlobSetBuilder};
 
 use super::{Gate, HookChange, LoaderError, map_err, sys};
@@ -26,6 +39,30 @@ pub struct TcConfig {
     /// Network namespace of the interfaces (a /run/netns/ or /proc/PID/ns/net path); default
     /// the agent's own.
     pub netns: Option<PathBuf>,
+    pub mode: TcMode,
+}
+
+/// How tc programs are attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum TcMode {
+    /// tcx where the kernel has it (6.6+), else clsact.
+    #[default]
+    Auto,
+    Tcx,
+    Clsact,
+}
+
+/// Priority and handle of our clsact filters: fixed, so that a new agent replaces the old
+/// agent's filter in place.
+const CLSACT_PRIORITY: u16 = 0x4d47;
+const CLSACT_HANDLE: TcHandle = TcHandle::new(0, 0x4d47);
+
+fn use_tcx(mode: TcMode) -> bool {
+    match mode {
+        TcMode::Tcx => true,
+        TcMode::Clsact => false,
+        TcMode::Auto => KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0)),
+    }
 }
 
 impl TcConfig {
@@ -109,10 +146,16 @@ impl Gate {
         let prog_name = programs::TC;
         let ebpf = &mut self.ebpf;
         let workload_map = &mut self.maps.workload;
+        let clsact_map = &mut self.maps.clsact;
+        let clsact_done = &mut self.clsact_done;
+        let tcx = use_tcx(cfg.mode);
+        let netns_str =
+            cfg.netns.as_deref().map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
         in_netns(cfg.netns.as_deref(), move || {
             let prog: &mut SchedClassifier = super::program(ebpf, prog_name)?;
             let perr = |source| LoaderError::Program { name: prog_name, source };
             let mut wanted = BTreeSet::new();
+            let mut wanted_clsact = BTreeSet::new();
             let mut changes = Vec::new();
             let mut workload_ifindexes = BTreeSet::new();
             for (ifindex, name) in interfaces() {
@@ -126,6 +169,25 @@ impl Gate {
                 }
                 for (dir, attach_type) in targets {
                     let hook = format!("tc-{dir}-{name}");
+                    if !tcx {
+                        let key = tc_clsact_key(ifindex, dir == "egress");
+                        wanted_clsact.insert(key);
+                        if update || !clsact_done.contains(&key) {
+                            attach_clsact(prog, &name, attach_type)?;
+                            let rec =
+                                TcClsact { ifname: fixed_str(&name), netns: fixed_str(&netns_str) };
+                            clsact_map.insert(key, rec, 0).map_err(map_err(names::TC_CLSACT))?;
+                            clsact_done.insert(key);
+                            tracing::info!(interface = %name, direction = dir, mode = "clsact", "tc program attached");
+                            changes.push(HookChange {
+                                hook: "tc",
+                                program: prog_name,
+                                old_prog_id: None,
+                                new_prog_id: 0,
+                            });
+                        }
+                        continue;
+                    }
                     let path = layout.link(&hook);
                     wanted.insert(hook.clone());
                     let pinned = if path.exists() {
@@ -167,23 +229,17 @@ impl Gate {
                         Some(_) => {}
                         None => {
                             let id = prog
-                                .attach_with_options(
-                                    &name,
-                                    attach_type,
-                                    TcAttachOptions::TcxOrder(LinkOrder::default()),
-                                )
-                                .map_err(|e| {
-                                    LoaderError::Tc(format!(
-                                        "attaching to {dir} of {name} (tcx needs kernel 6.6+): {e}"
-                                    ))
-                                })?;
+                                .attach_with_options(&name, attach_type, TcAttachOptions::TcxOrder(LinkOrder::default()))
+                                .map_err(|e| LoaderError::Tc(format!(
+                                    "attaching to {dir} of {name} (tcx needs kernel 6.6+; --tc-mode clsact for older kernels): {e}"
+                                )))?;
                             let link = FdLink::try_from(prog.take_link(id).map_err(perr)?)
                                 .map_err(|source| LoaderError::Link { name: prog_name, source })?;
                             link.pin(&path).map_err(|source| LoaderError::Pin {
                                 path: path.clone(),
                                 source,
                             })?;
-                            tracing::info!(interface = %name, direction = dir, "tc program attached");
+                            tracing::info!(interface = %name, direction = dir, mode = "tcx", "tc program attached");
                             changes.push(HookChange {
                                 hook: "tc",
                                 program: prog_name,
@@ -192,6 +248,15 @@ impl Gate {
                             });
                         }
                     }
+                }
+            }
+            // clsact filters of interfaces that went away or are no longer named.
+            let recorded: Vec<(u64, TcClsact)> = clsact_map.iter().flatten().collect();
+            for (key, rec) in recorded {
+                if !wanted_clsact.contains(&key) {
+                    detach_clsact(&rec, key & 1 == 1);
+                    let _ = clsact_map.remove(&key);
+                    clsact_done.remove(&key);
                 }
             }
             // Interfaces that went away or are no longer named: their links go.
@@ -210,5 +275,69 @@ impl Gate {
             }
             Ok(changes)
         })
+    }
+}
+
+/// Attach (or replace in place) our clsact filter on `iface` and leave it in the kernel.
+fn attach_clsact(
+    prog: &mut SchedClassifier,
+    iface: &str,
+    attach_type: TcAttachType,
+) -> Result<(), LoaderError> {
+    let err = |e: String| LoaderError::Tc(format!("clsact on {iface}: {e}"));
+    match tc::qdisc_add_clsact(iface) {
+        Ok(()) => {}
+        Err(tc::TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => {}
+        Err(e) => return Err(err(format!("adding the clsact qdisc: {e}"))),
+    }
+    // Replace the filter a previous agent left (same priority and handle) in one step; if
+    // there is none, create it.
+    let replaced =
+        SchedClassifierLink::attached(iface, attach_type, CLSACT_PRIORITY, CLSACT_HANDLE, None)
+            .map_err(|e| err(e.to_string()))
+            .and_then(|old| prog.attach_to_link(old).map_err(|e| err(e.to_string())));
+    let id = match replaced {
+        Ok(id) => id,
+        Err(_) => prog
+            .attach_with_options(
+                iface,
+                attach_type,
+                TcAttachOptions::Netlink(NlOptions {
+                    priority: CLSACT_PRIORITY,
+                    handle: CLSACT_HANDLE,
+                    classid: None,
+                }),
+            )
+            .map_err(|e| err(e.to_string()))?,
+    };
+    let link = prog.take_link(id).map_err(|e| err(e.to_string()))?;
+    // Dropping the link would remove the filter: the kernel keeps it after we exit.
+    std::mem::forget(link);
+    Ok(())
+}
+
+/// Remove our clsact filter recorded in `rec` (best effort: the interface or netns may be gone).
+fn detach_clsact(rec: &TcClsact, egress: bool) {
+    let iface = fixed_str_value(&rec.ifname).to_owned();
+    let netns = fixed_str_value(&rec.netns);
+    let netns = (!netns.is_empty()).then(|| PathBuf::from(netns));
+    let attach_type = if egress { TcAttachType::Egress } else { TcAttachType::Ingress };
+    let r = in_netns(netns.as_deref(), || {
+        tc::qdisc_detach_program(&iface, attach_type, programs::TC)
+            .map_err(|e| LoaderError::Tc(e.to_string()))
+    });
+    match r {
+        Ok(()) => tracing::info!(interface = %iface, "tc clsact filter removed"),
+        Err(e) => tracing::warn!(interface = %iface, error = %e, "removing tc clsact filter"),
+    }
+}
+
+/// Remove every clsact filter recorded under the pin dir (part of `cleanup`).
+pub fn cleanup_clsact(layout: &super::Layout) {
+    let Ok(data) = aya::maps::MapData::from_pin(layout.map(names::TC_CLSACT)) else { return };
+    let Ok(map) = aya::maps::Map::from_map_data(data) else { return };
+    let Ok(map) = aya::maps::HashMap::<_, u64, TcClsact>::try_from(map) else { return };
+    for (key, rec) in map.iter().flatten() {
+        detach_clsact(&rec, key & 1 == 1);
     }
 }

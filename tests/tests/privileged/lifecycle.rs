@@ -349,3 +349,48 @@ fn forwarded_traffic_from_a_workload_interface_is_dropped() {
     drop(env.agent.take());
     drop(pod);
 }
+
+#[test]
+fn clsact_fallback_outlives_the_agent_is_replaced_in_place_and_cleaned_up() {
+    privileged!(clsact_fallback_outlives_the_agent_is_replaced_in_place_and_cleaned_up);
+    let mut env = Env::new("enforce");
+    let netns = env.net.node_path();
+    let args = ["--tc-interface", "vnode", "--tc-netns", netns.as_str(), "--tc-mode", "clsact"];
+    env.agent = Some(
+        integration_tests::agent::Agent::start_with(&env.policy_file, &env.cg.gated(), &args)
+            .expect("agent"),
+    );
+    let frame_arrives = |env: &Env, tag: &str| {
+        let t = token(tag);
+        env.probe("gated/pod-a", &["packet", IMDS_V4, "80", &t, "vnode"]);
+        env.imds.wait_for(&t, Duration::from_millis(700))
+    };
+    let filters = |env: &Env| {
+        integration_tests::sys::sh(
+            "ip",
+            &["netns", "exec", &env.net.node, "tc", "filter", "show", "dev", "vnode", "egress"],
+        )
+        .expect("tc filter show")
+        .lines()
+        .filter(|l| l.contains("gate_tc"))
+        .count()
+    };
+    assert!(!frame_arrives(&env, "clsact-1"), "AF_PACKET frame passed the clsact filter");
+    assert_eq!(filters(&env), 1);
+    let st = status(&env);
+    assert_eq!(st["tc_clsact"][0], format!("egress vnode {netns}"), "{st}");
+
+    env.agent.as_mut().expect("agent").kill();
+    assert!(!frame_arrives(&env, "clsact-2"), "the filter went with the agent");
+    env.agent.as_mut().expect("agent").restart_with(&args).expect("restart");
+    assert!(!frame_arrives(&env, "clsact-3"), "frame passed after the restart");
+    assert_eq!(filters(&env), 1, "the restart added a filter instead of replacing it");
+
+    env.agent.as_mut().expect("agent").stop();
+    let pin = env.agent().pin_dir.to_string_lossy().into_owned();
+    let out =
+        run_to_end(&["cleanup", "--pin-dir", &pin], Duration::from_secs(10)).expect("cleanup");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(filters(&env), 0, "cleanup left the clsact filter");
+    assert!(frame_arrives(&env, "clsact-4"), "frame still dropped after cleanup");
+}
