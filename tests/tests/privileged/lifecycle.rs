@@ -394,3 +394,47 @@ fn clsact_fallback_outlives_the_agent_is_replaced_in_place_and_cleaned_up() {
     assert_eq!(filters(&env), 0, "cleanup left the clsact filter");
     assert!(frame_arrives(&env, "clsact-4"), "frame still dropped after cleanup");
 }
+
+#[test]
+fn an_abi_change_hands_over_to_a_new_pin_dir_without_an_open_window() {
+    privileged!(an_abi_change_hands_over_to_a_new_pin_dir_without_an_open_window);
+    let mut env = Env::with_agent("enforce");
+    let abi = status(&env)["abi"].as_u64().expect("abi");
+    let agent = env.agent.as_mut().expect("agent");
+    agent.stop();
+    // Stand-in for a gate pinned by an agent of an older ABI: the live gate, renamed to v0.
+    let current = agent.pin_dir.join(format!("v{abi}"));
+    let older = agent.pin_dir.join("v0");
+    std::fs::rename(&current, &older).expect("rename on bpffs");
+    env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
+
+    let t = token("handover");
+    let hammer =
+        Held::start(&env.net, &env.cgroup("gated/pod-a"), &["hammer-tcp", IMDS_V4, "80", &t])
+            .expect("hammer");
+    std::thread::sleep(Duration::from_millis(200));
+    env.agent.as_mut().expect("agent").restart_with(&[]).expect("new ABI agent");
+    let retired = env
+        .agent()
+        .wait_log(
+            |v| v["message"] == "retired the gate of another ABI version",
+            Duration::from_secs(5),
+        )
+        .expect("hand-over logged");
+    assert_eq!(retired["abi"], 0, "{retired}");
+    std::thread::sleep(Duration::from_millis(200));
+    let o = hammer.send("stop").expect("hammer result");
+    assert!(o.ok, "a connect() got through during the hand-over: {:?}", o.reply);
+    assert!(!env.imds.wait_for(&t, Duration::from_millis(300)), "hammer token reached the IMDS");
+    let ready = env.agent().find(|v| v["message"] == "ready").expect("ready");
+    assert_eq!(ready["start"], "Fresh", "{ready}");
+    assert!(!older.exists(), "the old ABI's pins are still there");
+    let st = status(&env);
+    assert_eq!(st["other_versions"].as_array().map(Vec::len), Some(0), "{st}");
+
+    // Nothing of the old gate is left attached: once ours is removed, traffic flows.
+    env.agent.as_mut().expect("agent").stop();
+    let pin = env.agent().pin_dir.to_string_lossy().into_owned();
+    run_to_end(&["cleanup", "--pin-dir", &pin], Duration::from_secs(10)).expect("cleanup");
+    env.assert_served("gated/pod-a", "tcp", IMDS_V4, "80");
+}
