@@ -94,7 +94,13 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match rt.block_on(standalone::run(args)) {
+            let result = match (args.policy.clone(), args.cgroup_root.clone()) {
+                (Some(policy), Some(root)) => rt.block_on(standalone::run(args, &policy, &root)),
+                _ => Err(anyhow::anyhow!(
+                    "cluster mode is not available in this version: pass --policy FILE --cgroup-root DIR"
+                )),
+            };
+            match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!(error = format!("{e:#}"), "failed");
