@@ -60,6 +60,20 @@ pub struct RunArgs {
     /// How often cgroup globs of the allow list are re-evaluated, in milliseconds
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     pub rescan_ms: u64,
+    /// Destroy established connections from gated cgroups to protected endpoints when the
+    /// gate or a policy change takes effect, where the kernel supports it (sock_diag
+    /// SOCK_DESTROY, as `ss -K`). Their packets are dropped either way; destroying them makes
+    /// the owner see ECONNABORTED at once instead of a stalled connection.
+    /// `--terminate-established=false` leaves them open.
+    #[arg(
+        long,
+        value_name = "BOOL",
+        default_value_t = true,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub terminate_established: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -7,3 +7,4 @@ pub mod metrics;
 pub mod policy;
 pub mod server;
 pub mod standalone;
+pub mod terminate;

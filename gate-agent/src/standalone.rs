@@ -19,7 +19,7 @@ use crate::{
     loader::{self, Gate},
     metrics,
     policy::{Mode, Policy},
-    server,
+    server, terminate,
 };
 
 fn allow_set(root: &GatedRoot, policy: &Policy) -> Vec<(u64, u32)> {
@@ -99,6 +99,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
     }
 
     let mut known: BTreeSet<u64> = allow.iter().map(|&(id, _)| id).collect();
+    // The gate is attached: connections opened before it are cut before we report ready.
+    if args.terminate_established {
+        terminate::after_policy_change(&root, &policy).await;
+    }
     ready.store(true, Ordering::Release);
     tracing::info!(
         policy = %policy_path.display(),

@@ -51,6 +51,11 @@ pub fn new_pin_root() -> Result<PathBuf> {
 impl Agent {
     /// Start `gate-agent run` on `policy` gating `cgroup_root`, and wait until it is ready.
     pub fn start(policy: &Path, cgroup_root: &Path) -> Result<Agent> {
+        Self::start_with(policy, cgroup_root, &[])
+    }
+
+    /// [`Agent::start`] with extra `run` arguments (e.g. `--terminate-established=false`).
+    pub fn start_with(policy: &Path, cgroup_root: &Path, extra: &[&str]) -> Result<Agent> {
         let pin_root = new_pin_root()?;
         let pin_dir = pin_root.join("gate");
         let listen = format!("127.0.0.1:{}", free_port()?);
@@ -62,6 +67,7 @@ impl Agent {
             .arg(cgroup_root)
             .arg("--pin-dir")
             .arg(&pin_dir)
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         // If the test process dies (SIGKILL, abort), the agent gets SIGTERM instead of
