@@ -365,15 +365,29 @@ const UDP_CONNECTED_STATES: u32 = 1 << 1;
 
 /// Scan the namespace of the calling thread.
 fn scan_here(label: &str, scope: &Scope, index: &CgroupIndex) -> Report {
+    match DiagSocket::open() {
+        Ok(mut sock) => scan_with(&mut sock, label, scope, index),
+        Err(source) => Report {
+            netns: 1,
+            errors: vec![TerminateError::Io {
+                netns: label.to_string(),
+                op: "opening a NETLINK_SOCK_DIAG socket",
+                source,
+            }],
+            ..Report::default()
+        },
+    }
+}
+
+/// The two sock_diag operations a scan uses (a fake in the unit tests).
+trait Diag {
+    fn dump(&mut self, family: u8, proto: u8, states: u32) -> Result<Vec<DiagSock>, DiagError>;
+    fn destroy(&mut self, s: &DiagSock, proto: u8) -> Result<(), DiagError>;
+}
+
+/// Dump one namespace's connected sockets through `sock` and destroy the denied ones.
+fn scan_with(sock: &mut impl Diag, label: &str, scope: &Scope, index: &CgroupIndex) -> Report {
     let mut report = Report { netns: 1, ..Report::default() };
-    let io_err = |op, source| TerminateError::Io { netns: label.to_string(), op, source };
-    let mut sock = match DiagSocket::open() {
-        Ok(s) => s,
-        Err(e) => {
-            report.errors.push(io_err("opening a NETLINK_SOCK_DIAG socket", e));
-            return report;
-        }
-    };
     let mut without_cgroup = 0usize;
     for (proto, states) in [(PROTO_TCP, TCP_CONNECTED_STATES), (PROTO_UDP, UDP_CONNECTED_STATES)] {
         for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
@@ -457,6 +471,7 @@ pub enum WireError {
     BadLength { what: &'static str, len: usize, avail: usize },
 }
 
+#[derive(Debug)]
 enum DiagError {
     Io(io::Error),
     /// The kernel answered with this errno.
@@ -837,7 +852,9 @@ impl DiagSocket {
             }
         }
     }
+}
 
+impl Diag for DiagSocket {
     fn dump(&mut self, family: u8, proto: u8, states: u32) -> Result<Vec<DiagSock>, DiagError> {
         let seq = self.next_seq();
         self.send(&dump_request(seq, family, proto, states)).map_err(DiagError::Io)?;
@@ -1098,6 +1115,165 @@ mod tests {
         assert_eq!(scope.judge(&d6, &chain(13)), Some((1, VERDICT_DENIED)));
         let audit = Scope::new(&policy("audit"), &root(), &[(11, 0)]).unwrap();
         assert_eq!(audit.judge(&imds, &chain(14)), Some((0, VERDICT_AUDITED)));
+    }
+
+    /// A namespace's sockets and how the kernel answers SOCK_DESTROY.
+    #[derive(Default)]
+    struct FakeKernel {
+        socks: Vec<(u8, DiagSock)>,
+        destroy_errno: i32,
+        udp_dump_errno: Option<i32>,
+        destroyed: Vec<DiagSock>,
+    }
+
+    impl Diag for FakeKernel {
+        fn dump(&mut self, family: u8, proto: u8, _: u32) -> Result<Vec<DiagSock>, DiagError> {
+            if let (PROTO_UDP, Some(e)) = (proto, self.udp_dump_errno) {
+                return Err(DiagError::Kernel(e));
+            }
+            Ok(self
+                .socks
+                .iter()
+                .filter(|(p, s)| *p == proto && s.family == family)
+                .map(|(_, s)| *s)
+                .collect())
+        }
+        fn destroy(&mut self, s: &DiagSock, _: u8) -> Result<(), DiagError> {
+            if self.destroy_errno != 0 {
+                return Err(DiagError::Kernel(self.destroy_errno));
+            }
+            self.destroyed.push(*s);
+            Ok(())
+        }
+    }
+
+    fn sock(family: i32, dst: [u8; 16], dport: u16, cgroup: Option<u64>) -> DiagSock {
+        let src = if family == libc::AF_INET { v4([169, 254, 0, 1]) } else { [0; 16] };
+        DiagSock {
+            family: family as u8,
+            state: 1,
+            id: sockid(src, 40000, dst, dport),
+            cgroup_id: cgroup,
+        }
+    }
+
+    /// root(10)/{cloud-agent(11)/nested(12), pod-a(13)}; 99 is outside the root.
+    fn world(mode: &str) -> (Scope, CgroupIndex) {
+        let walked = vec![
+            (PathBuf::from("cloud-agent"), 11),
+            (PathBuf::from("cloud-agent/nested"), 12),
+            (PathBuf::from("pod-a"), 13),
+        ];
+        (Scope::new(&policy(mode), &root(), &[(11, 0)]).unwrap(), CgroupIndex::new(10, walked))
+    }
+
+    fn kernel() -> FakeKernel {
+        let imds = v4([169, 254, 169, 254]);
+        let v6 = [0xfd, 0, 0x0e, 0xc2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x02, 0x54];
+        let (inet, inet6) = (libc::AF_INET, libc::AF_INET6);
+        FakeKernel {
+            socks: vec![
+                (PROTO_TCP, sock(inet, imds, 80, Some(13))), // denied
+                (PROTO_TCP, sock(inet6, mapped([169, 254, 169, 254]), 80, Some(10))), // denied
+                (PROTO_UDP, sock(inet6, v6, 80, Some(13))),  // denied
+                (PROTO_TCP, sock(inet, imds, 80, Some(12))), // allowed (ancestor)
+                (PROTO_TCP, sock(inet, imds, 80, Some(99))), // not gated
+                (PROTO_TCP, sock(inet, imds, 443, Some(13))), // not protected
+                (PROTO_UDP, sock(inet, imds, 80, Some(13))), // not protected (TCP only)
+                (PROTO_TCP, sock(inet, v4([10, 0, 0, 1]), 80, Some(13))), // not protected
+            ],
+            ..FakeKernel::default()
+        }
+    }
+
+    #[test]
+    fn scan_destroys_exactly_the_denied_sockets() {
+        let (scope, index) = world("enforce");
+        let mut k = kernel();
+        let r = scan_with(&mut k, "test", &scope, &index);
+        assert_eq!(r.scanned, 8);
+        assert_eq!(k.destroyed, vec![k.socks[0].1, k.socks[1].1, k.socks[2].1]);
+        let got: Vec<_> = r.destroyed.iter().map(|c| (c.cgroup_id, c.proto, c.endpoint)).collect();
+        assert_eq!(got, vec![(13, PROTO_TCP, 0), (10, PROTO_TCP, 0), (13, PROTO_UDP, 1)]);
+        assert_eq!(r.destroyed[0].cgroup, PathBuf::from("pod-a"));
+        assert_eq!(r.destroyed[1].cgroup, PathBuf::from("."));
+        assert_eq!(r.destroyed[0].dst, "169.254.169.254:80".parse().unwrap());
+        assert_eq!((r.unsupported, r.udp_unsupported, r.refused), (None, false, 0));
+        assert!(r.errors.is_empty() && r.audited.is_empty());
+    }
+
+    #[test]
+    fn audit_destroys_nothing() {
+        let (scope, index) = world("audit");
+        let mut k = kernel();
+        let r = scan_with(&mut k, "test", &scope, &index);
+        assert!(k.destroyed.is_empty() && r.destroyed.is_empty());
+        assert_eq!(r.audited.len(), 3);
+    }
+
+    #[test]
+    fn kernel_without_sock_destroy_is_reported_unsupported() {
+        let (scope, index) = world("enforce");
+        let mut k = FakeKernel { destroy_errno: libc::EOPNOTSUPP, ..kernel() };
+        let r = scan_with(&mut k, "test", &scope, &index);
+        assert_eq!(r.unsupported, Some(Unsupported::SockDestroy));
+        assert!(r.destroyed.is_empty());
+        assert_eq!(r.refused, 3);
+        assert!(r.errors.is_empty());
+        assert!(r.status_line().contains("unsupported by this kernel"), "{}", r.status_line());
+        assert!(r.status_line().contains("CONFIG_INET_DIAG_DESTROY"), "{}", r.status_line());
+    }
+
+    #[test]
+    fn sockets_gone_meanwhile_are_no_error_and_other_errors_are_reported() {
+        let (scope, index) = world("enforce");
+        let mut k = FakeKernel { destroy_errno: libc::ENOENT, ..kernel() };
+        let r = scan_with(&mut k, "test", &scope, &index);
+        assert!(r.destroyed.is_empty() && r.errors.is_empty() && r.unsupported.is_none());
+        let mut k = FakeKernel { destroy_errno: libc::EPERM, ..kernel() };
+        let r = scan_with(&mut k, "ns1", &scope, &index);
+        assert_eq!(r.errors.len(), 3);
+        assert!(r.errors[0].to_string().contains("ns1"), "{}", r.errors[0]);
+    }
+
+    #[test]
+    fn no_udp_diag_skips_udp_only() {
+        let (scope, index) = world("enforce");
+        let mut k = FakeKernel { udp_dump_errno: Some(libc::ENOENT), ..kernel() };
+        let r = scan_with(&mut k, "test", &scope, &index);
+        assert!(r.udp_unsupported);
+        assert_eq!(r.destroyed.len(), 2);
+        assert!(r.destroyed.iter().all(|c| c.proto == PROTO_TCP));
+        assert!(r.status_line().contains("UDP unsupported"), "{}", r.status_line());
+    }
+
+    #[test]
+    fn no_cgroup_ids_is_reported_unsupported() {
+        let (scope, index) = world("enforce");
+        let mut k = kernel();
+        for (_, s) in &mut k.socks {
+            s.cgroup_id = None;
+        }
+        let r = scan_with(&mut k, "test", &scope, &index);
+        assert_eq!(r.unsupported, Some(Unsupported::CgroupId));
+        assert!(k.destroyed.is_empty());
+    }
+
+    #[test]
+    fn cli_flag_defaults_on_and_takes_false() {
+        use clap::Parser as _;
+        let run = |extra: &[&str]| {
+            let args = ["gate-agent", "run", "--policy", "p", "--cgroup-root", "c"];
+            match crate::cli::Cli::try_parse_from(args.iter().chain(extra)).unwrap().command {
+                crate::cli::Command::Run(r) => r.terminate_established,
+                _ => unreachable!(),
+            }
+        };
+        assert!(run(&[]));
+        assert!(run(&["--terminate-established"]));
+        assert!(run(&["--terminate-established=true"]));
+        assert!(!run(&["--terminate-established=false"]));
+        assert!(!run(&["--terminate-established", "false"]));
     }
 
     #[test]
