@@ -388,12 +388,19 @@ trait Diag {
 /// Dump one namespace's connected sockets through `sock` and destroy the denied ones.
 fn scan_with(sock: &mut impl Diag, label: &str, scope: &Scope, index: &CgroupIndex) -> Report {
     let mut report = Report { netns: 1, ..Report::default() };
+    // Ask up front, so status is right even when nothing needs destroying.
+    for proto in [PROTO_TCP, PROTO_UDP] {
+        match support_probe(sock, proto) {
+            Some(false) if proto == PROTO_TCP => {
+                report.unsupported = Some(Unsupported::SockDestroy)
+            }
+            Some(false) => report.udp_unsupported = true,
+            _ => {}
+        }
+    }
     let mut without_cgroup = 0usize;
     for (proto, states) in [(PROTO_TCP, TCP_CONNECTED_STATES), (PROTO_UDP, UDP_CONNECTED_STATES)] {
         for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
-            if proto == PROTO_UDP && report.udp_unsupported {
-                continue;
-            }
             let socks = match sock.dump(family, proto, states) {
                 Ok(v) => v,
                 Err(DiagError::Kernel(e))
@@ -458,6 +465,24 @@ fn scan_with(sock: &mut impl Diag, label: &str, scope: &Scope, index: &CgroupInd
         report.unsupported = Some(Unsupported::CgroupId);
     }
     report
+}
+
+/// Whether the kernel implements `SOCK_DESTROY` for `proto`: `Some(false)` if it answers
+/// `EOPNOTSUPP`, `None` if the answer says nothing. The request names no socket (all-zero
+/// addresses and ports, and a cookie no socket has), so the kernel, which checks for support
+/// before looking the socket up, answers `ENOENT` when it has support; nothing is destroyed.
+fn support_probe(sock: &mut impl Diag, proto: u8) -> Option<bool> {
+    let nobody = DiagSock {
+        family: libc::AF_INET as u8,
+        state: 0,
+        id: InetDiagSockId::default(),
+        cgroup_id: None,
+    };
+    match sock.destroy(&nobody, proto) {
+        Err(DiagError::Kernel(libc::EOPNOTSUPP)) => Some(false),
+        Err(DiagError::Kernel(libc::ENOENT)) => Some(true),
+        _ => None,
+    }
 }
 
 // ---- netlink sock_diag -----------------------------------------------------------------------
@@ -1123,6 +1148,7 @@ mod tests {
         socks: Vec<(u8, DiagSock)>,
         destroy_errno: i32,
         udp_dump_errno: Option<i32>,
+        udp_destroy_unsupported: bool,
         destroyed: Vec<DiagSock>,
     }
 
@@ -1138,7 +1164,17 @@ mod tests {
                 .map(|(_, s)| *s)
                 .collect())
         }
-        fn destroy(&mut self, s: &DiagSock, _: u8) -> Result<(), DiagError> {
+        fn destroy(&mut self, s: &DiagSock, proto: u8) -> Result<(), DiagError> {
+            let unsupported = self.destroy_errno == libc::EOPNOTSUPP
+                || (proto == PROTO_UDP && self.udp_destroy_unsupported);
+            if s.id == InetDiagSockId::default() {
+                // The support probe: the kernel checks support before the lookup.
+                let e = if unsupported { libc::EOPNOTSUPP } else { libc::ENOENT };
+                return Err(DiagError::Kernel(e));
+            }
+            if unsupported {
+                return Err(DiagError::Kernel(libc::EOPNOTSUPP));
+            }
             if self.destroy_errno != 0 {
                 return Err(DiagError::Kernel(self.destroy_errno));
             }
@@ -1245,6 +1281,38 @@ mod tests {
         assert_eq!(r.destroyed.len(), 2);
         assert!(r.destroyed.iter().all(|c| c.proto == PROTO_TCP));
         assert!(r.status_line().contains("UDP unsupported"), "{}", r.status_line());
+    }
+
+    #[test]
+    fn unsupported_kernel_is_reported_with_nothing_to_destroy() {
+        let (scope, index) = world("enforce");
+        let mut k = FakeKernel { destroy_errno: libc::EOPNOTSUPP, ..FakeKernel::default() };
+        let r = scan_with(&mut k, "test", &scope, &index);
+        assert_eq!(r.unsupported, Some(Unsupported::SockDestroy));
+        assert_eq!(r.refused, 0);
+        let mut k = FakeKernel { udp_destroy_unsupported: true, ..kernel() };
+        let r = scan_with(&mut k, "test", &scope, &index);
+        assert_eq!((r.unsupported, r.udp_unsupported, r.refused), (None, true, 1));
+        assert_eq!(r.destroyed.len(), 2);
+    }
+
+    /// Read-only against the running kernel: a dump of this namespace parses, and the support
+    /// probe gets a definite answer. Skipped where sock_diag is not available.
+    #[test]
+    fn real_kernel_dump_and_support_probe() {
+        let Ok(mut sock) = DiagSocket::open() else { return };
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = std::net::TcpStream::connect(addr).unwrap();
+        let local = client.local_addr().unwrap();
+        let socks = sock.dump(libc::AF_INET as u8, PROTO_TCP, TCP_CONNECTED_STATES).unwrap();
+        let mine = socks.iter().find(|s| s.src() == local && s.dst() == addr);
+        let mine = mine.expect("our own connection is in the dump");
+        assert_eq!(mine.state, 1, "established");
+        assert!(socks.iter().all(|s| s.state != 10), "no listeners");
+        assert!(support_probe(&mut sock, PROTO_TCP).is_some());
+        assert!(support_probe(&mut sock, PROTO_UDP).is_some());
+        drop(client);
     }
 
     #[test]
