@@ -90,12 +90,12 @@ pub struct RunArgs {
     pub egress_program: EgressProgram,
     /// Also guard the egress of these interfaces with a tc program (glob, repeatable): drops
     /// packets to protected endpoints from gated sockets the cgroup hooks cannot see, such
-    /// as AF_PACKET. tcx, kernel 6.6+
+    /// as AF_PACKET
     #[arg(long, value_name = "GLOB")]
     pub tc_interface: Vec<String>,
     /// Workload-facing interfaces (pod veths, VM taps; glob, repeatable): everything that
     /// enters through them and is bound for a protected endpoint is dropped, locally and when
-    /// forwarded. tcx, kernel 6.6+
+    /// forwarded
     #[arg(long, value_name = "GLOB")]
     pub tc_workload_interface: Vec<String>,
     /// Network namespace of the --tc-* interfaces (e.g. /run/netns/NAME); default: the
@@ -105,6 +105,20 @@ pub struct RunArgs {
     /// How tc programs attach: tcx links (6.6+) or clsact filters (older kernels)
     #[arg(long, value_enum, value_name = "MODE", default_value_t = crate::loader::TcMode::Auto)]
     pub tc_mode: crate::loader::TcMode,
+    /// Destroy established connections from gated cgroups to protected endpoints when the
+    /// gate or a policy change takes effect, where the kernel supports it (sock_diag
+    /// SOCK_DESTROY, as `ss -K`). Their packets are dropped either way; destroying them makes
+    /// the owner see ECONNABORTED at once instead of a stalled connection.
+    /// `--terminate-established=false` leaves them open.
+    #[arg(
+        long,
+        value_name = "BOOL",
+        default_value_t = true,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub terminate_established: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -11,7 +11,10 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use gate_common::abi::{MODE_AUDIT, MODE_ENFORCE, PolicyMeta, TERMINATE_UNKNOWN};
+use gate_common::abi::{
+    MODE_AUDIT, MODE_ENFORCE, PolicyMeta, TERMINATE_OFF, TERMINATE_ON, TERMINATE_UNKNOWN,
+    TERMINATE_UNSUPPORTED,
+};
 
 use crate::{
     cgroup::GatedRoot,
@@ -20,7 +23,7 @@ use crate::{
     loader::{self, Gate, PolicyInfo, Start, TcConfig},
     metrics::{self, AgentMetrics},
     policy::{Mode, Policy},
-    server,
+    server, terminate,
 };
 
 /// How a mode finds the allow set of a policy: (cgroup id, allow entry index) pairs.
@@ -140,6 +143,7 @@ pub struct Engine {
     pub metrics: AgentMetrics,
     pub ready: Arc<AtomicBool>,
     tc: TcConfig,
+    terminate: bool,
     /// The policy text as last judged (applied or refused), so one change is judged once.
     last_text: Option<String>,
     _server: tokio::task::JoinHandle<()>,
@@ -181,7 +185,22 @@ impl Engine {
                 }
             });
         }
-        ready.store(true, Ordering::Release);
+        let mut engine = Engine {
+            policy,
+            root,
+            gate,
+            sinks,
+            metrics: agent_metrics,
+            ready,
+            tc: args.tc(),
+            terminate: args.terminate_established,
+            last_text: None,
+            _server: server,
+        };
+        // The gate is attached: connections opened before it are cut before we report ready.
+        engine.terminate_established(allow_set.clone()).await;
+        let (policy, root) = (&engine.policy, &engine.root);
+        engine.ready.store(true, Ordering::Release);
         tracing::info!(
             policy = %policy.source,
             policy_hash = %policy.hash(),
@@ -195,24 +214,39 @@ impl Engine {
             allowed_cgroups = allow_set.len(),
             "ready"
         );
-        if let Ok(g) = gate.lock() {
+        if let Ok(g) = engine.gate.lock() {
             g.retire_other_versions();
         }
-        Ok(Engine {
-            policy,
-            root,
-            gate,
-            sinks,
-            metrics: agent_metrics,
-            ready,
-            tc: args.tc(),
-            last_text: None,
-            _server: server,
-        })
+        Ok(engine)
+    }
+
+    /// Destroy established connections the live policy denies (`--terminate-established`)
+    /// and record in the pinned gate whether the kernel can.
+    async fn terminate_established(&mut self, allow: Vec<(u64, u32)>) {
+        let state = if !self.terminate {
+            TERMINATE_OFF
+        } else {
+            match terminate::after_policy_change(&self.root, &self.policy, allow).await {
+                Some(r) if r.unsupported.is_some() => TERMINATE_UNSUPPORTED,
+                Some(_) => TERMINATE_ON,
+                None => TERMINATE_UNKNOWN,
+            }
+        };
+        if let Ok(mut g) = self.gate.lock()
+            && let Err(e) = g.set_terminate(state)
+        {
+            tracing::warn!(error = %e, "recording the terminate-established state");
+        }
     }
 
     /// Judge a policy text from `source` and, if it is good and new, swap it in atomically.
-    pub fn offer(&mut self, source: &str, text: &str, trigger: &str, allow: AllowFn<'_>) -> Offer {
+    pub async fn offer(
+        &mut self,
+        source: &str,
+        text: &str,
+        trigger: &str,
+        allow: AllowFn<'_>,
+    ) -> Offer {
         let started = Instant::now();
         if self.last_text.as_deref() == Some(text) {
             tracing::debug!(trigger, "policy unchanged");
@@ -228,14 +262,15 @@ impl Engine {
                 let allow_set = allow(&candidate);
                 let mut g = self.gate.lock().map_err(|_| anyhow::anyhow!("gate lock poisoned"))?;
                 apply(&mut g, &candidate, &self.root, &allow_set, TERMINATE_UNKNOWN)?;
-                Ok(Some((candidate, allow_set.len(), g.info().policy_generation)))
+                Ok(Some((candidate, allow_set, g.info().policy_generation)))
             });
         match result {
             Ok(None) => {
                 self.metrics.reload("unchanged");
                 Offer::Unchanged
             }
-            Ok(Some((candidate, allowed, generation))) => {
+            Ok(Some((candidate, allow_set, generation))) => {
+                let allowed = allow_set.len();
                 if let Ok(mut names) = self.sinks.endpoints.write() {
                     *names = candidate.endpoints.iter().map(|e| e.name.clone()).collect();
                 }
@@ -252,6 +287,9 @@ impl Engine {
                 );
                 self.policy = candidate;
                 self.metrics.reload("success");
+                if self.terminate {
+                    self.terminate_established(allow_set).await;
+                }
                 Offer::Applied { generation }
             }
             Err(e) => {

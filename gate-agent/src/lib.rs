@@ -10,4 +10,5 @@ pub mod ratelimit;
 pub mod server;
 pub mod standalone;
 pub mod status;
+pub mod terminate;
 pub mod watch;

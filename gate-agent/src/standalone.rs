@@ -51,7 +51,7 @@ pub async fn run(args: RunArgs, policy_path: &Path, cgroup_root: &Path) -> Resul
                     .with_context(|| format!("reading {source}"))
                 {
                     Ok(text) => {
-                        engine.offer(&source, &text, trigger.as_str(), &allow);
+                        engine.offer(&source, &text, trigger.as_str(), &allow).await;
                     }
                     Err(e) => {
                         tracing::error!(

@@ -279,24 +279,47 @@ fn l4_port(ctx: &SkBuff, proto: u8, l4: usize) -> u16 {
     }
 }
 
+/// Whether the segment at `l4` is a TCP reset without payload (`end`: where the IP packet
+/// ends). Such a reset conveys nothing to a metadata service, and it is what a socket
+/// destroyed by `--terminate-established` sends: it passes, unreported, instead of showing up
+/// as a denial by the agent itself.
 #[inline(always)]
-fn parse_v4(ctx: &SkBuff, l3: usize) -> Option<Dst> {
+fn tcp_rst(ctx: &SkBuff, proto: u8, l4: usize, end: usize) -> bool {
+    if proto != PROTO_TCP {
+        return false;
+    }
+    let Ok(hdr) = ctx.load::<[u8; 2]>(l4 + 12) else { return false };
+    let data_offset = usize::from(hdr[0] >> 4) * 4;
+    hdr[1] & 0x04 != 0 && l4 + data_offset == end
+}
+
+/// A parsed packet: its destination, and whether it is a TCP reset.
+struct Parsed {
+    dst: Dst,
+    rst: bool,
+}
+
+#[inline(always)]
+fn parse_v4(ctx: &SkBuff, l3: usize) -> Option<Parsed> {
     let vihl: u8 = ctx.load(l3).ok()?;
     let frag: u16 = ctx.load::<u16>(l3 + 6).ok().map(u16::from_be)?;
     let proto: u8 = ctx.load(l3 + 9).ok()?;
     let daddr: [u8; 4] = ctx.load(l3 + 16).ok()?;
     // Non-first fragments carry no ports; the first fragment (which does) decides.
-    let port = if frag & 0x1fff != 0 {
-        PORT_ANY
+    let l4 = l3 + usize::from(vihl & 0x0f) * 4;
+    let end = l3 + usize::from(ctx.load::<u16>(l3 + 2).ok().map(u16::from_be)?);
+    let (port, rst) = if frag & 0x1fff != 0 {
+        (PORT_ANY, false)
     } else {
-        l4_port(ctx, proto, l3 + usize::from(vihl & 0x0f) * 4)
+        (l4_port(ctx, proto, l4), tcp_rst(ctx, proto, l4, end))
     };
-    Some(Dst { addr: Addr::V4(daddr), port, proto })
+    Some(Parsed { dst: Dst { addr: Addr::V4(daddr), port, proto }, rst })
 }
 
 #[inline(always)]
-fn parse_v6(ctx: &SkBuff, l3: usize) -> Option<Dst> {
+fn parse_v6(ctx: &SkBuff, l3: usize) -> Option<Parsed> {
     let mut next: u8 = ctx.load(l3 + 6).ok()?;
+    let end = l3 + 40 + usize::from(ctx.load::<u16>(l3 + 4).ok().map(u16::from_be)?);
     let daddr: [u8; 16] = ctx.load(l3 + 24).ok()?;
     let mut off = l3 + 40;
     let mut fragmented = false;
@@ -324,9 +347,13 @@ fn parse_v6(ctx: &SkBuff, l3: usize) -> Option<Dst> {
             _ => break,
         }
     }
-    let port = if fragmented { PORT_ANY } else { l4_port(ctx, next, off) };
+    let (port, rst) = if fragmented {
+        (PORT_ANY, false)
+    } else {
+        (l4_port(ctx, next, off), tcp_rst(ctx, next, off, end))
+    };
     // IPv4-mapped destinations never reach the wire as IPv6, but normalise anyway.
-    Some(Dst { addr: Addr::from_v6(daddr), port, proto: next })
+    Some(Parsed { dst: Dst { addr: Addr::from_v6(daddr), port, proto: next }, rst })
 }
 
 #[inline(always)]
@@ -339,7 +366,10 @@ fn egress(ctx: &SkBuffContext, task: bool) -> i32 {
         _ => return 1,
     };
     // A packet we cannot parse has no destination we could protect.
-    let Some(dst) = dst else { return 1 };
+    let Some(Parsed { dst, rst }) = dst else { return 1 };
+    if rst {
+        return 1;
+    }
     // SAFETY: `skb` is the program's context pointer.
     let caller = Caller { hook, cgroup_id: unsafe { bpf_skb_cgroup_id(skb) }, task };
     // SAFETY: as above.
@@ -383,7 +413,10 @@ pub fn gate_tc(ctx: TcContext) -> i32 {
         ETH_P_IPV6 => (parse_v6(&ctx.skb, ETH_HLEN), HOOK_TC6),
         _ => return TC_ACT_OK,
     };
-    let Some(dst) = dst else { return TC_ACT_OK };
+    let Some(Parsed { dst, rst }) = dst else { return TC_ACT_OK };
+    if rst {
+        return TC_ACT_OK;
+    }
     let Some(&active) = CONFIG.get(CONFIG_ACTIVE_GEN) else { return TC_ACT_OK };
     let generation = active & 1;
     let Some(endpoint) = match_endpoint(&Maps, generation, &dst) else {

@@ -313,6 +313,12 @@ impl Gate {
         self.maps.info.set(0, self.info, 0).map_err(map_err(names::GATE_INFO))
     }
 
+    /// Record whether established connections are terminated (TERMINATE_*), for `status`.
+    pub fn set_terminate(&mut self, terminate: u32) -> Result<(), LoaderError> {
+        self.info.terminate = terminate;
+        self.maps.info.set(0, self.info, 0).map_err(map_err(names::GATE_INFO))
+    }
+
     /// Make the live allow set equal `allow` (cgroups that appeared under or vanished from a
     /// glob). Single inserts and deletes, each atomic on its own. Returns (added, removed).
     pub fn sync_allow(&mut self, allow: &[(u64, u32)]) -> Result<(usize, usize), LoaderError> {
