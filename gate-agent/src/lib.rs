@@ -1,6 +1,7 @@
 //! metadata-gate agent library: everything but the binary's entry point.
 pub mod cgroup;
 pub mod cli;
+pub mod cluster;
 pub mod events;
 pub mod loader;
 pub mod metrics;
