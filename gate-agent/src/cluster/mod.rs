@@ -1,1 +1,4 @@
+//! Cluster mode: the platform from the cluster, the policy from a ConfigMap, the allow set
+//! from the pods on this node.
+pub mod identity;
 pub mod platform;
