@@ -41,8 +41,9 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Load the gate, apply a policy, keep the cgroup allow list current (standalone: --policy + --cgroup-root)
-    Run(RunArgs),
+    /// Load the gate, apply a policy, keep the allow list current. Standalone with --policy
+    /// and --cgroup-root; cluster mode (the DaemonSet) without --policy
+    Run(Box<RunArgs>),
     /// Validate policy files; exit 1 with the field and reason of every problem
     Check {
         /// Policy files (YAML, the schema of DESIGN.md)
@@ -66,12 +67,36 @@ pub enum Command {
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
-    /// Policy file (standalone mode)
+    /// Policy file: standalone mode (needs --cgroup-root). Without it, `run` is in cluster
+    /// mode: the policy comes from the platform's ConfigMap
     #[arg(long, value_name = "FILE", requires = "cgroup_root")]
     pub policy: Option<PathBuf>,
-    /// Gated cgroup v2 directory: processes at or below it are gated (standalone mode)
-    #[arg(long, value_name = "DIR", requires = "policy")]
+    /// Gated cgroup v2 directory: processes at or below it are gated. Cluster mode default:
+    /// the kubepods cgroup under the cgroup2 mount
+    #[arg(long, value_name = "DIR")]
     pub cgroup_root: Option<PathBuf>,
+    /// Cluster mode: kubeconfig file (default: in-cluster service account, else KUBECONFIG /
+    /// ~/.kube/config)
+    #[arg(long, value_name = "FILE", conflicts_with = "policy")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Cluster mode: this node's name (pods are watched on this node only)
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    pub node_name: Option<String>,
+    /// Cluster mode: the agent's namespace, where the policy ConfigMaps live
+    #[arg(long, env = "POD_NAMESPACE", value_name = "NS", default_value = "metadata-gate")]
+    pub namespace: String,
+    /// Cluster mode: the platform (OpenShift PlatformType, e.g. AWS, GCP, Azure,
+    /// External/oci); default: from the Infrastructure object, else the node's providerID
+    #[arg(long, value_name = "PLATFORM")]
+    pub platform: Option<String>,
+    /// Cluster mode: the policy ConfigMap as NAMESPACE/NAME (default:
+    /// <namespace>/metadata-gate-policy-<platform lowercase>)
+    #[arg(long, value_name = "NS/NAME")]
+    pub policy_configmap: Option<String>,
+    /// Cluster mode: which pods are gated: all pods, or only host-network pods (pod-network
+    /// pods are then left to the SDN's own rules)
+    #[arg(long, value_enum, value_name = "SCOPE", default_value_t = crate::cluster::identity::Scope::AllPods)]
+    pub gate_scope: crate::cluster::identity::Scope,
     /// bpffs directory for pinned programs and maps (bpffs is mounted on its parent if missing)
     #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
     pub pin_dir: PathBuf,

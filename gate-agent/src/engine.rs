@@ -69,8 +69,10 @@ fn bring_up(
     root: &GatedRoot,
     allow: &[(u64, u32)],
 ) -> Result<Gate> {
-    let mut gate =
-        Gate::open(&args.pin_dir, args.egress_program).context("loading the eBPF programs")?;
+    // Standalone may mount bpffs; in a pod the host's must be mounted in.
+    let may_mount = args.policy.is_some();
+    let mut gate = Gate::open(&args.pin_dir, args.egress_program, may_mount)
+        .context("loading the eBPF programs")?;
     let start = gate.start();
     if start == Start::Adopted {
         let info = gate.info();
@@ -158,6 +160,7 @@ impl Engine {
         root: GatedRoot,
         allow: AllowFn<'_>,
         names: CgroupNames,
+        notify: Option<tokio::sync::mpsc::UnboundedSender<events::Denied>>,
     ) -> Result<Engine> {
         let allow_set = allow(&policy);
         let mut gate = bring_up(args, &policy, &root, &allow_set)?;
@@ -169,7 +172,8 @@ impl Engine {
             gate.egress_program(),
         );
         let gate = Arc::new(Mutex::new(gate));
-        let sinks = EventSinks::new(policy.endpoints.iter().map(|e| e.name.clone()).collect());
+        let mut sinks = EventSinks::new(policy.endpoints.iter().map(|e| e.name.clone()).collect());
+        sinks.notify = notify;
         let agent_metrics = AgentMetrics::default();
         let ready = Arc::new(AtomicBool::new(false));
         let shared = metrics::Shared { gate: gate.clone(), sinks: sinks.clone() };

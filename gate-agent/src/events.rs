@@ -70,31 +70,60 @@ pub fn comm(ev: &DenyEvent) -> String {
     String::from_utf8_lossy(&ev.comm[..end]).into_owned()
 }
 
-/// Turns cgroup ids into paths relative to the gated root, caching the answers.
+/// Names a workload from its cgroup path relative to the gated root (cluster mode:
+/// `namespace/pod/container`); `None` keeps the path.
+pub type Namer = std::sync::Arc<dyn Fn(&std::path::Path) -> Option<String> + Send + Sync>;
+
+/// Turns cgroup ids into workload names: the path relative to the gated root, or what the
+/// mode's [`Namer`] makes of it. Paths are cached; names are not, so a pod seen after its
+/// first denial is named from then on.
 pub struct CgroupNames {
     root: GatedRoot,
     cache: HashMap<u64, PathBuf>,
+    namer: Option<Namer>,
 }
 
 impl CgroupNames {
     pub fn new(root: GatedRoot) -> Self {
-        Self { root, cache: HashMap::new() }
+        Self { root, cache: HashMap::new(), namer: None }
+    }
+
+    pub fn with_namer(root: GatedRoot, namer: Namer) -> Self {
+        Self { root, cache: HashMap::new(), namer: Some(namer) }
+    }
+
+    /// The cgroup's path relative to the gated root, if it still exists.
+    pub fn path(&mut self, id: u64) -> Option<PathBuf> {
+        if let Some(p) = self.cache.get(&id) {
+            return Some(p.clone());
+        }
+        // Gone already (short-lived cgroup) or not under the root: None.
+        let p = self.root.path_of(id)?;
+        if self.cache.len() > 65_536 {
+            self.cache.clear();
+        }
+        self.cache.insert(id, p.clone());
+        Some(p)
     }
 
     pub fn name(&mut self, id: u64) -> String {
-        if let Some(p) = self.cache.get(&id) {
-            return p.display().to_string();
-        }
-        match self.root.path_of(id) {
+        match self.path(id) {
             Some(p) => {
-                let s = p.display().to_string();
-                self.cache.insert(id, p);
-                s
+                self.namer.as_ref().and_then(|n| n(&p)).unwrap_or_else(|| p.display().to_string())
             }
-            // Gone already (short-lived cgroup) or not under the root.
             None => format!("cgroup-id:{id}"),
         }
     }
+}
+
+/// A denial that was logged (so within the rate limit), for cluster mode's Kubernetes Events.
+#[derive(Clone, Debug)]
+pub struct Denied {
+    /// cgroup path relative to the gated root, if it still exists.
+    pub cgroup: Option<PathBuf>,
+    pub workload: String,
+    pub event: DenyEvent,
+    pub endpoint: String,
 }
 
 /// Log one event. `endpoints` maps endpoint index to its policy name.
@@ -130,6 +159,8 @@ pub struct EventSinks {
     pub endpoints: Arc<RwLock<Vec<String>>>,
     /// Denials per workload, for /metrics.
     pub by_workload: Arc<Mutex<WorkloadCounts>>,
+    /// Logged denials are also sent here (cluster mode raises Kubernetes Events).
+    pub notify: Option<tokio::sync::mpsc::UnboundedSender<Denied>>,
 }
 
 impl EventSinks {
@@ -137,6 +168,7 @@ impl EventSinks {
         Self {
             endpoints: Arc::new(RwLock::new(endpoints)),
             by_workload: Arc::new(Mutex::new(WorkloadCounts::new(WORKLOAD_LABELS))),
+            notify: None,
         }
     }
 }
@@ -169,6 +201,16 @@ pub async fn run(
                         && let Ok(eps) = sinks.endpoints.read()
                     {
                         log_event(&ev, &cgroup, &eps);
+                        if let Some(tx) = &sinks.notify {
+                            let endpoint =
+                                eps.get(ev.endpoint as usize).cloned().unwrap_or_else(|| "?".into());
+                            let _ = tx.send(Denied {
+                                cgroup: names.path(ev.cgroup_id),
+                                workload: cgroup.clone(),
+                                event: ev,
+                                endpoint,
+                            });
+                        }
                     }
                 }
                 guard.clear_ready();

@@ -86,6 +86,7 @@ fn main() -> ExitCode {
             }
         },
         Command::Run(args) => {
+            let args = *args;
             init_logging(args.log_format);
             let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                 Ok(rt) => rt,
@@ -96,9 +97,8 @@ fn main() -> ExitCode {
             };
             let result = match (args.policy.clone(), args.cgroup_root.clone()) {
                 (Some(policy), Some(root)) => rt.block_on(standalone::run(args, &policy, &root)),
-                _ => Err(anyhow::anyhow!(
-                    "cluster mode is not available in this version: pass --policy FILE --cgroup-root DIR"
-                )),
+                (None, _) => rt.block_on(gate_agent::cluster::run::run(args)),
+                (Some(_), None) => Err(anyhow::anyhow!("--policy needs --cgroup-root")),
             };
             match result {
                 Ok(()) => ExitCode::SUCCESS,

@@ -33,7 +33,7 @@ pub async fn run(args: RunArgs, policy_path: &Path, cgroup_root: &Path) -> Resul
     let names = CgroupNames::new(GatedRoot::open(cgroup_root)?);
     let scan_root = GatedRoot::open(cgroup_root)?;
     let allow = move |p: &Policy| allow_set(&scan_root, p);
-    let mut engine = Engine::start(&args, policy, root, &allow, names).await?;
+    let mut engine = Engine::start(&args, policy, root, &allow, names, None).await?;
 
     let source = policy_path.display().to_string();
     let mut term = signal(SignalKind::terminate())?;

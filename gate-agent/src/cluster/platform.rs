@@ -129,7 +129,10 @@ pub async fn detect(
         return Ok(Detected { platform: p.to_owned(), origin: Origin::Flag });
     }
     if let Some(infra) = read_infrastructure(client).await? {
-        return Ok(Detected { platform: from_infrastructure(&infra)?, origin: Origin::Infrastructure });
+        return Ok(Detected {
+            platform: from_infrastructure(&infra)?,
+            origin: Origin::Infrastructure,
+        });
     }
     let nodes: Api<Node> = Api::all(client.clone());
     let n = nodes

@@ -181,8 +181,14 @@ where
 impl Gate {
     /// Load and verify the programs; create the maps, or reuse the pinned ones when a gate is
     /// already pinned (nothing attached changes here).
-    pub fn open(pin_dir: &Path, egress: EgressProgram) -> Result<Gate, LoaderError> {
-        let layout = pins::prepare(pin_dir)?;
+    /// `may_mount`: whether bpffs may be mounted on the pin dir's parent when it is missing
+    /// (standalone; never in a pod, where the mount would not outlive the container).
+    pub fn open(
+        pin_dir: &Path,
+        egress: EgressProgram,
+        may_mount: bool,
+    ) -> Result<Gate, LoaderError> {
+        let layout = pins::prepare(pin_dir, may_mount)?;
         let start = if layout.links().is_empty() { Start::Fresh } else { Start::Adopted };
         let mut loader = EbpfLoader::new();
         for name in names::ALL {

@@ -53,8 +53,9 @@ pub fn versioned(pin_dir: &Path, abi: u32) -> PathBuf {
     pin_dir.join(format!("v{abi}"))
 }
 
-/// Mount bpffs at the pin dir's parent if that is not on bpffs yet, then create the layout.
-pub fn prepare(pin_dir: &Path) -> Result<Layout, LoaderError> {
+/// Mount bpffs at the pin dir's parent if that is not on bpffs yet (and `may_mount`), then
+/// create the layout.
+pub fn prepare(pin_dir: &Path, may_mount: bool) -> Result<Layout, LoaderError> {
     let err = |reason: String| LoaderError::PinDir { path: pin_dir.to_path_buf(), reason };
     let parent = pin_dir
         .parent()
@@ -64,6 +65,13 @@ pub fn prepare(pin_dir: &Path) -> Result<Layout, LoaderError> {
     if statfs_type(parent).map_err(|e| err(format!("statfs {}: {e}", parent.display())))?
         != BPF_FS_MAGIC
     {
+        if !may_mount {
+            return Err(err(format!(
+                "{} is not on bpffs. In a pod, mount the host's /sys/fs/bpf (hostPath): a bpffs \
+                 the agent mounted itself would vanish with its container, and the gate with it",
+                parent.display()
+            )));
+        }
         mount_bpffs(parent)
             .map_err(|e| err(format!("mounting bpffs on {}: {e}", parent.display())))?;
         tracing::info!(path = %parent.display(), "mounted bpffs");
