@@ -1,5 +1,7 @@
 //! Project orchestration: `cargo xtask <command>`. Orchestration only; no product logic here.
 mod demo;
+mod kind;
+mod manifests;
 mod setup;
 mod util;
 
@@ -31,6 +33,19 @@ enum Cmd {
     /// Show the gate working: a throwaway netns with a fake metadata service, two workloads,
     /// one refused and one allow-listed (root)
     Demo,
+    /// Render every Kustomize target under deploy/ (kubectl kustomize) and check each object
+    /// against its Kubernetes API type; no cluster needed
+    Manifests,
+    /// End-to-end on kind: build the image, create a cluster, deploy overlays/kind, fake AWS's
+    /// IMDS on the worker and check who gets through (needs docker, kind, kubectl)
+    E2eKind {
+        /// Keep the cluster afterwards (for debugging)
+        #[arg(long)]
+        keep: bool,
+        /// Use this existing image instead of building one (must be named metadata-gate:dev)
+        #[arg(long)]
+        no_build: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -51,5 +66,7 @@ fn main() -> Result<()> {
             setup::ensure()?;
             demo::run()
         }
+        Cmd::Manifests => manifests::run(),
+        Cmd::E2eKind { keep, no_build } => kind::e2e(kind::Options { keep, build: !no_build }),
     }
 }

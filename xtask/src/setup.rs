@@ -1,7 +1,7 @@
 //! Prerequisites, lint and test orchestration.
 use std::process::Command;
 
-use anyhow::{Result, bail};
+use anyhow::{Context as _, Result, bail};
 
 use crate::util::{in_ci, is_root, output, root, run};
 
@@ -64,6 +64,24 @@ pub fn ensure() -> Result<()> {
             .args(["install", "-y", "-qq", "--no-install-recommends"])
             .args(&debs))?;
     }
+
+    // `cargo xtask manifests` renders deploy/ with `kubectl kustomize` (kustomize v5). The
+    // machines' image has the Debian package kubectl; it is installed apart from the others
+    // so that a Debian without it says so plainly.
+    if output(Command::new("kubectl").args(["version", "--client"])).is_none() {
+        if !is_root() {
+            bail!("kubectl is missing (Debian package kubectl); install it as root");
+        }
+        if debs.is_empty() {
+            run(Command::new("apt-get").arg("update").arg("-qq"))?;
+        }
+        let mut cmd = Command::new("apt-get");
+        cmd.args(["install", "-y", "-qq", "--no-install-recommends", "kubectl"]);
+        run(&mut cmd).context(
+            "installing kubectl (needed by `cargo xtask manifests`): if no apt source provides \
+             the package kubectl, install kubectl 1.27+ (kustomize v5) by other means",
+        )?;
+    }
     Ok(())
 }
 
@@ -115,6 +133,7 @@ pub fn build_bins() -> Result<()> {
 
 pub fn test(filter: Option<&str>) -> Result<()> {
     run(Command::new("cargo").args(["test", "-p", "gate-common", "-p", "gate-agent"]))?;
+    crate::manifests::run()?;
     build_bins()?;
     if !is_root() {
         if in_ci() {

@@ -1,0 +1,682 @@
+//! `cargo xtask manifests`: render every Kustomize target under deploy/ with `kubectl
+//! kustomize` and check what comes out, without a cluster.
+//!
+//! - every object deserializes into its k8s-openapi type, and no field is lost on the way
+//!   (a misspelt or misplaced field would be silently dropped by the API server);
+//! - the OpenShift SecurityContextConstraints, which k8s-openapi does not know, is checked
+//!   structurally (apiVersion, required fields, field types, strategy and volume names);
+//! - any other kind is an error;
+//! - cross-object rules the API server or the agent would otherwise only enforce at deploy
+//!   time: Bidirectional mount propagation needs a privileged container, the DaemonSet's
+//!   service account and namespace exist, the SCC allows exactly what the DaemonSet asks
+//!   for and is granted to its service account, and each policy ConfigMap is named after the
+//!   platform its policy names.
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context as _, Result, bail};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use serde::Serialize;
+use serde::de::{Deserialize, DeserializeOwned};
+use serde_json::Value;
+
+use crate::util::{output, root, show};
+
+/// Kustomize directories, relative to the workspace root. Each must render.
+pub const TARGETS: &[&str] =
+    &["deploy/base", "deploy/policies", "deploy/overlays/openshift", "deploy/overlays/kind"];
+
+/// Plain manifests (applied with `kubectl apply -f`), checked object by object.
+pub const PLAIN_DIRS: &[&str] = &["deploy/kind/e2e"];
+
+/// Namespace of the agent and of its policy ConfigMaps.
+const NAMESPACE: &str = "metadata-gate";
+const POLICY_PREFIX: &str = "metadata-gate-policy-";
+
+/// One rendered object and where it came from.
+struct Object {
+    /// `deploy/overlays/kind` or a file name.
+    origin: String,
+    value: Value,
+}
+
+impl Object {
+    fn str_at(&self, pointer: &str) -> Option<&str> {
+        self.value.pointer(pointer).and_then(Value::as_str)
+    }
+
+    fn kind(&self) -> &str {
+        self.str_at("/kind").unwrap_or("")
+    }
+
+    fn name(&self) -> &str {
+        self.str_at("/metadata/name").unwrap_or("")
+    }
+
+    fn namespace(&self) -> Option<&str> {
+        self.str_at("/metadata/namespace")
+    }
+
+    /// `deploy/overlays/kind: DaemonSet metadata-gate/metadata-gate-agent`
+    fn label(&self) -> String {
+        let ns = self.namespace().map(|n| format!("{n}/")).unwrap_or_default();
+        format!("{}: {} {ns}{}", self.origin, self.kind(), self.name())
+    }
+}
+
+pub fn run() -> Result<()> {
+    let mut problems = Vec::new();
+    let mut objects_seen = 0;
+    for target in TARGETS {
+        let objects = render(target)?;
+        objects_seen += objects.len();
+        problems.extend(check_set(&objects));
+    }
+    for dir in PLAIN_DIRS {
+        let objects = read_plain(dir)?;
+        objects_seen += objects.len();
+        for o in &objects {
+            problems.extend(check_object(o));
+        }
+    }
+    if !problems.is_empty() {
+        bail!("{} problem(s) in deploy/:\n  {}", problems.len(), problems.join("\n  "));
+    }
+    eprintln!(
+        "manifests: {} Kustomize targets and {} plain dirs, {objects_seen} objects: OK",
+        TARGETS.len(),
+        PLAIN_DIRS.len()
+    );
+    Ok(())
+}
+
+/// `kubectl kustomize DIR`, split into objects.
+fn render(target: &str) -> Result<Vec<Object>> {
+    if output(Command::new("kubectl").args(["version", "--client"])).is_none() {
+        bail!(
+            "kubectl not found: the manifest check renders deploy/ with `kubectl kustomize`; \
+             install the Debian package kubectl (`cargo xtask setup` does)"
+        );
+    }
+    let mut cmd = Command::new("kubectl");
+    cmd.arg("kustomize").arg(root().join(target));
+    let out = cmd.output().with_context(|| format!("starting {}", show(&cmd)))?;
+    if !out.status.success() {
+        bail!(
+            "{target}: `kubectl kustomize` failed ({}):\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let text =
+        String::from_utf8(out.stdout).with_context(|| format!("{target}: output is not UTF-8"))?;
+    let objects = split(target, &text)?;
+    if objects.is_empty() {
+        bail!("{target}: renders no object");
+    }
+    Ok(objects)
+}
+
+/// Every `*.yaml` in a directory, split into objects (origin: the file).
+fn read_plain(dir: &str) -> Result<Vec<Object>> {
+    let path = root().join(dir);
+    let mut files: Vec<_> = std::fs::read_dir(&path)
+        .with_context(|| format!("cannot read {dir}"))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<std::result::Result<_, _>>()
+        .with_context(|| format!("cannot list {dir}"))?;
+    files.retain(|p| p.extension().is_some_and(|x| x == "yaml"));
+    files.sort();
+    let mut objects = Vec::new();
+    for file in files {
+        let origin = relative(&file);
+        let text =
+            std::fs::read_to_string(&file).with_context(|| format!("cannot read {origin}"))?;
+        objects.extend(split(&origin, &text)?);
+    }
+    Ok(objects)
+}
+
+fn relative(path: &Path) -> String {
+    path.strip_prefix(root()).unwrap_or(path).display().to_string()
+}
+
+/// Split a multi-document YAML stream into JSON values; empty documents are skipped.
+fn split(origin: &str, text: &str) -> Result<Vec<Object>> {
+    let mut objects = Vec::new();
+    for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let value = Value::deserialize(doc)
+            .with_context(|| format!("{origin}: YAML document {} is not valid", i + 1))?;
+        match value {
+            Value::Null => {}
+            Value::Object(_) => objects.push(Object { origin: origin.to_owned(), value }),
+            _ => bail!("{origin}: YAML document {} is not a mapping", i + 1),
+        }
+    }
+    Ok(objects)
+}
+
+/// Per-object checks, then the rules that span the objects of one render.
+fn check_set(objects: &[Object]) -> Vec<String> {
+    let mut problems: Vec<String> = objects.iter().flat_map(check_object).collect();
+    problems.extend(check_policy_configmaps(objects));
+    problems.extend(check_daemonsets(objects));
+    problems
+}
+
+fn check_object(o: &Object) -> Vec<String> {
+    let api = o.str_at("/apiVersion").unwrap_or("");
+    let result = match (api, o.kind()) {
+        ("apps/v1", "DaemonSet") => typed::<DaemonSet>(&o.value),
+        ("v1", "Namespace") => typed::<Namespace>(&o.value),
+        ("v1", "ServiceAccount") => typed::<ServiceAccount>(&o.value),
+        ("v1", "ConfigMap") => typed::<ConfigMap>(&o.value),
+        ("v1", "Pod") => typed::<Pod>(&o.value),
+        ("rbac.authorization.k8s.io/v1", "ClusterRole") => typed::<ClusterRole>(&o.value),
+        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
+            typed::<ClusterRoleBinding>(&o.value)
+        }
+        ("rbac.authorization.k8s.io/v1", "Role") => typed::<Role>(&o.value),
+        ("rbac.authorization.k8s.io/v1", "RoleBinding") => typed::<RoleBinding>(&o.value),
+        ("security.openshift.io/v1", "SecurityContextConstraints") => scc_structure(&o.value),
+        (api, kind) => Err(vec![format!(
+            "unknown kind {kind:?} (apiVersion {api:?}); deploy/ ships only DaemonSet, \
+             Namespace, ServiceAccount, ConfigMap, Pod (e2e), ClusterRole, \
+             ClusterRoleBinding, Role, RoleBinding and SecurityContextConstraints"
+        )]),
+    };
+    let mut problems: Vec<String> = match result {
+        Ok(()) => Vec::new(),
+        Err(reasons) => reasons.into_iter().map(|r| format!("{}: {r}", o.label())).collect(),
+    };
+    if o.name().is_empty() {
+        problems.push(format!("{}: metadata.name is missing", o.label()));
+    }
+    problems
+}
+
+/// Deserialize into the k8s-openapi type, serialize back, and report every field of the
+/// input that did not survive (unknown to the type: misspelt or misplaced).
+fn typed<T: DeserializeOwned + Serialize>(value: &Value) -> std::result::Result<(), Vec<String>> {
+    let parsed: T = serde_json::from_value(value.clone()).map_err(|e| vec![e.to_string()])?;
+    let back = serde_json::to_value(&parsed).map_err(|e| vec![e.to_string()])?;
+    let mut lost = Vec::new();
+    lost_fields(value, &back, "", &mut lost);
+    if lost.is_empty() {
+        Ok(())
+    } else {
+        Err(lost
+            .into_iter()
+            .map(|p| format!("unknown field {p} (dropped by the API type)"))
+            .collect())
+    }
+}
+
+fn lost_fields(orig: &Value, back: &Value, path: &str, out: &mut Vec<String>) {
+    match (orig, back) {
+        (Value::Object(o), Value::Object(b)) => {
+            for (k, v) in o {
+                let here = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                match b.get(k) {
+                    _ if v.is_null() => {}
+                    None => out.push(here),
+                    Some(bv) => lost_fields(v, bv, &here, out),
+                }
+            }
+        }
+        (Value::Array(o), Value::Array(b)) if o.len() == b.len() => {
+            for (i, (v, bv)) in o.iter().zip(b).enumerate() {
+                lost_fields(v, bv, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+// ---- SecurityContextConstraints ------------------------------------------------------------
+
+/// Fields of security.openshift.io/v1 SecurityContextConstraints (openshift/api
+/// security/v1/types.go).
+const SCC_FIELDS: &[&str] = &[
+    "apiVersion",
+    "kind",
+    "metadata",
+    "priority",
+    "allowPrivilegedContainer",
+    "defaultAddCapabilities",
+    "requiredDropCapabilities",
+    "allowedCapabilities",
+    "allowHostDirVolumePlugin",
+    "volumes",
+    "allowedFlexVolumes",
+    "allowHostNetwork",
+    "allowHostPorts",
+    "allowHostPID",
+    "allowHostIPC",
+    "defaultAllowPrivilegeEscalation",
+    "allowPrivilegeEscalation",
+    "seLinuxContext",
+    "runAsUser",
+    "supplementalGroups",
+    "fsGroup",
+    "readOnlyRootFilesystem",
+    "users",
+    "groups",
+    "seccompProfiles",
+    "allowedUnsafeSysctls",
+    "forbiddenSysctls",
+    "userNamespaceLevel",
+];
+const SCC_REQUIRED_BOOLS: &[&str] = &[
+    "allowPrivilegedContainer",
+    "allowHostDirVolumePlugin",
+    "allowHostNetwork",
+    "allowHostPorts",
+    "allowHostPID",
+    "allowHostIPC",
+    "readOnlyRootFilesystem",
+];
+/// Required by the CRD, but nullable.
+const SCC_REQUIRED_NULLABLE: &[&str] = &[
+    "priority",
+    "allowedCapabilities",
+    "defaultAddCapabilities",
+    "requiredDropCapabilities",
+    "volumes",
+];
+const SCC_STRING_LISTS: &[&str] = &[
+    "allowedCapabilities",
+    "defaultAddCapabilities",
+    "requiredDropCapabilities",
+    "volumes",
+    "users",
+    "groups",
+    "seccompProfiles",
+    "allowedUnsafeSysctls",
+    "forbiddenSysctls",
+];
+const SCC_VOLUMES: &[&str] = &[
+    "*",
+    "awsElasticBlockStore",
+    "azureDisk",
+    "azureFile",
+    "cephFS",
+    "cinder",
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "fc",
+    "flexVolume",
+    "flocker",
+    "gcePersistentDisk",
+    "gitRepo",
+    "glusterfs",
+    "hostPath",
+    "image",
+    "iscsi",
+    "nfs",
+    "none",
+    "persistentVolumeClaim",
+    "photonPersistentDisk",
+    "portworxVolume",
+    "projected",
+    "quobyte",
+    "rbd",
+    "scaleIO",
+    "secret",
+    "storageOS",
+    "vsphere",
+];
+
+fn scc_structure(v: &Value) -> std::result::Result<(), Vec<String>> {
+    let mut errs = Vec::new();
+    let Some(obj) = v.as_object() else { return Err(vec!["not a mapping".into()]) };
+    for k in obj.keys() {
+        if !SCC_FIELDS.contains(&k.as_str()) {
+            errs.push(format!("unknown field {k}"));
+        }
+    }
+    if v.pointer("/metadata/namespace").is_some() {
+        errs.push("is cluster-scoped: remove metadata.namespace".into());
+    }
+    for f in SCC_REQUIRED_BOOLS {
+        match obj.get(*f) {
+            Some(Value::Bool(_)) => {}
+            Some(_) => errs.push(format!("{f} must be true or false")),
+            None => errs.push(format!("{f} is required")),
+        }
+    }
+    for f in SCC_REQUIRED_NULLABLE {
+        if !obj.contains_key(*f) {
+            errs.push(format!("{f} is required (may be null)"));
+        }
+    }
+    if let Some(p) = obj.get("priority")
+        && !(p.is_null() || p.is_i64())
+    {
+        errs.push("priority must be an integer or null".into());
+    }
+    for f in SCC_STRING_LISTS {
+        match obj.get(*f) {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(items)) if items.iter().all(Value::is_string) => {}
+            Some(_) => errs.push(format!("{f} must be a list of strings")),
+        }
+    }
+    for vol in string_list(v, "/volumes") {
+        if !SCC_VOLUMES.contains(&vol.as_str()) {
+            errs.push(format!("volumes: unknown volume type {vol:?}"));
+        }
+    }
+    for cap in string_list(v, "/allowedCapabilities") {
+        if cap.starts_with("CAP_") || cap != cap.to_ascii_uppercase() {
+            errs.push(format!(
+                "allowedCapabilities: write {cap:?} as the upper-case name without CAP_"
+            ));
+        }
+    }
+    let strategies: [(&str, &[&str]); 4] = [
+        ("runAsUser", &["MustRunAs", "MustRunAsRange", "MustRunAsNonRoot", "RunAsAny"]),
+        ("seLinuxContext", &["MustRunAs", "RunAsAny"]),
+        ("fsGroup", &["MustRunAs", "RunAsAny"]),
+        ("supplementalGroups", &["MustRunAs", "RunAsAny"]),
+    ];
+    for (f, allowed) in strategies {
+        match v.pointer(&format!("/{f}/type")).and_then(Value::as_str) {
+            Some(t) if allowed.contains(&t) => {}
+            Some(t) => errs.push(format!("{f}.type {t:?} is not one of {allowed:?}")),
+            None => errs.push(format!("{f}.type is required (one of {allowed:?})")),
+        }
+    }
+    if v.pointer("/runAsUser/type").and_then(Value::as_str) == Some("MustRunAs")
+        && !v.pointer("/runAsUser/uid").is_some_and(Value::is_u64)
+    {
+        errs.push("runAsUser: MustRunAs needs uid".into());
+    }
+    if errs.is_empty() { Ok(()) } else { Err(errs) }
+}
+
+fn string_list(v: &Value, pointer: &str) -> Vec<String> {
+    v.pointer(pointer)
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
+// ---- cross-object rules --------------------------------------------------------------------
+
+/// `metadata-gate-policy-<suffix>` ConfigMaps: in the agent's namespace, key policy.yaml,
+/// named after the policy's platform (lower case; External adds `-<platformName>`).
+fn check_policy_configmaps(objects: &[Object]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for o in objects.iter().filter(|o| o.kind() == "ConfigMap") {
+        let Some(suffix) = o.name().strip_prefix(POLICY_PREFIX) else { continue };
+        if o.namespace() != Some(NAMESPACE) {
+            problems
+                .push(format!("{}: policy ConfigMaps belong in namespace {NAMESPACE}", o.label()));
+        }
+        let Some(text) = o.str_at("/data/policy.yaml") else {
+            problems.push(format!("{}: data[\"policy.yaml\"] is missing", o.label()));
+            continue;
+        };
+        let platform = serde_yaml::from_str::<serde_yaml::Value>(text)
+            .ok()
+            .and_then(|p| p.get("platform").and_then(|p| p.as_str()).map(str::to_owned));
+        let Some(platform) = platform else {
+            problems.push(format!("{}: policy.yaml names no platform", o.label()));
+            continue;
+        };
+        let lower = platform.to_ascii_lowercase();
+        let matches = suffix == lower || (lower == "external" && suffix.starts_with("external-"));
+        if !matches {
+            problems.push(format!(
+                "{}: holds the policy for platform {platform}, but the agent looks for \
+                 {POLICY_PREFIX}{lower}",
+                o.label()
+            ));
+        }
+    }
+    problems
+}
+
+/// Rules for each DaemonSet of a render, against the other objects of the same render.
+fn check_daemonsets(objects: &[Object]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for ds in objects.iter().filter(|o| o.kind() == "DaemonSet") {
+        let label = ds.label();
+        let ns = ds.namespace().unwrap_or("default");
+        let spec = ds.value.pointer("/spec/template/spec").cloned().unwrap_or(Value::Null);
+        let containers: Vec<&Value> = ["containers", "initContainers"]
+            .iter()
+            .filter_map(|k| spec.get(*k).and_then(Value::as_array))
+            .flatten()
+            .collect();
+
+        // The API server refuses Bidirectional propagation on an unprivileged container.
+        for c in &containers {
+            let cname = c.get("name").and_then(Value::as_str).unwrap_or("?");
+            let privileged =
+                c.pointer("/securityContext/privileged").and_then(Value::as_bool).unwrap_or(false);
+            for m in c.get("volumeMounts").and_then(Value::as_array).into_iter().flatten() {
+                if m.get("mountPropagation").and_then(Value::as_str) == Some("Bidirectional")
+                    && !privileged
+                {
+                    problems.push(format!(
+                        "{label}: container {cname}: mountPropagation Bidirectional on {} is \
+                         refused by the API server for a container that is not privileged",
+                        m.get("mountPath").and_then(Value::as_str).unwrap_or("?")
+                    ));
+                }
+            }
+        }
+
+        if !objects.iter().any(|o| o.kind() == "Namespace" && o.name() == ns) {
+            problems.push(format!("{label}: namespace {ns} is not part of this render"));
+        }
+        let sa = spec.get("serviceAccountName").and_then(Value::as_str).unwrap_or("default");
+        if !objects
+            .iter()
+            .any(|o| o.kind() == "ServiceAccount" && o.name() == sa && o.namespace() == Some(ns))
+        {
+            problems.push(format!("{label}: service account {ns}/{sa} is not part of this render"));
+        }
+        problems.extend(check_scc(objects, ds, &spec, &containers, ns, sa));
+    }
+    problems
+}
+
+/// If the render has an SCC (OpenShift), it must admit this DaemonSet's pod exactly: allowed
+/// capabilities = the added ones, host network and hostPath only as used, granted to the
+/// pod's service account, and required by the pod's annotation.
+fn check_scc(
+    objects: &[Object],
+    ds: &Object,
+    spec: &Value,
+    containers: &[&Value],
+    ns: &str,
+    sa: &str,
+) -> Vec<String> {
+    let sccs: Vec<&Object> =
+        objects.iter().filter(|o| o.kind() == "SecurityContextConstraints").collect();
+    if sccs.is_empty() {
+        return Vec::new();
+    }
+    let label = ds.label();
+    let mut problems = Vec::new();
+    let required = ds
+        .str_at("/spec/template/metadata/annotations/openshift.io~1required-scc")
+        .map(str::to_owned);
+    let Some(required) = required else {
+        return vec![format!(
+            "{label}: set annotation openshift.io/required-scc on the pod template to the SCC of \
+             this render ({})",
+            sccs.iter().map(|s| s.name()).collect::<Vec<_>>().join(", ")
+        )];
+    };
+    let Some(scc) = sccs.iter().find(|s| s.name() == required) else {
+        return vec![format!("{label}: requires SCC {required}, which is not part of this render")];
+    };
+    let scc_label = scc.label();
+
+    let added: BTreeSet<String> = containers
+        .iter()
+        .flat_map(|c| string_list(c, "/securityContext/capabilities/add"))
+        .collect();
+    let allowed: BTreeSet<String> =
+        string_list(&scc.value, "/allowedCapabilities").into_iter().collect();
+    if added != allowed {
+        problems.push(format!(
+            "{scc_label}: allowedCapabilities {allowed:?} must equal the capabilities the \
+             DaemonSet adds {added:?}"
+        ));
+    }
+    let scc_bool = |f: &str| scc.value.get(f).and_then(Value::as_bool).unwrap_or(false);
+    for (pod_field, scc_field) in [
+        ("hostNetwork", "allowHostNetwork"),
+        ("hostPID", "allowHostPID"),
+        ("hostIPC", "allowHostIPC"),
+    ] {
+        let used = spec.get(pod_field).and_then(Value::as_bool).unwrap_or(false);
+        if used != scc_bool(scc_field) {
+            problems.push(format!(
+                "{scc_label}: {scc_field} is {} but the DaemonSet's {pod_field} is {used}",
+                scc_bool(scc_field)
+            ));
+        }
+    }
+    if containers
+        .iter()
+        .any(|c| c.pointer("/securityContext/privileged").and_then(Value::as_bool) == Some(true))
+        != scc_bool("allowPrivilegedContainer")
+    {
+        problems
+            .push(format!("{scc_label}: allowPrivilegedContainer does not match the DaemonSet"));
+    }
+
+    // Volume types the pod uses, plus `projected` for the service account token.
+    let mut used_volumes: BTreeSet<String> = spec
+        .get("volumes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_object())
+        .filter_map(|v| v.keys().find(|k| *k != "name").cloned())
+        .collect();
+    used_volumes.insert("projected".into());
+    let scc_volumes: BTreeSet<String> = string_list(&scc.value, "/volumes").into_iter().collect();
+    if used_volumes != scc_volumes {
+        problems.push(format!(
+            "{scc_label}: volumes {scc_volumes:?} must equal the volume types the pod uses \
+             {used_volumes:?}"
+        ));
+    }
+    if used_volumes.contains("hostPath") != scc_bool("allowHostDirVolumePlugin") {
+        problems.push(format!(
+            "{scc_label}: allowHostDirVolumePlugin does not match the hostPath volumes"
+        ));
+    }
+
+    // Granted to the service account: `users:` or an RBAC `use` rule bound to it.
+    let sa_user = format!("system:serviceaccount:{ns}:{sa}");
+    let by_user = string_list(&scc.value, "/users").contains(&sa_user);
+    if !by_user && !rbac_grants_use(objects, scc.name(), ns, sa) {
+        problems.push(format!(
+            "{scc_label}: not granted to {sa_user}: add a Role/ClusterRole with verb `use` on \
+             securitycontextconstraints {} bound to it",
+            scc.name()
+        ));
+    }
+    problems
+}
+
+fn rbac_grants_use(objects: &[Object], scc: &str, ns: &str, sa: &str) -> bool {
+    // (kind, namespace, name) of every Role/ClusterRole with `use` on this SCC.
+    let roles: Vec<(&str, Option<&str>, &str)> = objects
+        .iter()
+        .filter(|o| matches!(o.kind(), "Role" | "ClusterRole"))
+        .filter(|o| {
+            o.value.get("rules").and_then(Value::as_array).into_iter().flatten().any(|r| {
+                let has = |f: &str, want: &str| {
+                    string_list(r, &format!("/{f}")).iter().any(|x| x == want || x == "*")
+                };
+                has("apiGroups", "security.openshift.io")
+                    && has("resources", "securitycontextconstraints")
+                    && has("verbs", "use")
+                    && (r.get("resourceNames").is_none() || has("resourceNames", scc))
+            })
+        })
+        .map(|o| (o.kind(), o.namespace(), o.name()))
+        .collect();
+    objects.iter().filter(|o| matches!(o.kind(), "RoleBinding" | "ClusterRoleBinding")).any(|b| {
+        let role_kind = b.str_at("/roleRef/kind").unwrap_or("");
+        let role_name = b.str_at("/roleRef/name").unwrap_or("");
+        let role_ns = if role_kind == "Role" { b.namespace() } else { None };
+        let role_ok =
+            roles.iter().any(|(k, n, name)| *k == role_kind && *n == role_ns && *name == role_name);
+        let subject_ok =
+            b.value.get("subjects").and_then(Value::as_array).into_iter().flatten().any(|s| {
+                s.get("kind").and_then(Value::as_str) == Some("ServiceAccount")
+                    && s.get("name").and_then(Value::as_str) == Some(sa)
+                    && s.get("namespace").and_then(Value::as_str) == Some(ns)
+            });
+        // A RoleBinding grants `use` only to pods of its own namespace.
+        let scope_ok = b.kind() == "ClusterRoleBinding" || b.namespace() == Some(ns);
+        role_ok && subject_ok && scope_ok
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obj(yaml: &str) -> Object {
+        let value: Value = serde_yaml::from_str(yaml).expect("test YAML");
+        Object { origin: "test".into(), value }
+    }
+
+    #[test]
+    fn a_misspelt_field_is_reported_with_its_path() {
+        let o = obj(
+            "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: a\n  namespace: b\n  lables: {x: y}\n",
+        );
+        let problems = check_object(&o);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].contains("ServiceAccount b/a") && problems[0].contains("metadata.lables")
+        );
+    }
+
+    #[test]
+    fn unknown_kinds_are_rejected() {
+        let o = obj("apiVersion: v1\nkind: Secret\nmetadata:\n  name: s\n");
+        assert!(check_object(&o)[0].contains("unknown kind \"Secret\""));
+    }
+
+    #[test]
+    fn bidirectional_needs_privileged() {
+        let ds = obj(
+            "apiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: d, namespace: n}\nspec:\n  \
+             selector: {matchLabels: {a: b}}\n  template:\n    metadata: {labels: {a: b}}\n    \
+             spec:\n      containers:\n        - name: c\n          image: i\n          \
+             volumeMounts: [{name: v, mountPath: /x, mountPropagation: Bidirectional}]\n      \
+             volumes: [{name: v, hostPath: {path: /x}}]\n",
+        );
+        let problems = check_daemonsets(&[ds]);
+        assert!(problems.iter().any(|p| p.contains("Bidirectional")), "{problems:?}");
+    }
+
+    #[test]
+    fn scc_structure_needs_its_required_fields() {
+        let o = obj(
+            "apiVersion: security.openshift.io/v1\nkind: SecurityContextConstraints\nmetadata: {name: s}\nallowHostNetwork: yes\n",
+        );
+        let problems = check_object(&o);
+        assert!(problems.iter().any(|p| p.contains("allowPrivilegedContainer is required")));
+        assert!(problems.iter().any(|p| p.contains("runAsUser.type is required")));
+    }
+}
