@@ -35,8 +35,8 @@ pub struct Agent {
     pin_root: PathBuf,
     pub pin_dir: PathBuf,
     pub listen: String,
-    policy: PathBuf,
-    cgroup_root: PathBuf,
+    /// What selects the mode: `--policy P --cgroup-root R`, or cluster-mode flags.
+    mode_args: Vec<std::ffi::OsString>,
 }
 
 fn free_port() -> Result<u16> {
@@ -58,15 +58,34 @@ impl Agent {
 
     /// [`start`](Self::start) with extra `run` arguments.
     pub fn start_with(policy: &Path, cgroup_root: &Path, extra: &[&str]) -> Result<Agent> {
+        let mode =
+            vec!["--policy".into(), policy.into(), "--cgroup-root".into(), cgroup_root.into()];
+        Self::start_mode(mode, false, extra)
+    }
+
+    /// Cluster mode: `run` with these flags (kubeconfig, node name, …) and no --policy. The
+    /// harness mounts bpffs on the pin root first, as the DaemonSet's host mount does (an agent
+    /// in cluster mode never mounts it itself).
+    pub fn start_cluster(flags: &[&str]) -> Result<Agent> {
+        Self::start_mode(flags.iter().map(Into::into).collect(), true, &[])
+    }
+
+    fn start_mode(
+        mode_args: Vec<std::ffi::OsString>,
+        mount: bool,
+        extra: &[&str],
+    ) -> Result<Agent> {
         let pin_root = new_pin_root()?;
+        if mount {
+            crate::sys::sh("mount", &["-t", "bpf", "bpffs", &pin_root.to_string_lossy()])?;
+        }
         let mut agent = Agent {
             child: None,
             lines: Arc::new(Mutex::new(Vec::new())),
             pin_dir: pin_root.join("gate"),
             pin_root,
             listen: format!("127.0.0.1:{}", free_port()?),
-            policy: policy.to_path_buf(),
-            cgroup_root: cgroup_root.to_path_buf(),
+            mode_args,
         };
         agent.spawn(extra)?;
         agent.wait_ready(Duration::from_secs(30))?;
@@ -84,10 +103,7 @@ impl Agent {
     fn spawn(&mut self, extra: &[&str]) -> Result<()> {
         let mut cmd = Command::new(agent_bin()?);
         cmd.args(["run", "--log-format", "json", "--rescan-ms", "200", "--listen", &self.listen])
-            .arg("--policy")
-            .arg(&self.policy)
-            .arg("--cgroup-root")
-            .arg(&self.cgroup_root)
+            .args(&self.mode_args)
             .arg("--pin-dir")
             .arg(&self.pin_dir)
             .args(extra)

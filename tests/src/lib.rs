@@ -12,6 +12,7 @@
 pub mod agent;
 pub mod cgroups;
 pub mod imds;
+pub mod kubeapi;
 pub mod net;
 pub mod probe;
 pub mod sys;

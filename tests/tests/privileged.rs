@@ -123,6 +123,8 @@ macro_rules! privileged {
     };
 }
 
+#[path = "privileged/cluster.rs"]
+mod cluster;
 #[path = "privileged/lifecycle.rs"]
 mod lifecycle;
 
