@@ -252,9 +252,9 @@ fn percent_decode(s: &str) -> String {
 /// Split `/api/v1/namespaces/ns/pods/name` into (collection key, namespace, name).
 fn route(path: &str) -> Option<(String, String, Option<String>)> {
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let (prefix, rest) = match segs.first()? {
-        &"api" => (format!("/api/{}", segs.get(1)?), &segs[2..]),
-        &"apis" => (format!("/apis/{}/{}", segs.get(1)?, segs.get(2)?), &segs[3..]),
+    let (prefix, rest) = match *segs.first()? {
+        "api" => (format!("/api/{}", segs.get(1)?), &segs[2..]),
+        "apis" => (format!("/apis/{}/{}", segs.get(1)?, segs.get(2)?), &segs[3..]),
         _ => return None,
     };
     let (ns, rest) = match rest {
