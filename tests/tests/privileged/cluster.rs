@@ -261,3 +261,48 @@ fn cluster_mode_without_the_crd_uses_the_provider_id_and_a_bad_token_is_named() 
     assert!(!out.status.success());
     assert!(stderr.contains("401") || stderr.contains("Unauthorized"), "{stderr}");
 }
+
+#[test]
+fn host_network_only_scope_gates_only_host_network_pods() {
+    privileged!(host_network_only_scope_gates_only_host_network_pods);
+    let mut c = cluster();
+    // A host-network pod that no allow entry selects (right namespace, wrong labels).
+    const ROGUE_UID: &str = "0b6c0f5e-3333-4a2b-9c3d-000000000003";
+    c.api.put(
+        PODS,
+        kubeapi::pod(
+            "openshift-cloud-controller-manager",
+            "rogue",
+            ROGUE_UID,
+            NODE,
+            json!({"k8s-app": "something-else"}),
+            true,
+            &format!("cri-o://{}", cid(3)),
+        ),
+    );
+    let rogue = container_cgroup(ROGUE_UID, &cid(3));
+    c.env.cg.create(&rogue).expect("rogue cgroup");
+    let kubeconfig = c.kubeconfig("s3cret");
+    let root = c.dir.join("kubepods.slice").to_string_lossy().into_owned();
+    let kc = kubeconfig.to_string_lossy().into_owned();
+    c.env.agent = Some(
+        Agent::start_cluster(&[
+            "--kubeconfig",
+            &kc,
+            "--node-name",
+            NODE,
+            "--namespace",
+            NS,
+            "--cgroup-root",
+            &root,
+            "--gate-scope",
+            "host-network-only",
+        ])
+        .expect("agent"),
+    );
+    let _ = std::fs::remove_file(kubeconfig);
+    // The pod-network pod is left to the SDN's rules; the host-network ones are gated.
+    c.env.assert_served(&c.web, "tcp", IMDS_V4, "80");
+    c.refused(&rogue, "tcp", IMDS_V4, "80");
+    c.env.assert_served(&c.ccm, "tcp", IMDS_V4, "80");
+}
