@@ -1,4 +1,5 @@
 //! Project orchestration: `cargo xtask <command>`. Orchestration only; no product logic here.
+mod bench;
 mod demo;
 mod setup;
 mod util;
@@ -31,6 +32,13 @@ enum Cmd {
     /// Show the gate working: a throwaway netns with a fake metadata service, two workloads,
     /// one refused and one allow-listed (root)
     Demo,
+    /// Benchmarks: the gate against no gate, nftables and iptables, side by side; writes
+    /// target/bench/{report.json,report.md,chart.png} (root)
+    Bench {
+        /// A short smoke run (numbers are not meaningful; never fails on timing)
+        #[arg(long)]
+        quick: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -50,6 +58,10 @@ fn main() -> Result<()> {
         Cmd::Demo => {
             setup::ensure()?;
             demo::run()
+        }
+        Cmd::Bench { quick } => {
+            setup::ensure()?;
+            bench::run_bench(quick)
         }
     }
 }
