@@ -54,68 +54,84 @@ const TICK: Duration = Duration::from_millis(100);
 
 impl Sink {
     pub fn start(net: &TestNet) -> Result<Sink> {
-        let stop = Arc::new(AtomicBool::new(false));
+        let mut sink = Sink { stop: Arc::new(AtomicBool::new(false)), threads: vec![] };
+        sink.spawn(net, format!("{DEST_V4}:{CONNECT_PORT}"), false)?;
+        sink.spawn(net, format!("{IMDS_V4}:{IMDS_PORT}"), false)?;
+        sink.spawn(net, format!("{DEST_V4}:{BULK_PORT}"), true)?;
         let (tx, rx) = mpsc::channel::<Result<()>>();
-        let (s, path) = (stop.clone(), net.imds_path());
-        let t = std::thread::spawn(move || {
-            let bound = (|| -> Result<_> {
+        let (stop, path) = (sink.stop.clone(), net.imds_path());
+        sink.threads.push(std::thread::spawn(move || {
+            let udp = enter_netns(&path)
+                .and_then(|()| Ok(UdpSocket::bind(format!("{DEST_V4}:{UDP_PORT}"))?));
+            let ok = udp.is_ok();
+            let _ = tx.send(udp.map(drop));
+            while ok && !stop.load(Ordering::Acquire) {
+                std::thread::sleep(TICK);
+            }
+        }));
+        rx.recv_timeout(Duration::from_secs(5))
+            .map_err(|_| anyhow!("udp sink did not start"))??;
+        Ok(sink)
+    }
+
+    /// A thread in the imds netns accepting on `addr`: each connection is closed at once,
+    /// or (`drain_conns`) read and discarded by a thread of its own.
+    fn spawn(&mut self, net: &TestNet, addr: String, drain_conns: bool) -> Result<()> {
+        let (tx, rx) = mpsc::channel::<Result<()>>();
+        let (stop, path) = (self.stop.clone(), net.imds_path());
+        let what = addr.clone();
+        self.threads.push(std::thread::spawn(move || {
+            let bound = (|| -> Result<TcpListener> {
                 enter_netns(&path)?;
-                let bind = |addr: String| -> Result<TcpListener> {
-                    let l = TcpListener::bind(&addr).with_context(|| format!("bind {addr}"))?;
-                    l.set_nonblocking(true)?;
-                    Ok(l)
-                };
-                let accept = [
-                    bind(format!("{DEST_V4}:{CONNECT_PORT}"))?,
-                    bind(format!("{IMDS_V4}:{IMDS_PORT}"))?,
-                ];
-                let bulk = bind(format!("{DEST_V4}:{BULK_PORT}"))?;
-                let udp = UdpSocket::bind(format!("{DEST_V4}:{UDP_PORT}"))?;
-                Ok((accept, bulk, udp))
+                let l = TcpListener::bind(&addr).with_context(|| format!("bind {addr}"))?;
+                // A deep accept queue: an overflow costs the client a 1 s SYN retransmit.
+                // SAFETY: valid listening fd; listen(2) again only resizes the queue.
+                unsafe { libc::listen(l.as_raw_fd(), 4096) };
+                set_timeout(&l, TICK);
+                Ok(l)
             })();
-            match bound {
-                Ok((accept, bulk, udp)) => {
+            let l = match bound {
+                Ok(l) => {
                     let _ = tx.send(Ok(()));
-                    serve(&accept, &bulk, &s);
-                    drop(udp);
+                    l
                 }
                 Err(e) => {
                     let _ = tx.send(Err(e));
+                    return;
+                }
+            };
+            let mut drains: Vec<JoinHandle<()>> = Vec::new();
+            while !stop.load(Ordering::Acquire) {
+                // Blocking accept with SO_RCVTIMEO: wakes at once, checks `stop` every tick.
+                if let Ok((c, _)) = l.accept()
+                    && drain_conns
+                {
+                    let stop = stop.clone();
+                    drains.push(std::thread::spawn(move || drain(c, &stop)));
+                    drains.retain(|d| !d.is_finished());
                 }
             }
-        });
-        rx.recv_timeout(Duration::from_secs(5)).map_err(|_| anyhow!("sink did not start"))??;
-        Ok(Sink { stop, threads: vec![t] })
+            for d in drains {
+                let _ = d.join();
+            }
+        }));
+        rx.recv_timeout(Duration::from_secs(5))
+            .map_err(|_| anyhow!("sink {what} did not start"))?
+            .with_context(|| what)
     }
 }
 
-/// Accept (and drop) on the accept listeners, accept and drain on the bulk listener.
-fn serve(accept: &[TcpListener], bulk: &TcpListener, stop: &Arc<AtomicBool>) {
-    let mut drains: Vec<JoinHandle<()>> = Vec::new();
-    let mut fds: Vec<libc::pollfd> = accept
-        .iter()
-        .chain(std::iter::once(bulk))
-        .map(|l| libc::pollfd { fd: l.as_raw_fd(), events: libc::POLLIN, revents: 0 })
-        .collect();
-    while !stop.load(Ordering::Acquire) {
-        // SAFETY: fds is a valid array of pollfd.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) };
-        if n <= 0 {
-            continue;
-        }
-        for l in accept {
-            while let Ok((c, _)) = l.accept() {
-                drop(c);
-            }
-        }
-        while let Ok((c, _)) = bulk.accept() {
-            let stop = stop.clone();
-            drains.push(std::thread::spawn(move || drain(c, &stop)));
-        }
-        drains.retain(|d| !d.is_finished());
-    }
-    for d in drains {
-        let _ = d.join();
+fn set_timeout(l: &TcpListener, t: Duration) {
+    let tv = libc::timeval { tv_sec: 0, tv_usec: t.as_micros() as libc::suseconds_t };
+    // SAFETY: valid fd and option buffer.
+    unsafe {
+        libc::setsockopt(
+            l.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            size_of::<libc::timeval>() as libc::socklen_t,
+        );
     }
 }
 

@@ -67,7 +67,10 @@ pub fn run_bench(quick: bool) -> Result<()> {
     ]))?;
     let bins = target_dir().join("release");
     // SAFETY: no other thread exists yet; the harness reads the variable later.
-    unsafe { std::env::set_var("GATE_AGENT_BIN", bins.join("gate-agent")) };
+    unsafe {
+        std::env::set_var("GATE_AGENT_BIN", bins.join("gate-agent"));
+        std::env::set_var("BENCH_PROBE_BIN", bins.join("bench-probe"));
+    }
     sweep_stale();
     let cfg = if quick {
         Cfg {

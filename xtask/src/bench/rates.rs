@@ -64,7 +64,9 @@ pub fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
                     rss_load.push(rss);
                     cpu_load.push((c1 - c0) / t.elapsed().as_secs_f64() * 100.0);
                 }
-                eprintln!("   round {round} {:<16} {name:<8} {}/s", v.label(), si(rate));
+                let slowest =
+                    r["max_us"].as_u64().map_or(String::new(), |m| format!(" (slowest {m} µs)"));
+                eprintln!("   round {round} {:<16} {name:<8} {}/s{slowest}", v.label(), si(rate));
             }
         }
     }
