@@ -38,6 +38,9 @@ enum Cmd {
         /// A short smoke run (numbers are not meaningful; never fails on timing)
         #[arg(long)]
         quick: bool,
+        /// Only redraw chart.png from an existing target/bench/report.json
+        #[arg(long, conflicts_with = "quick")]
+        redraw: bool,
     },
 }
 
@@ -59,7 +62,8 @@ fn main() -> Result<()> {
             setup::ensure()?;
             demo::run()
         }
-        Cmd::Bench { quick } => {
+        Cmd::Bench { redraw: true, .. } => bench::redraw(),
+        Cmd::Bench { quick, .. } => {
             setup::ensure()?;
             bench::run_bench(quick)
         }

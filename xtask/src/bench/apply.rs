@@ -91,9 +91,10 @@ pub fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
     // A new cgroup matching an allow glob: mkdir → its first served connect().
     let mut newcg = vec![];
     for i in 0..cfg.changes {
-        // Start at a varying phase of the agent's rescan tick, not right after the last one.
-        let phase = monotonic_ns() / 1000 % (RESCAN_MS * 1000);
-        std::thread::sleep(std::time::Duration::from_micros(phase));
+        // Start at a varying phase of the agent's rescan tick, not right after the last
+        // one (spread over the period in 37 ms steps).
+        let phase_ms = (i as u64 * 37 + 11) % RESCAN_MS;
+        std::thread::sleep(std::time::Duration::from_millis(phase_ms));
         let t0 = monotonic_ns();
         let cg = w.cg.create(&format!("gated/allowed-{i}"))?;
         let flip =

@@ -55,7 +55,7 @@ pub fn draw(rep: &Report, path: &Path) -> Result<()> {
     .collect();
     let all = bars.iter().map(|b| b.2).chain(scale.iter().map(|s| s.1));
     let lo = all.clone().fold(0.9f64, f64::min) - 0.05;
-    let hi = all.fold(1.02f64, f64::max) + 0.03;
+    let hi = all.fold(1.02f64, f64::max) + 0.08;
 
     let root = BitMapBackend::new(path, (1100, 520)).into_drawing_area();
     root.fill(&WHITE)?;
@@ -91,13 +91,13 @@ pub fn draw(rep: &Report, path: &Path) -> Result<()> {
     for (g, (name, _)) in groups.iter().enumerate() {
         chart.draw_series(std::iter::once(Text::new(
             name.to_string(),
-            (g as f64 + 0.2, lo + (hi - lo) * 0.02),
-            ("sans-serif", 14).into_font().color(&WHITE),
+            (g as f64 + 0.2, lo - (hi - lo) * 0.001),
+            ("sans-serif", 14),
         )))?;
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
+        .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()?;

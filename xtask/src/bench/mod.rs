@@ -119,6 +119,15 @@ pub fn run_bench(quick: bool) -> Result<()> {
     leftovers()
 }
 
+/// Redraw target/bench/chart.png from target/bench/report.json.
+pub fn redraw() -> Result<()> {
+    let out = target_dir().join("bench");
+    let rep = Report::load(&out.join("report.json"))?;
+    chart::draw(&rep, &out.join("chart.png"))?;
+    println!("wrote {}", out.join("chart.png").display());
+    Ok(())
+}
+
 /// Nothing of ours may survive the run.
 fn leftovers() -> Result<()> {
     let me = format!("mg-{}-", std::process::id());

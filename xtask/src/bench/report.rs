@@ -64,6 +64,16 @@ impl Report {
         r
     }
 
+    /// The numeric keys of a written report.json (to redraw its chart).
+    pub fn load(path: &Path) -> Result<Report> {
+        let text = fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+        let v: Value =
+            serde_json::from_str(&text).with_context(|| format!("parse {}", path.display()))?;
+        let mut keys = v.as_object().cloned().unwrap_or_default();
+        keys.retain(|_, v| v.is_number() || v.is_null());
+        Ok(Report { keys, details: Map::new(), rows: vec![], machine: v["machine"].clone() })
+    }
+
     /// A top-level numeric key; NaN or infinite becomes null.
     pub fn set_num(&mut self, key: &str, v: f64) {
         let v = if v.is_finite() { json!((v * 1e4).round() / 1e4) } else { Value::Null };
