@@ -10,6 +10,7 @@
 //! workloads ([`probe`]) run inside the other test netns and assert the route first; nothing
 //! is attached to the root cgroup or to a host interface.
 pub mod agent;
+pub mod bench;
 pub mod cgroups;
 pub mod imds;
 pub mod kubeapi;

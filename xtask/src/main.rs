@@ -1,4 +1,5 @@
 //! Project orchestration: `cargo xtask <command>`. Orchestration only; no product logic here.
+mod bench;
 mod demo;
 mod kind;
 mod manifests;
@@ -46,6 +47,16 @@ enum Cmd {
         #[arg(long)]
         no_build: bool,
     },
+    /// Benchmarks: the gate against no gate, nftables and iptables, side by side; writes
+    /// target/bench/{report.json,report.md,chart.png} (root)
+    Bench {
+        /// A short smoke run (numbers are not meaningful; never fails on timing)
+        #[arg(long)]
+        quick: bool,
+        /// Only redraw chart.png from an existing target/bench/report.json
+        #[arg(long, conflicts_with = "quick")]
+        redraw: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -68,5 +79,10 @@ fn main() -> Result<()> {
         }
         Cmd::Manifests => manifests::run(),
         Cmd::E2eKind { keep, no_build } => kind::e2e(kind::Options { keep, build: !no_build }),
+        Cmd::Bench { redraw: true, .. } => bench::redraw(),
+        Cmd::Bench { quick, .. } => {
+            setup::ensure()?;
+            bench::run_bench(quick)
+        }
     }
 }

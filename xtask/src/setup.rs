@@ -55,6 +55,16 @@ pub fn ensure() -> Result<()> {
     if output(Command::new("nsenter").arg("--version")).is_none() {
         debs.push("util-linux");
     }
+    // The benchmark's comparison variants and its chart's font.
+    if output(Command::new("nft").arg("--version")).is_none() {
+        debs.push("nftables");
+    }
+    if output(Command::new("iptables-nft-restore").arg("--version")).is_none() {
+        debs.push("iptables");
+    }
+    if !std::path::Path::new("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf").exists() {
+        debs.push("fonts-dejavu-core");
+    }
     if !debs.is_empty() {
         if !is_root() {
             bail!("missing Debian packages {debs:?}; install them as root");

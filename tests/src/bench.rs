@@ -1,0 +1,245 @@
+//! Benchmark harness pieces: traffic sinks inside the imds netns and the `bench-probe`
+//! workload (see `src/bin/bench-probe.rs`).
+use std::{
+    io::{BufRead as _, BufReader, Read as _},
+    net::{TcpListener, TcpStream, UdpSocket},
+    os::fd::AsRawFd as _,
+    path::{Path, PathBuf},
+    process::{Child, ChildStdout, Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+        mpsc,
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use serde_json::Value;
+
+use crate::{
+    imds::enter_netns,
+    net::{DNS_V4, IMDS_V4, TestNet},
+    probe::target_dir,
+};
+
+/// The unprotected destination of the rate scenarios (open in the AWS policy).
+pub const DEST_V4: &str = DNS_V4;
+/// TCP: accept and close at once (connect-rate).
+pub const CONNECT_PORT: u16 = 9000;
+/// TCP: read and discard (bulk).
+pub const BULK_PORT: u16 = 9001;
+/// UDP: bound, never read (the receive queue drops what does not fit).
+pub const UDP_PORT: u16 = 9002;
+/// TCP accept-and-close listener on the protected endpoint too (169.254.169.254:80), so
+/// that a served connect() is possible when the policy allows it.
+pub const IMDS_PORT: u16 = 80;
+
+/// CLOCK_MONOTONIC in nanoseconds: comparable between processes (no time namespaces here).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid timespec pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Listeners in the imds netns for the benchmark traffic; threads stop on drop.
+pub struct Sink {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+const TICK: Duration = Duration::from_millis(100);
+
+impl Sink {
+    pub fn start(net: &TestNet) -> Result<Sink> {
+        let mut sink = Sink { stop: Arc::new(AtomicBool::new(false)), threads: vec![] };
+        sink.spawn(net, format!("{DEST_V4}:{CONNECT_PORT}"), false)?;
+        sink.spawn(net, format!("{IMDS_V4}:{IMDS_PORT}"), false)?;
+        sink.spawn(net, format!("{DEST_V4}:{BULK_PORT}"), true)?;
+        let (tx, rx) = mpsc::channel::<Result<()>>();
+        let (stop, path) = (sink.stop.clone(), net.imds_path());
+        sink.threads.push(std::thread::spawn(move || {
+            let udp = enter_netns(&path)
+                .and_then(|()| Ok(UdpSocket::bind(format!("{DEST_V4}:{UDP_PORT}"))?));
+            let ok = udp.is_ok();
+            let _ = tx.send(udp.map(drop));
+            while ok && !stop.load(Ordering::Acquire) {
+                std::thread::sleep(TICK);
+            }
+        }));
+        rx.recv_timeout(Duration::from_secs(5))
+            .map_err(|_| anyhow!("udp sink did not start"))??;
+        Ok(sink)
+    }
+
+    /// A thread in the imds netns accepting on `addr`: each connection is closed at once,
+    /// or (`drain_conns`) read and discarded by a thread of its own.
+    fn spawn(&mut self, net: &TestNet, addr: String, drain_conns: bool) -> Result<()> {
+        let (tx, rx) = mpsc::channel::<Result<()>>();
+        let (stop, path) = (self.stop.clone(), net.imds_path());
+        let what = addr.clone();
+        self.threads.push(std::thread::spawn(move || {
+            let bound = (|| -> Result<TcpListener> {
+                enter_netns(&path)?;
+                let l = TcpListener::bind(&addr).with_context(|| format!("bind {addr}"))?;
+                // A deep accept queue: an overflow costs the client a 1 s SYN retransmit.
+                // SAFETY: valid listening fd; listen(2) again only resizes the queue.
+                unsafe { libc::listen(l.as_raw_fd(), 4096) };
+                set_timeout(&l, TICK);
+                Ok(l)
+            })();
+            let l = match bound {
+                Ok(l) => {
+                    let _ = tx.send(Ok(()));
+                    l
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            };
+            let mut drains: Vec<JoinHandle<()>> = Vec::new();
+            while !stop.load(Ordering::Acquire) {
+                // Blocking accept with SO_RCVTIMEO: wakes at once, checks `stop` every tick.
+                if let Ok((c, _)) = l.accept()
+                    && drain_conns
+                {
+                    let stop = stop.clone();
+                    drains.push(std::thread::spawn(move || drain(c, &stop)));
+                    drains.retain(|d| !d.is_finished());
+                }
+            }
+            for d in drains {
+                let _ = d.join();
+            }
+        }));
+        rx.recv_timeout(Duration::from_secs(5))
+            .map_err(|_| anyhow!("sink {what} did not start"))?
+            .with_context(|| what)
+    }
+}
+
+fn set_timeout(l: &TcpListener, t: Duration) {
+    let tv = libc::timeval { tv_sec: 0, tv_usec: t.as_micros() as libc::suseconds_t };
+    // SAFETY: valid fd and option buffer.
+    unsafe {
+        libc::setsockopt(
+            l.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            size_of::<libc::timeval>() as libc::socklen_t,
+        );
+    }
+}
+
+fn drain(mut c: TcpStream, stop: &AtomicBool) {
+    let _ = c.set_nonblocking(false);
+    let _ = c.set_read_timeout(Some(TICK));
+    let mut buf = vec![0u8; 256 * 1024];
+    while !stop.load(Ordering::Acquire) {
+        match c.read(&mut buf) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The bench-probe binary: env `BENCH_PROBE_BIN`, else next to the running executable.
+pub fn bench_probe_bin() -> PathBuf {
+    std::env::var_os("BENCH_PROBE_BIN").map_or_else(|| target_dir().join("bench-probe"), Into::into)
+}
+
+fn command(bin: &Path, net: &TestNet, cgroup: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(bin);
+    c.arg("--netns").arg(net.node_path()).arg("--cgroup").arg(cgroup).args(args);
+    c
+}
+
+/// Run `bench-probe <args>` in `cgroup` and the node netns; its JSON result.
+pub fn run(bin: &Path, net: &TestNet, cgroup: &Path, args: &[&str]) -> Result<Value> {
+    net.assert_routes()?;
+    let out = command(bin, net, cgroup, args)
+        .output()
+        .with_context(|| format!("running {}", bin.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().last().ok_or_else(|| {
+        anyhow!(
+            "bench-probe {args:?} printed nothing; stderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    serde_json::from_str(line).with_context(|| format!("bench-probe output {line:?}"))
+}
+
+/// A running `bench-probe … flip`: ready once it made its first attempt.
+pub struct Flip {
+    child: Child,
+    stdout: BufReader<ChildStdout>,
+    /// Whether the first attempt was refused.
+    pub first_refused: bool,
+}
+
+impl Flip {
+    pub fn start(
+        bin: &Path,
+        net: &TestNet,
+        cgroup: &Path,
+        dst: &str,
+        port: u16,
+        want: &str,
+        timeout_ms: u64,
+    ) -> Result<Flip> {
+        net.assert_routes()?;
+        let port = port.to_string();
+        let timeout = timeout_ms.to_string();
+        let mut child = command(bin, net, cgroup, &["flip", dst, &port, want, &timeout])
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("spawning bench-probe")?;
+        let stdout = BufReader::new(child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?);
+        let mut f = Flip { child, stdout, first_refused: false };
+        let ready = f.next()?;
+        if ready["stage"] != "ready" {
+            bail!("flip probe did not start: {ready}");
+        }
+        f.first_refused = ready["first_refused"].as_bool().unwrap_or(false);
+        Ok(f)
+    }
+
+    fn next(&mut self) -> Result<Value> {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line)?;
+        serde_json::from_str(line.trim()).with_context(|| format!("bench-probe output {line:?}"))
+    }
+
+    /// Wait for the result: the CLOCK_MONOTONIC ns of the first wanted outcome, if any.
+    pub fn finish(mut self) -> Result<Option<u64>> {
+        let v = self.next()?;
+        Ok(v["t_ns"].as_u64())
+    }
+}
+
+impl Drop for Flip {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,331 @@
+//! The benchmark workload: joins a cgroup and a test network namespace, runs one tight loop
+//! and prints one JSON line with what it measured.
+//!
+//! `bench-probe --netns PATH [--cgroup DIR] MODE ADDR PORT ARGS…`
+//!
+//! | mode | args | measures |
+//! |---|---|---|
+//! | `connect-rate` | SECS | socket()+connect()+close() (linger 0: no TIME_WAIT) per second |
+//! | `udp-rate` | SECS | 16-byte sendto() per second on one unconnected UDP socket |
+//! | `bulk` | SECS | bytes per second written over one TCP connection |
+//! | `deny` | N TIMEOUT_MS | N connect() calls to a refused destination: µs until each returns |
+//! | `flip` | refused\|served TIMEOUT_MS | connects every ~200 µs; prints `{"stage":"ready"}` after the first attempt, then the CLOCK_MONOTONIC time of the first attempt with the wanted outcome |
+//!
+//! It refuses to run without --netns: it never sends from the host namespace.
+use std::{
+    io::Write as _,
+    net::{IpAddr, SocketAddr, TcpStream},
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    time::{Duration, Instant},
+};
+
+use integration_tests::{bench::monotonic_ns, imds::enter_netns};
+use serde_json::{Value, json};
+
+fn os_err() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// A socket address for the libc calls.
+struct RawAddr {
+    storage: libc::sockaddr_storage,
+    len: libc::socklen_t,
+    family: i32,
+}
+
+fn raw_addr(dst: SocketAddr) -> RawAddr {
+    // SAFETY: all-zero sockaddr_storage is valid.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    match dst {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr { s_addr: u32::from(*a.ip()).to_be() },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than sockaddr_in and suitably aligned.
+            unsafe { std::ptr::write((&mut storage as *mut libc::sockaddr_storage).cast(), sin) };
+            RawAddr {
+                storage,
+                len: size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                family: libc::AF_INET,
+            }
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: 0,
+                sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
+                sin6_scope_id: 0,
+            };
+            // SAFETY: sockaddr_storage is larger than sockaddr_in6 and suitably aligned.
+            unsafe { std::ptr::write((&mut storage as *mut libc::sockaddr_storage).cast(), sin6) };
+            RawAddr {
+                storage,
+                len: size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+                family: libc::AF_INET6,
+            }
+        }
+    }
+}
+
+impl RawAddr {
+    fn ptr(&self) -> *const libc::sockaddr {
+        (&self.storage as *const libc::sockaddr_storage).cast()
+    }
+
+    fn socket(&self, kind: i32) -> Result<OwnedFd, i32> {
+        // SAFETY: plain socket(2); the fd is owned right away.
+        let fd = unsafe { libc::socket(self.family, kind | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(os_err());
+        }
+        // SAFETY: fresh valid fd.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+}
+
+/// close() sends RST instead of FIN: no TIME_WAIT, so a long loop never runs out of ports.
+fn linger0(fd: &OwnedFd) {
+    let l = libc::linger { l_onoff: 1, l_linger: 0 };
+    // SAFETY: valid fd and option buffer.
+    unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&l as *const libc::linger).cast(),
+            size_of::<libc::linger>() as libc::socklen_t,
+        );
+    }
+}
+
+/// One blocking connect(); Ok or the errno.
+fn connect_once(a: &RawAddr) -> Result<(), i32> {
+    let fd = a.socket(libc::SOCK_STREAM)?;
+    // SAFETY: valid fd and address.
+    let rc = unsafe { libc::connect(fd.as_raw_fd(), a.ptr(), a.len) };
+    if rc != 0 {
+        return Err(os_err());
+    }
+    linger0(&fd);
+    Ok(())
+}
+
+/// A non-blocking connect() waited for up to `timeout`: the outcome (ETIMEDOUT when it did
+/// not finish) and the microseconds connect()+poll() took.
+fn connect_timed(a: &RawAddr, timeout: Duration) -> (Result<(), i32>, f64) {
+    let fd = match a.socket(libc::SOCK_STREAM | libc::SOCK_NONBLOCK) {
+        Ok(fd) => fd,
+        Err(e) => return (Err(e), 0.0),
+    };
+    linger0(&fd);
+    let t = Instant::now();
+    // SAFETY: valid fd and address.
+    let rc = unsafe { libc::connect(fd.as_raw_fd(), a.ptr(), a.len) };
+    let res = if rc == 0 {
+        Ok(())
+    } else {
+        match os_err() {
+            libc::EINPROGRESS => {
+                let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
+                // SAFETY: one valid pollfd.
+                let n = unsafe { libc::poll(&mut p, 1, timeout.as_millis() as i32) };
+                if n <= 0 {
+                    Err(libc::ETIMEDOUT)
+                } else {
+                    let mut err: i32 = 0;
+                    let mut len = size_of::<i32>() as libc::socklen_t;
+                    // SAFETY: valid fd and option buffer.
+                    unsafe {
+                        libc::getsockopt(
+                            fd.as_raw_fd(),
+                            libc::SOL_SOCKET,
+                            libc::SO_ERROR,
+                            (&mut err as *mut i32).cast(),
+                            &mut len,
+                        )
+                    };
+                    if err == 0 { Ok(()) } else { Err(err) }
+                }
+            }
+            e => Err(e),
+        }
+    };
+    (res, t.elapsed().as_nanos() as f64 / 1000.0)
+}
+
+fn errno_counts(errs: &[i32]) -> Value {
+    let mut m = serde_json::Map::new();
+    for e in errs {
+        let k = std::io::Error::from_raw_os_error(*e).to_string();
+        let n = m.get(&k).and_then(Value::as_u64).unwrap_or(0);
+        m.insert(k, json!(n + 1));
+    }
+    Value::Object(m)
+}
+
+fn connect_rate(dst: SocketAddr, secs: f64) -> Value {
+    let a = raw_addr(dst);
+    let (mut ok, mut errs) = (0u64, Vec::new());
+    let t = Instant::now();
+    let end = Duration::from_secs_f64(secs);
+    // The slowest connect(): a stall (e.g. a SYN retransmit) shows here.
+    let mut max = Duration::ZERO;
+    loop {
+        let t0 = Instant::now();
+        if t0 - t >= end {
+            break;
+        }
+        match connect_once(&a) {
+            Ok(()) => ok += 1,
+            Err(e) if errs.len() < 1000 => errs.push(e),
+            Err(_) => {}
+        }
+        max = max.max(t0.elapsed());
+    }
+    let s = t.elapsed().as_secs_f64();
+    json!({"ok": errs.is_empty(), "ops": ok, "secs": s, "rate": ok as f64 / s,
+           "max_us": max.as_micros() as u64, "errors": errs.len(), "errnos": errno_counts(&errs)})
+}
+
+fn udp_rate(dst: SocketAddr, secs: f64) -> Value {
+    let a = raw_addr(dst);
+    let fd = match a.socket(libc::SOCK_DGRAM) {
+        Ok(fd) => fd,
+        Err(e) => return json!({"ok": false, "errno": e}),
+    };
+    let payload = [0x5au8; 16];
+    let (mut ok, mut errs) = (0u64, Vec::new());
+    let t = Instant::now();
+    let end = Duration::from_secs_f64(secs);
+    let mut i = 0u64;
+    loop {
+        i += 1;
+        if i.is_multiple_of(64) && t.elapsed() >= end {
+            break;
+        }
+        // SAFETY: valid fd, buffer and address.
+        let n = unsafe {
+            libc::sendto(fd.as_raw_fd(), payload.as_ptr().cast(), payload.len(), 0, a.ptr(), a.len)
+        };
+        if n >= 0 {
+            ok += 1;
+        } else if errs.len() < 1000 {
+            errs.push(os_err());
+        }
+    }
+    let s = t.elapsed().as_secs_f64();
+    json!({"ok": errs.is_empty(), "ops": ok, "secs": s, "rate": ok as f64 / s,
+           "errors": errs.len(), "errnos": errno_counts(&errs)})
+}
+
+fn bulk(dst: SocketAddr, secs: f64) -> Value {
+    let mut s = match TcpStream::connect_timeout(&dst, Duration::from_secs(2)) {
+        Ok(s) => s,
+        Err(e) => return json!({"ok": false, "errno": e.raw_os_error()}),
+    };
+    let buf = vec![0xa5u8; 128 * 1024];
+    let mut bytes = 0u64;
+    let t = Instant::now();
+    let end = Duration::from_secs_f64(secs);
+    while t.elapsed() < end {
+        match s.write(&buf) {
+            Ok(n) => bytes += n as u64,
+            Err(e) => return json!({"ok": false, "errno": e.raw_os_error(), "bytes": bytes}),
+        }
+    }
+    let secs = t.elapsed().as_secs_f64();
+    json!({"ok": true, "bytes": bytes, "secs": secs, "rate": bytes as f64 / secs})
+}
+
+fn deny(dst: SocketAddr, n: usize, timeout: Duration) -> Value {
+    let a = raw_addr(dst);
+    let mut us = Vec::with_capacity(n);
+    let mut errs = Vec::new();
+    let mut served = 0u64;
+    for _ in 0..n {
+        let (res, t) = connect_timed(&a, timeout);
+        us.push(t);
+        match res {
+            Ok(()) => served += 1,
+            Err(e) => errs.push(e),
+        }
+    }
+    json!({"ok": served == 0, "samples_us": us, "served": served, "errnos": errno_counts(&errs)})
+}
+
+fn flip(dst: SocketAddr, want_refused: bool, timeout: Duration) -> Value {
+    let a = raw_addr(dst);
+    let t = Instant::now();
+    let mut attempts = 0u64;
+    while t.elapsed() < timeout {
+        attempts += 1;
+        let (res, _) = connect_timed(&a, Duration::from_millis(200));
+        let now = monotonic_ns();
+        let refused = res.is_err();
+        if attempts == 1 {
+            println!("{}", json!({"stage": "ready", "first_refused": refused}));
+            let _ = std::io::stdout().flush();
+        }
+        if refused == want_refused {
+            return json!({"ok": true, "t_ns": now, "attempts": attempts, "errno": res.err()});
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    json!({"ok": false, "attempts": attempts})
+}
+
+fn run(mode: &str, dst: SocketAddr, args: &[String]) -> Value {
+    let num = |i: usize, default: f64| -> f64 {
+        args.get(i).and_then(|a| a.parse().ok()).unwrap_or(default)
+    };
+    let ms = |i: usize| Duration::from_millis(num(i, 1000.0) as u64);
+    match mode {
+        "connect-rate" => connect_rate(dst, num(0, 1.0)),
+        "udp-rate" => udp_rate(dst, num(0, 1.0)),
+        "bulk" => bulk(dst, num(0, 1.0)),
+        "deny" => deny(dst, num(0, 100.0) as usize, ms(1)),
+        "flip" => flip(dst, args.first().is_some_and(|a| a == "refused"), ms(1)),
+        _ => json!({"ok": false, "error": format!("unknown mode {mode}")}),
+    }
+}
+
+fn main() {
+    let mut netns = None;
+    let mut cgroup = None;
+    let mut rest = Vec::new();
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--netns" => netns = it.next(),
+            "--cgroup" => cgroup = it.next(),
+            _ => rest.push(a),
+        }
+    }
+    let Some(netns) = netns else {
+        eprintln!("bench-probe: --netns is required (never send from the host namespace)");
+        std::process::exit(2);
+    };
+    if let Some(cg) = cgroup
+        && let Err(e) = std::fs::write(format!("{cg}/cgroup.procs"), "0")
+    {
+        eprintln!("bench-probe: joining cgroup {cg}: {e}");
+        std::process::exit(2);
+    }
+    if let Err(e) = enter_netns(&netns) {
+        eprintln!("bench-probe: {e:#}");
+        std::process::exit(2);
+    }
+    let [mode, addr, port, args @ ..] = rest.as_slice() else {
+        eprintln!("usage: bench-probe --netns PATH [--cgroup DIR] MODE ADDR PORT ARGS...");
+        std::process::exit(2);
+    };
+    let (Ok(ip), Ok(port)) = (addr.parse::<IpAddr>(), port.parse::<u16>()) else {
+        eprintln!("bench-probe: bad address or port {addr} {port}");
+        std::process::exit(2);
+    };
+    println!("{}", run(mode, SocketAddr::new(ip, port), args));
+}

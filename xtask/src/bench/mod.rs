@@ -1,0 +1,189 @@
+//! `cargo xtask bench`: what the gate costs against no gate, nftables and iptables, measured
+//! in one run in throwaway namespaces and cgroups, variants interleaved round by round.
+//! Writes target/bench/{report.json,report.md,chart.png}.
+mod apply;
+mod chart;
+mod deny;
+mod policy;
+mod rates;
+mod report;
+mod scale;
+mod variants;
+mod world;
+
+use std::{path::PathBuf, process::Command, time::Instant};
+
+use anyhow::{Result, bail};
+use integration_tests::sys::{missing_privileges, sweep_stale};
+
+use crate::util::{root, run};
+pub use report::Report;
+
+/// How long and how often: `--quick` is a smoke run, never judged on its numbers.
+pub struct Cfg {
+    pub quick: bool,
+    /// Seconds per rate measurement.
+    pub secs: f64,
+    /// Interleaved rounds (A B A B …); results are medians over rounds.
+    pub rounds: usize,
+    /// Refused connect() calls per variant and round.
+    pub deny_n: usize,
+    /// connect() calls per round against nft drop (each waits for the timeout).
+    pub drop_n: usize,
+    pub drop_timeout_ms: u64,
+    /// Policy changes (each way) and new cgroups for the latency scenario.
+    pub changes: usize,
+    pub probe: PathBuf,
+}
+
+impl Cfg {
+    fn secs_arg(&self) -> String {
+        format!("{}", self.secs)
+    }
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), Into::into)
+}
+
+pub fn run_bench(quick: bool) -> Result<()> {
+    if let Some(why) = missing_privileges() {
+        bail!("the benchmark {why}: run it as root (sudo -E cargo xtask bench)");
+    }
+    for tool in ["nft", "iptables-nft-restore", "nsenter"] {
+        if crate::util::output(Command::new(tool).arg("--version")).is_none() {
+            bail!("{tool} is missing: `cargo xtask setup` installs it");
+        }
+    }
+    run(Command::new("cargo").args([
+        "build",
+        "--release",
+        "-q",
+        "-p",
+        "gate-agent",
+        "-p",
+        "integration-tests",
+        "--bins",
+    ]))?;
+    let bins = target_dir().join("release");
+    // SAFETY: no other thread exists yet; the harness reads the variable later.
+    unsafe {
+        std::env::set_var("GATE_AGENT_BIN", bins.join("gate-agent"));
+        std::env::set_var("BENCH_PROBE_BIN", bins.join("bench-probe"));
+    }
+    sweep_stale();
+    let cfg = if quick {
+        Cfg {
+            quick,
+            secs: 0.5,
+            rounds: 2,
+            deny_n: 200,
+            drop_n: 2,
+            drop_timeout_ms: 500,
+            changes: 5,
+            probe: bins.join("bench-probe"),
+        }
+    } else {
+        Cfg {
+            quick,
+            secs: 3.0,
+            rounds: 5,
+            deny_n: 2000,
+            drop_n: 3,
+            drop_timeout_ms: 1000,
+            changes: 20,
+            probe: bins.join("bench-probe"),
+        }
+    };
+    let started = Instant::now();
+    let mut rep = Report::new(&cfg);
+    type Scenario = fn(&Cfg, &mut Report) -> Result<()>;
+    let scenarios: [(&str, Scenario); 4] = [
+        ("1-3, 7: connect, UDP and bulk rates; agent memory and CPU", rates::run),
+        ("4: refused connect() latency", deny::run),
+        ("5: scale", scale::run),
+        ("6: policy change and new cgroup to enforcement", apply::run),
+    ];
+    for (name, f) in scenarios {
+        eprintln!("\x1b[1m== scenario {name}\x1b[0m");
+        let t = Instant::now();
+        f(&cfg, &mut rep)?;
+        eprintln!("   ({:.0} s)", t.elapsed().as_secs_f64());
+    }
+    rep.set_num("duration_s", started.elapsed().as_secs_f64());
+    let out = target_dir().join("bench");
+    rep.write(&out)?;
+    chart::draw(&rep, &out.join("chart.png"))?;
+    println!("{}", rep.markdown());
+    println!("wrote {}/{{report.json,report.md,chart.png}}", out.display());
+    leftovers()
+}
+
+/// Redraw target/bench/chart.png from target/bench/report.json.
+pub fn redraw() -> Result<()> {
+    let out = target_dir().join("bench");
+    let rep = Report::load(&out.join("report.json"))?;
+    chart::draw(&rep, &out.join("chart.png"))?;
+    println!("wrote {}", out.join("chart.png").display());
+    Ok(())
+}
+
+/// Nothing of ours may survive the run.
+fn leftovers() -> Result<()> {
+    let me = format!("mg-{}-", std::process::id());
+    let mine = format!("mg-test-{}-", std::process::id());
+    let netns = crate::util::output(Command::new("ip").args(["netns", "list"])).unwrap_or_default();
+    let cg = integration_tests::sys::cgroup2_mount()?;
+    let mut left: Vec<String> =
+        netns.lines().filter(|l| l.starts_with(&me)).map(String::from).collect();
+    for dir in [cg, std::env::temp_dir()] {
+        if let Ok(rd) = std::fs::read_dir(&dir) {
+            for e in rd.flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if n.starts_with(&me) || n.starts_with(&mine) {
+                    left.push(e.path().display().to_string());
+                }
+            }
+        }
+    }
+    if !left.is_empty() {
+        bail!("left behind: {left:?}");
+    }
+    Ok(())
+}
+
+/// Median of `v` (NaN for none).
+pub fn median(v: &[f64]) -> f64 {
+    percentile(v, 50.0)
+}
+
+/// Nearest-rank percentile.
+pub fn percentile(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let rank = ((p / 100.0) * s.len() as f64).ceil() as usize;
+    s[rank.clamp(1, s.len()) - 1]
+}
+
+/// Agent resident memory (MiB) and CPU time (seconds, user + system).
+pub fn agent_usage(pid: u32) -> Option<(f64, f64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_comm = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = after_comm.split_whitespace().collect();
+    // Fields 14 and 15 of stat(5); after the comm field they are at 11 and 12.
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Some((kb / 1024.0, ticks / hz))
+}

@@ -1,0 +1,191 @@
+//! The variants every scenario compares, all enforcing the same AWS policy
+//! (deploy/examples/standalone-aws.yaml: 169.254.169.254 TCP 80 and fd00:ec2::254 TCP 80
+//! refused from the gated cgroup, `cloud-agent` below it allowed):
+//! no enforcement, metadata-gate, nftables and iptables rules in the workload netns.
+use std::{
+    io::Write as _,
+    path::Path,
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context as _, Result, bail};
+use integration_tests::{
+    agent::Agent,
+    bench::{self, IMDS_PORT},
+    net::IMDS_V4,
+};
+
+use super::world::{World, cgroup_rel, nft_cgroup_path};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Variant {
+    None,
+    Gate,
+    /// nftables `socket cgroupv2` + `reject with tcp reset`
+    Nft,
+    /// the same rules with `drop`
+    NftDrop,
+    /// iptables (nf_tables backend) `-m cgroup --path` + `REJECT --reject-with tcp-reset`
+    Ipt,
+}
+
+impl Variant {
+    pub fn key(self) -> &'static str {
+        match self {
+            Variant::None => "none",
+            Variant::Gate => "gate",
+            Variant::Nft => "nft",
+            Variant::NftDrop => "nft_drop",
+            Variant::Ipt => "ipt",
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Variant::None => "no gate",
+            Variant::Gate => "metadata-gate",
+            Variant::Nft => "nftables reject",
+            Variant::NftDrop => "nftables drop",
+            Variant::Ipt => "iptables REJECT",
+        }
+    }
+}
+
+/// A variant in force in a world; removed on drop.
+pub enum Active {
+    None,
+    Gate(Box<Agent>),
+    Rules { netns: String, tables: &'static [&'static str] },
+}
+
+impl Active {
+    pub fn agent(&self) -> Option<&Agent> {
+        match self {
+            Active::Gate(a) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        if let Active::Rules { netns, tables } = self {
+            for t in tables.iter() {
+                let args: Vec<&str> = ["delete", "table"].into_iter().chain(t.split(' ')).collect();
+                let _ = nsenter(netns, "nft", &args, None);
+            }
+        }
+    }
+}
+
+/// Run a tool in a test network namespace only (nsenter --net keeps the host's /sys, where
+/// nft resolves cgroup paths; `ip netns exec` would remount it).
+pub fn nsenter(netns: &str, program: &str, args: &[&str], stdin: Option<&str>) -> Result<()> {
+    if !netns.starts_with("/run/netns/mg-") {
+        bail!("{netns} is not a test network namespace");
+    }
+    let mut child = Command::new("nsenter")
+        .arg(format!("--net={netns}"))
+        .arg(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("nsenter {program}"))?;
+    if let Some(mut w) = child.stdin.take() {
+        w.write_all(stdin.unwrap_or("").as_bytes())?;
+    }
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "{program} {} in {netns}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim(),
+            stdin.map(|s| format!("\ninput:\n{s}")).unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+/// The nftables ruleset a careful administrator would write: cheap address match first,
+/// the allow-listed cgroup accepted, the rest of the gated cgroup refused.
+pub fn nft_ruleset(world: &World, verdict: &str) -> Result<String> {
+    let (_, level) = cgroup_rel(&world.cg.gated())?;
+    let gated = nft_cgroup_path(&world.cg.gated())?;
+    let allowed = nft_cgroup_path(&world.allowed)?;
+    let mut rules = String::new();
+    for (daddr, dst) in [("ip daddr", IMDS_V4), ("ip6 daddr", "fd00:ec2::254")] {
+        rules.push_str(&format!(
+            "    {daddr} {dst} tcp dport 80 socket cgroupv2 level {} \"{allowed}\" accept\n\
+             \x20   {daddr} {dst} tcp dport 80 socket cgroupv2 level {level} \"{gated}\" {verdict}\n",
+            level + 1
+        ));
+    }
+    Ok(format!(
+        "table inet mg_bench {{\n  chain output {{\n    type filter hook output priority 0; policy accept;\n{rules}  }}\n}}\n"
+    ))
+}
+
+fn ipt_rules(world: &World, dst: &str) -> Result<String> {
+    let (gated, _) = cgroup_rel(&world.cg.gated())?;
+    let (allowed, _) = cgroup_rel(&world.allowed)?;
+    Ok(format!(
+        "*filter\n\
+         -A OUTPUT -d {dst} -p tcp --dport 80 -m cgroup --path {allowed} -j ACCEPT\n\
+         -A OUTPUT -d {dst} -p tcp --dport 80 -m cgroup --path {gated} -j REJECT --reject-with tcp-reset\n\
+         COMMIT\n"
+    ))
+}
+
+/// Put `v` in force in `world` (`policy` is the gate's policy file) and check that it
+/// enforces the policy: the workload is refused, the allow-listed cgroup served.
+pub fn apply(v: Variant, world: &World, policy: &Path) -> Result<Active> {
+    let netns = world.net.node_path();
+    let active = match v {
+        Variant::None => Active::None,
+        Variant::Gate => Active::Gate(Box::new(
+            Agent::start(policy, &world.cg.gated()).context("starting gate-agent")?,
+        )),
+        Variant::Nft | Variant::NftDrop => {
+            let verdict = if v == Variant::Nft { "reject with tcp reset" } else { "drop" };
+            let active = Active::Rules { netns: netns.clone(), tables: &["inet mg_bench"] };
+            nsenter(&netns, "nft", &["-f", "-"], Some(&nft_ruleset(world, verdict)?))?;
+            active
+        }
+        Variant::Ipt => {
+            let active =
+                Active::Rules { netns: netns.clone(), tables: &["ip filter", "ip6 filter"] };
+            let v4 = ipt_rules(world, &format!("{IMDS_V4}/32"))?;
+            let v6 = ipt_rules(world, "fd00:ec2::254/128")?;
+            nsenter(&netns, "iptables-nft-restore", &["-n"], Some(&v4))?;
+            nsenter(&netns, "ip6tables-nft-restore", &["-n"], Some(&v6))?;
+            active
+        }
+    };
+    verify(v, world)?;
+    Ok(active)
+}
+
+/// One connect() to the protected endpoint from the workload and from the allowed cgroup.
+fn verify(v: Variant, world: &World) -> Result<()> {
+    let bin = bench::bench_probe_bin();
+    let port = IMDS_PORT.to_string();
+    let timeout = if v == Variant::NftDrop { "300" } else { "2000" };
+    let try_from = |cg: &Path| -> Result<bool> {
+        let r = bench::run(&bin, &world.net, cg, &["deny", IMDS_V4, &port, "1", timeout])?;
+        Ok(r["served"].as_u64() == Some(1))
+    };
+    let workload = try_from(&world.workload)?;
+    let allowed = try_from(&world.allowed)?;
+    let want_workload = v == Variant::None;
+    if workload != want_workload || !allowed {
+        bail!(
+            "{} does not enforce the policy: workload {}, cloud-agent {}",
+            v.label(),
+            if workload { "served" } else { "refused" },
+            if allowed { "served" } else { "refused" }
+        );
+    }
+    Ok(())
+}

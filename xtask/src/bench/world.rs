@@ -1,0 +1,83 @@
+//! One scenario's throwaway world: node + imds netns joined by a veth, the traffic sinks,
+//! a cgroup tree with a gated workload and an allow-listed cgroup, and a
+//! private directory for policy files. Everything is removed on drop, also on panic.
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context as _, Result};
+use integration_tests::{
+    bench::Sink,
+    cgroups::CgroupTree,
+    net::TestNet,
+    sys::{cgroup2_mount, unique},
+};
+
+/// A directory `/tmp/mg-<pid>-<n>/` for policy files (the stale sweep knows the name).
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new() -> Result<TempDir> {
+        let p = std::env::temp_dir().join(unique("mg"));
+        fs::create_dir_all(&p).with_context(|| format!("mkdir {}", p.display()))?;
+        Ok(TempDir(p))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+// Field order is drop order: sink threads leave the netns before it is deleted.
+pub struct World {
+    _sink: Sink,
+    pub net: TestNet,
+    pub cg: CgroupTree,
+    pub dir: TempDir,
+    /// `gated/workload`: the benchmarked process.
+    pub workload: PathBuf,
+    /// `gated/cloud-agent`: allow-listed by the policy.
+    pub allowed: PathBuf,
+}
+
+impl World {
+    pub fn new() -> Result<World> {
+        let net = TestNet::new()?;
+        let sink = Sink::start(&net)?;
+        let cg = CgroupTree::new()?;
+        let workload = cg.create("gated/workload")?;
+        let allowed = cg.create("gated/cloud-agent")?;
+        Ok(World { _sink: sink, net, cg, dir: TempDir::new()?, workload, allowed })
+    }
+
+    /// Write `text` as `name` in the world's directory (write to a temp file, then rename,
+    /// as an editor or a ConfigMap update would).
+    pub fn write_policy(&self, name: &str, text: &str) -> Result<PathBuf> {
+        let p = self.dir.0.join(name);
+        let tmp = self.dir.0.join(format!(".{name}.tmp"));
+        fs::write(&tmp, text).with_context(|| format!("write {}", tmp.display()))?;
+        fs::rename(&tmp, &p).with_context(|| format!("rename to {}", p.display()))?;
+        Ok(p)
+    }
+}
+
+/// `path` relative to the cgroup2 mount, and its level (depth) in the cgroup2 hierarchy.
+pub fn cgroup_rel(path: &Path) -> Result<(String, usize)> {
+    let mount = cgroup2_mount()?;
+    let rel = path
+        .strip_prefix(&mount)
+        .with_context(|| format!("{} is not below {}", path.display(), mount.display()))?;
+    Ok((rel.to_string_lossy().into_owned(), rel.components().count()))
+}
+
+/// `path` as nft's `socket cgroupv2` wants it: relative to /sys/fs/cgroup, where nft looks
+/// it up (on a hybrid layout the cgroup2 mount is /sys/fs/cgroup/unified).
+pub fn nft_cgroup_path(path: &Path) -> Result<String> {
+    let rel = path.strip_prefix("/sys/fs/cgroup").with_context(|| {
+        format!("{} is not below /sys/fs/cgroup, where nft resolves cgroupv2 paths", path.display())
+    })?;
+    Ok(rel.to_string_lossy().into_owned())
+}
