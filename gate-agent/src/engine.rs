@@ -36,6 +36,7 @@ fn meta(policy: &Policy, root: &GatedRoot) -> PolicyMeta {
         endpoints: policy.endpoints.len() as u32,
         _pad: 0,
         root_id: root.id,
+        prefilter: Default::default(),
     }
 }
 
@@ -57,7 +58,8 @@ fn apply(
     terminate: u32,
 ) -> Result<()> {
     let compiled = policy.compile(gate.next_generation())?;
-    gate.apply(&compiled, meta(policy, root), allow, root, &policy_info(policy, terminate))
+    let meta = PolicyMeta { prefilter: compiled.prefilter, ..meta(policy, root) };
+    gate.apply(&compiled, meta, allow, root, &policy_info(policy, terminate))
         .context("writing the policy maps")
 }
 

@@ -9,7 +9,7 @@ use notify::{RecursiveMode, Watcher as _};
 use tokio::sync::mpsc;
 
 /// Wait this long after the first change before reloading, so a multi-step write is whole.
-pub const DEBOUNCE: Duration = Duration::from_millis(50);
+pub const DEBOUNCE: Duration = Duration::from_millis(20);
 
 /// Why a reload was asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

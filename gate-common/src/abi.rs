@@ -163,6 +163,39 @@ pub struct PolicyMeta {
     /// cgroup v2 id of the gated root: tc programs, which see every packet of an interface,
     /// gate only sockets whose ancestor at `root_level` is this cgroup.
     pub root_id: u64,
+    /// First bytes of the protected prefixes: most traffic is to no protected address at all
+    /// and is let through on this bit test, without the LPM trie lookup.
+    pub prefilter: Prefilter,
+}
+
+/// A 256-bit set per address family of the first address byte of every protected prefix
+/// (all the bytes a prefix shorter than /8 covers).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Prefilter {
+    pub v4: [u32; 8],
+    pub v6: [u32; 8],
+}
+
+impl Prefilter {
+    /// Add a prefix whose first byte is `first` and length `len` (bits).
+    pub fn add(&mut self, v6: bool, first: u8, len: u32) {
+        let set = if v6 { &mut self.v6 } else { &mut self.v4 };
+        let keep = len.min(8);
+        let mask: u8 = if keep == 0 { 0 } else { 0xff << (8 - keep) };
+        for b in 0..=255u8 {
+            if b & mask == first & mask {
+                set[usize::from(b >> 5)] |= 1 << (b & 31);
+            }
+        }
+    }
+
+    /// Whether an address with this first byte may fall under a protected prefix.
+    #[inline(always)]
+    pub fn may(&self, v6: bool, first: u8) -> bool {
+        let set = if v6 { &self.v6 } else { &self.v4 };
+        set[usize::from(first >> 5) & 7] & (1 << (first & 31)) != 0
+    }
 }
 
 /// LPM trie data for IPv4: generation (big endian) then the address, so a lookup with
@@ -376,7 +409,8 @@ const _: () = {
     assert!(size_of::<TcClsact>() == 256);
     assert!(size_of::<EndpointName>() == ENDPOINT_NAME_BYTES);
     assert!(RECENT_DENIALS.is_power_of_two());
-    assert!(size_of::<PolicyMeta>() == 24);
+    assert!(size_of::<PolicyMeta>() == 88);
+    assert!(size_of::<Prefilter>() == 64);
     assert!(size_of::<PrefixV4>() == 8);
     assert!(size_of::<PrefixV6>() == 20);
     assert!(size_of::<PrefixValue>() == 8);
@@ -386,3 +420,23 @@ const _: () = {
     assert!(size_of::<DenyEvent>() == 64);
     assert!(EVENTS_BYTES.is_power_of_two());
 };
+
+#[cfg(test)]
+mod prefilter_tests {
+    use super::Prefilter;
+
+    #[test]
+    fn first_bytes_of_prefixes() {
+        let mut p = Prefilter::default();
+        p.add(false, 169, 32);
+        assert!(p.may(false, 169));
+        assert!(!p.may(false, 168) && !p.may(false, 10) && !p.may(true, 169));
+        // A /4 covers 16 first bytes: 96..=111.
+        p.add(true, 0x60, 4);
+        assert_eq!((0..=255u8).filter(|&b| p.may(true, b)).count(), 16);
+        assert!(p.may(true, 0x6f) && !p.may(true, 0x70));
+        // /0 covers everything.
+        p.add(false, 0, 0);
+        assert!((0..=255u8).all(|b| p.may(false, b)));
+    }
+}

@@ -65,6 +65,8 @@ pub struct Compiled {
     pub v4: Vec<(u32, PrefixV4, PrefixValue)>,
     pub v6: Vec<(u32, PrefixV6, PrefixValue)>,
     pub rules: Vec<(PortRuleKey, u32)>,
+    /// First-byte pre-check of the protected prefixes (goes into PolicyMeta).
+    pub prefilter: crate::abi::Prefilter,
 }
 
 fn mask<const N: usize>(mut a: [u8; N], len: u8) -> [u8; N] {
@@ -186,6 +188,12 @@ pub fn compile(generation: u32, endpoints: &[EndpointSpec]) -> Result<Compiled, 
         }
     }
     out.rules = rules.into_iter().collect();
+    for &(plen, k, _) in &out.v4 {
+        out.prefilter.add(false, k.addr[0], plen - GEN_PREFIX_BITS);
+    }
+    for &(plen, k, _) in &out.v6 {
+        out.prefilter.add(true, k.addr[0], plen - GEN_PREFIX_BITS);
+    }
     Ok(out)
 }
 
@@ -197,6 +205,7 @@ pub struct HostTables {
     v6: HashMap<(u32, [u8; 16], u8), PrefixValue>,
     rules: HashMap<PortRuleKey, u32>,
     allow: HashMap<crate::abi::AllowKey, u32>,
+    prefilter: HashMap<u32, crate::abi::Prefilter>,
 }
 
 impl HostTables {
@@ -208,6 +217,7 @@ impl HostTables {
             self.v6.insert((c.generation, k.addr, (plen - GEN_PREFIX_BITS) as u8), v);
         }
         self.rules.extend(c.rules.iter().copied());
+        self.prefilter.insert(c.generation, c.prefilter);
     }
 
     pub fn allow(&mut self, key: crate::abi::AllowKey, entry: u32) {
@@ -227,6 +237,13 @@ impl Tables for HostTables {
     }
     fn allowed(&self, key: &crate::abi::AllowKey) -> Option<u32> {
         self.allow.get(key).copied()
+    }
+    fn may_match(&self, generation: u32, addr: &crate::verdict::Addr) -> bool {
+        let Some(p) = self.prefilter.get(&generation) else { return true };
+        match addr {
+            crate::verdict::Addr::V4(a) => p.may(false, a[0]),
+            crate::verdict::Addr::V6(a) => p.may(true, a[0]),
+        }
     }
 }
 

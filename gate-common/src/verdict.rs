@@ -65,6 +65,11 @@ pub trait Tables {
     fn port_rule(&self, key: &PortRuleKey) -> Option<u32>;
     /// Allow entry index if the cgroup is on the allow set.
     fn allowed(&self, key: &AllowKey) -> Option<u32>;
+    /// Cheap pre-check: `false` only if no protected prefix of the generation can contain
+    /// `addr` (see [`crate::abi::Prefilter`]).
+    fn may_match(&self, _generation: u32, _addr: &Addr) -> bool {
+        true
+    }
 }
 
 /// "No endpoint" while combining lookups. A plain sentinel rather than `Option`: the payload
@@ -76,6 +81,9 @@ const NO_ENDPOINT: u32 = u32::MAX;
 /// contains the address and whose ports and protocols admit the destination.
 #[inline(always)]
 pub fn match_endpoint<T: Tables>(t: &T, generation: u32, dst: &Dst) -> Option<u32> {
+    if !t.may_match(generation, &dst.addr) {
+        return None;
+    }
     let pv = match dst.addr {
         Addr::V4(a) => t.prefix_v4(generation, a),
         Addr::V6(a) => t.prefix_v6(generation, a),

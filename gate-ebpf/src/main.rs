@@ -108,6 +108,14 @@ impl Tables for Maps {
         // SAFETY: as above.
         unsafe { ALLOWED.get(key).copied() }
     }
+    #[inline(always)]
+    fn may_match(&self, generation: u32, addr: &Addr) -> bool {
+        let Some(meta) = POLICY_META.get(generation) else { return true };
+        match addr {
+            Addr::V4(a) => meta.prefilter.may(false, a[0]),
+            Addr::V6(a) => meta.prefilter.may(true, a[0]),
+        }
+    }
 }
 
 // ---- bookkeeping -----------------------------------------------------------------------------
