@@ -143,6 +143,7 @@ pub fn build_bins() -> Result<()> {
 
 pub fn test(filter: Option<&str>) -> Result<()> {
     run(Command::new("cargo").args(["test", "-p", "gate-common", "-p", "gate-agent"]))?;
+    run(Command::new("cargo").args(["test", "-p", "integration-tests", "--lib"]))?;
     crate::manifests::run()?;
     build_bins()?;
     if !is_root() {
@@ -163,5 +164,11 @@ pub fn test(filter: Option<&str>) -> Result<()> {
         cmd.arg(f);
     }
     cmd.arg("--test-threads=1").env("GATE_AGENT_BIN", agent);
-    run(&mut cmd)
+    run(&mut cmd)?;
+    if filter.is_none() {
+        // Smoke run of the benchmarks: every scenario and variant must run; no timing is
+        // asserted (numbers from a shared CI machine mean nothing).
+        crate::bench::run_bench(true)?;
+    }
+    Ok(())
 }
