@@ -223,11 +223,28 @@ impl GatedRoot {
         if globs.is_empty() {
             return Vec::new();
         }
+        // Literal paths by hash lookup (first entry wins); patterns in order.
+        let mut literals: std::collections::HashMap<&Path, usize> = Default::default();
+        let mut patterns = Vec::new();
+        for &(i, g) in &globs {
+            match g.literal() {
+                Some(p) => {
+                    literals.entry(p).or_insert(i);
+                }
+                None => patterns.push((i, g)),
+            }
+        }
         self.walk()
             .into_iter()
             .filter_map(|(rel, id)| {
-                let (entry, _) = globs.iter().find(|(_, g)| g.is_match(&rel))?;
-                Some(ResolvedAllow { rel, id, entry: *entry })
+                let lit = literals.get(rel.as_path()).copied();
+                let pat = patterns
+                    .iter()
+                    .take_while(|(i, _)| lit.is_none_or(|l| *i < l))
+                    .find(|(_, g)| g.is_match(&rel))
+                    .map(|(i, _)| *i);
+                let entry = pat.or(lit)?;
+                Some(ResolvedAllow { rel, id, entry })
             })
             .collect()
     }

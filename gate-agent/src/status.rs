@@ -48,6 +48,10 @@ pub struct Attachment {
     pub tag: String,
     /// cgroup id for cgroup hooks, ifindex for tc hooks.
     pub target_id: u64,
+    /// Runs and total run time, counted while the kernel's BPF statistics are on
+    /// (`sysctl kernel.bpf_stats_enabled=1`); 0 otherwise.
+    pub run_count: u64,
+    pub run_time_ns: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -226,11 +230,20 @@ impl Status {
         }
         let _ = writeln!(o, "attached:");
         for a in &self.attachments {
-            let _ = writeln!(
+            let _ = write!(
                 o,
                 "  {:<9} link {:<6} program {:<6} {:<20} tag {}",
                 a.hook, a.link_id, a.program_id, a.program, a.tag
             );
+            if a.run_count > 0 {
+                let _ = write!(
+                    o,
+                    "  {} runs, {:.0} ns/run",
+                    a.run_count,
+                    a.run_time_ns as f64 / a.run_count as f64
+                );
+            }
+            let _ = writeln!(o);
         }
         for c in &self.tc_clsact {
             let _ = writeln!(o, "  tc (clsact) {c}");
@@ -318,6 +331,8 @@ fn attachments(layout: &Layout) -> Vec<Attachment> {
                 link_id: info.id,
                 program_id: info.prog_id,
                 target_id,
+                run_count: prog.map_or(0, |p| p.run_count()),
+                run_time_ns: prog.map_or(0, |p| p.run_time().as_nanos() as u64),
             })
         })
         .collect()

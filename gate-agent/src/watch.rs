@@ -40,6 +40,9 @@ pub struct PolicyWatch {
     _watcher: notify::RecommendedWatcher,
     rx: mpsc::UnboundedReceiver<Trigger>,
     hup: tokio::signal::unix::Signal,
+    /// A trigger received and waiting out its debounce. Kept here, not in the future, so that
+    /// [`next`](Self::next) is cancellation-safe inside `select!`.
+    pending: Option<(Trigger, tokio::time::Instant)>,
 }
 
 /// Whether an event touched the policy file (by name) or a ConfigMap volume's `..data` link.
@@ -70,20 +73,27 @@ impl PolicyWatch {
             .map_err(|source| WatchError::Notify { path: dir.clone(), source })?;
         let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
             .map_err(WatchError::Signal)?;
-        Ok(PolicyWatch { _watcher: watcher, rx, hup })
+        Ok(PolicyWatch { _watcher: watcher, rx, hup, pending: None })
     }
 
     /// The next reload trigger, after the debounce; `None` if the watcher died.
+    /// Cancellation-safe: a trigger received before the future was dropped is not lost.
     pub async fn next(&mut self) -> Option<Trigger> {
-        let trigger = tokio::select! {
-            t = self.rx.recv() => t?,
-            _ = self.hup.recv() => Trigger::Sighup,
-        };
-        if trigger == Trigger::FileChanged {
-            tokio::time::sleep(DEBOUNCE).await;
+        loop {
+            if let Some((trigger, at)) = self.pending {
+                tokio::time::sleep_until(at).await;
+                self.pending = None;
+                // Coalesce what arrived meanwhile.
+                while self.rx.try_recv().is_ok() {}
+                return Some(trigger);
+            }
+            let trigger = tokio::select! {
+                t = self.rx.recv() => t?,
+                _ = self.hup.recv() => Trigger::Sighup,
+            };
+            let now = tokio::time::Instant::now();
+            let at = if trigger == Trigger::FileChanged { now + DEBOUNCE } else { now };
+            self.pending = Some((trigger, at));
         }
-        // Coalesce what arrived meanwhile.
-        while self.rx.try_recv().is_ok() {}
-        Some(trigger)
     }
 }

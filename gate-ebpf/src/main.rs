@@ -151,13 +151,12 @@ fn count_endpoint(endpoint: u32, verdict: u32) {
 /// Where the destination and the caller's identity come from.
 struct Caller {
     hook: u32,
-    cgroup_id: u64,
     /// Whether the current task is meaningful (process context).
     task: bool,
 }
 
 #[inline(always)]
-fn report(caller: &Caller, verdict: u32, endpoint: u32, dst: &Dst) {
+fn report(caller: &Caller, cgroup_id: u64, verdict: u32, endpoint: u32, dst: &Dst) {
     let (family, addr) = match dst.addr {
         Addr::V4(a) => (4u8, [a[0], a[1], a[2], a[3], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
         Addr::V6(a) => (6u8, a),
@@ -168,7 +167,7 @@ fn report(caller: &Caller, verdict: u32, endpoint: u32, dst: &Dst) {
         (0, [0; 16])
     };
     let ev = DenyEvent {
-        cgroup_id: caller.cgroup_id,
+        cgroup_id,
         // SAFETY: helper without arguments.
         ts_ns: unsafe { bpf_ktime_get_ns() },
         addr,
@@ -210,11 +209,27 @@ fn remember(ev: &DenyEvent) {
     }
 }
 
-/// The whole decision for one destination. Returns whether the traffic may proceed.
+/// The live generation, if a protected prefix could contain `addr`: one array read and a bit
+/// test, which is all that traffic to any other address costs.
 #[inline(always)]
-fn gate(caller: &Caller, dst: &Dst, ancestor: impl FnMut(u32) -> u64) -> bool {
-    let Some(&active) = CONFIG.get(CONFIG_ACTIVE_GEN) else { return true };
-    let generation = active & 1;
+fn may_protect(addr: &Addr) -> Option<u32> {
+    let generation = CONFIG.get(CONFIG_ACTIVE_GEN)? & 1;
+    Maps.may_match(generation, addr).then_some(generation)
+}
+
+/// The whole decision for one destination. Returns whether the traffic may proceed.
+/// `cgroup_id` and `ancestor` are called only for traffic to a protected endpoint.
+#[inline(always)]
+fn gate(
+    caller: &Caller,
+    dst: &Dst,
+    cgroup_id: impl Fn() -> u64,
+    ancestor: impl FnMut(u32) -> u64,
+) -> bool {
+    let Some(generation) = may_protect(&dst.addr) else {
+        count(caller.hook, VERDICT_UNMATCHED);
+        return true;
+    };
     let Some(endpoint) = match_endpoint(&Maps, generation, dst) else {
         count(caller.hook, VERDICT_UNMATCHED);
         return true;
@@ -226,7 +241,7 @@ fn gate(caller: &Caller, dst: &Dst, ancestor: impl FnMut(u32) -> u64) -> bool {
     count(caller.hook, verdict);
     count_endpoint(endpoint, verdict);
     if verdict != VERDICT_ALLOWED {
-        report(caller, verdict, endpoint, dst);
+        report(caller, cgroup_id(), verdict, endpoint, dst);
     }
     verdict != VERDICT_DENIED
 }
@@ -240,15 +255,12 @@ fn sock_addr(ctx: &SockAddrContext, hook: u32, v6: bool) -> i32 {
     let addr =
         if v6 { Addr::from_v6_words(sa.user_ip6) } else { Addr::V4(sa.user_ip4.to_ne_bytes()) };
     let dst = Dst { addr, port: u16::from_be(sa.user_port as u16), proto: sa.protocol as u8 };
-    let caller = Caller {
-        hook,
-        // SAFETY: helper without pointer arguments.
-        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
-        task: true,
-    };
+    let caller = Caller { hook, task: true };
+    // SAFETY: helper without pointer arguments.
+    let cgroup_id = || unsafe { bpf_get_current_cgroup_id() };
     // SAFETY: helper without pointer arguments; returns 0 past the task's own level.
     let ancestor = |level: u32| unsafe { bpf_get_current_ancestor_cgroup_id(level as i32) };
-    i32::from(gate(&caller, &dst, ancestor))
+    i32::from(gate(&caller, &dst, cgroup_id, ancestor))
 }
 
 #[cgroup_sock_addr(connect4)]
@@ -364,10 +376,34 @@ fn parse_v6(ctx: &SkBuff, l3: usize) -> Option<Parsed> {
     Some(Parsed { dst: Dst { addr: Addr::from_v6(daddr), port, proto: next }, rst })
 }
 
+/// `T` at `off` of the packet by direct packet access (no helper call), falling back to
+/// bpf_skb_load_bytes where the bytes are not in the linear area.
+#[inline(always)]
+fn head<T: Copy>(ctx: &SkBuffContext, off: usize) -> Option<T> {
+    // SAFETY: reads fields of the context.
+    let (data, end) = unsafe { ((*ctx.skb.skb).data as usize, (*ctx.skb.skb).data_end as usize) };
+    if data + off + size_of::<T>() <= end {
+        // SAFETY: bounds checked against data_end just above (the verifier checks it too).
+        Some(unsafe { core::ptr::read_unaligned((data + off) as *const T) })
+    } else {
+        ctx.load::<T>(off).ok()
+    }
+}
+
 #[inline(always)]
 fn egress(ctx: &SkBuffContext, task: bool) -> i32 {
     let skb = ctx.skb.skb;
     let proto = u32::from(u16::from_be(ctx.skb.protocol() as u16));
+    // The destination address alone first: most packets end at the prefilter, before the
+    // rest of the headers is read.
+    let daddr = match proto {
+        ETH_P_IP => head::<[u8; 4]>(ctx, 16).map(Addr::V4),
+        ETH_P_IPV6 => head::<[u8; 16]>(ctx, 24).map(Addr::from_v6),
+        _ => return 1,
+    };
+    if daddr.is_none_or(|a| may_protect(&a).is_none()) {
+        return 1;
+    }
     let (dst, hook) = match proto {
         ETH_P_IP => (parse_v4(&ctx.skb, 0), HOOK_EGRESS4),
         ETH_P_IPV6 => (parse_v6(&ctx.skb, 0), HOOK_EGRESS6),
@@ -378,11 +414,12 @@ fn egress(ctx: &SkBuffContext, task: bool) -> i32 {
     if rst {
         return 1;
     }
+    let caller = Caller { hook, task };
     // SAFETY: `skb` is the program's context pointer.
-    let caller = Caller { hook, cgroup_id: unsafe { bpf_skb_cgroup_id(skb) }, task };
+    let cgroup_id = || unsafe { bpf_skb_cgroup_id(skb) };
     // SAFETY: as above.
     let ancestor = |level: u32| unsafe { bpf_skb_ancestor_cgroup_id(skb, level as i32) };
-    i32::from(gate(&caller, &dst, ancestor))
+    i32::from(gate(&caller, &dst, cgroup_id, ancestor))
 }
 
 /// Egress with the sending task's pid and comm in denial events (kernels that offer
@@ -416,6 +453,12 @@ const ETH_HLEN: usize = 14;
 pub fn gate_tc(ctx: TcContext) -> i32 {
     let skb = ctx.skb.skb;
     let proto = u32::from(u16::from_be(ctx.skb.protocol() as u16));
+    let daddr = match proto {
+        ETH_P_IP => ctx.load::<[u8; 4]>(ETH_HLEN + 16).ok().map(Addr::V4),
+        ETH_P_IPV6 => ctx.load::<[u8; 16]>(ETH_HLEN + 24).ok().map(Addr::from_v6),
+        _ => return TC_ACT_OK,
+    };
+    let Some(generation) = daddr.and_then(|a| may_protect(&a)) else { return TC_ACT_OK };
     let (dst, hook) = match proto {
         ETH_P_IP => (parse_v4(&ctx.skb, ETH_HLEN), HOOK_TC4),
         ETH_P_IPV6 => (parse_v6(&ctx.skb, ETH_HLEN), HOOK_TC6),
@@ -425,8 +468,6 @@ pub fn gate_tc(ctx: TcContext) -> i32 {
     if rst {
         return TC_ACT_OK;
     }
-    let Some(&active) = CONFIG.get(CONFIG_ACTIVE_GEN) else { return TC_ACT_OK };
-    let generation = active & 1;
     let Some(endpoint) = match_endpoint(&Maps, generation, &dst) else {
         return TC_ACT_OK;
     };
@@ -453,7 +494,7 @@ pub fn gate_tc(ctx: TcContext) -> i32 {
     count(hook, verdict);
     count_endpoint(endpoint, verdict);
     if verdict != VERDICT_ALLOWED {
-        report(&Caller { hook, cgroup_id, task: false }, verdict, endpoint, &dst);
+        report(&Caller { hook, task: false }, cgroup_id, verdict, endpoint, &dst);
     }
     if verdict == VERDICT_DENIED { TC_ACT_SHOT } else { TC_ACT_OK }
 }

@@ -133,23 +133,32 @@ pub struct Endpoint {
 #[derive(Clone)]
 pub struct CgroupGlob {
     pattern: String,
-    matcher: GlobMatcher,
+    /// `None` for a literal path (no glob metacharacters): compared as a path, no regex
+    /// compiled, so ten thousand literal entries cost kilobytes, not megabytes.
+    matcher: Option<GlobMatcher>,
 }
 
 impl CgroupGlob {
+    pub(crate) fn new(pattern: String, matcher: Option<GlobMatcher>) -> Self {
+        Self { pattern, matcher }
+    }
+
     /// The pattern as written in the policy.
     pub fn pattern(&self) -> &str {
         &self.pattern
     }
 
-    /// The compiled matcher.
-    pub fn matcher(&self) -> &GlobMatcher {
-        &self.matcher
+    /// The literal path this glob stands for, if it has no metacharacters.
+    pub fn literal(&self) -> Option<&Path> {
+        self.matcher.is_none().then(|| Path::new(&self.pattern))
     }
 
     /// Whether a cgroup path relative to the gated root matches.
     pub fn is_match(&self, rel: impl AsRef<Path>) -> bool {
-        self.matcher.is_match(rel)
+        match &self.matcher {
+            Some(m) => m.is_match(rel),
+            None => rel.as_ref() == Path::new(&self.pattern),
+        }
     }
 }
 

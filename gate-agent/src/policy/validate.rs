@@ -452,12 +452,13 @@ fn cgroup_glob(cx: &Ctx, field: &str, glob: String) -> Result<CgroupGlob> {
         };
         return Err(cx.err(field, format!("{glob:?} {reason}")));
     }
-    let matcher = GlobBuilder::new(&glob)
+    let compiled = GlobBuilder::new(&glob)
         .literal_separator(true)
         .build()
-        .map_err(|e| cx.err(field, format!("{glob:?} is not a valid glob: {}", e.kind())))?
-        .compile_matcher();
-    Ok(CgroupGlob { pattern: glob, matcher })
+        .map_err(|e| cx.err(field, format!("{glob:?} is not a valid glob: {}", e.kind())))?;
+    let literal = !glob.contains(['*', '?', '[', ']', '{', '}', '\\']);
+    let matcher = (!literal).then(|| compiled.compile_matcher());
+    Ok(CgroupGlob::new(glob, matcher))
 }
 
 /// A Kubernetes object name that must be an RFC 1123 label (namespaces).

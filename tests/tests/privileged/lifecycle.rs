@@ -200,7 +200,7 @@ fn policy_file_edits_are_live_and_a_bad_edit_keeps_the_last_good() {
             |v| v["message"] == "policy applied" && v["generation"] == 3,
             Duration::from_secs(5),
         )
-        .expect("policy applied");
+        .unwrap_or_else(|| panic!("policy not applied: {:#?}", env.agent().logs()));
     env.assert_served("gated/pod-a", "udp", NTP_V4, "123");
     env.agent().signal(libc::SIGHUP);
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
