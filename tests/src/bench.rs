@@ -122,17 +122,7 @@ impl Sink {
 }
 
 fn set_timeout(l: &TcpListener, t: Duration) {
-    let tv = libc::timeval { tv_sec: 0, tv_usec: t.as_micros() as libc::suseconds_t };
-    // SAFETY: valid fd and option buffer.
-    unsafe {
-        libc::setsockopt(
-            l.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            size_of::<libc::timeval>() as libc::socklen_t,
-        );
-    }
+    crate::imds::set_rcvtimeo(l, t);
 }
 
 fn drain(mut c: TcpStream, stop: &AtomicBool) {

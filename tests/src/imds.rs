@@ -40,6 +40,57 @@ pub struct FakeImds {
 }
 
 /// Move the calling thread into a network namespace.
+/// The start of every workload binary (`probe`, `bench-probe`): parse `--netns PATH` and
+/// `--cgroup DIR` out of the arguments, join the cgroup, enter the netns, and return the
+/// remaining arguments. Exits with 2 and a message on any failure; refuses to run without
+/// `--netns`, so a workload never sends from the host namespace.
+pub fn enter_workload(program: &str) -> Vec<String> {
+    let mut netns = None;
+    let mut cgroup = None;
+    let mut rest = Vec::new();
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--netns" => netns = it.next(),
+            "--cgroup" => cgroup = it.next(),
+            _ => rest.push(a),
+        }
+    }
+    let Some(netns) = netns else {
+        eprintln!("{program}: --netns is required (never send from the host namespace)");
+        std::process::exit(2);
+    };
+    if let Some(cg) = cgroup
+        && let Err(e) = std::fs::write(format!("{cg}/cgroup.procs"), "0")
+    {
+        eprintln!("{program}: joining cgroup {cg}: {e}");
+        std::process::exit(2);
+    }
+    if let Err(e) = enter_netns(&netns) {
+        eprintln!("{program}: {e:#}");
+        std::process::exit(2);
+    }
+    rest
+}
+
+/// SO_RCVTIMEO on a socket, so blocking calls wake up to check a stop flag.
+pub fn set_rcvtimeo(fd: &impl std::os::fd::AsRawFd, t: Duration) {
+    let tv = libc::timeval {
+        tv_sec: t.as_secs() as libc::time_t,
+        tv_usec: t.subsec_micros() as libc::suseconds_t,
+    };
+    // SAFETY: valid fd and option buffer.
+    unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            size_of::<libc::timeval>() as libc::socklen_t,
+        );
+    }
+}
+
 pub fn enter_netns(path: &str) -> Result<()> {
     let f = File::open(path).with_context(|| format!("open {path}"))?;
     // SAFETY: valid fd; affects only the calling thread.
@@ -213,17 +264,7 @@ fn serve_raw(stop: Arc<AtomicBool>, log: Arc<Log>) -> Serve {
     }
     // SAFETY: fd is a fresh, valid descriptor.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let tv = libc::timeval { tv_sec: 0, tv_usec: TICK.as_micros() as libc::suseconds_t };
-    // SAFETY: valid fd and option buffer.
-    unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            size_of::<libc::timeval>() as libc::socklen_t,
-        );
-    }
+    set_rcvtimeo(&fd, TICK);
     Ok(Box::new(move || {
         let mut buf = [0u8; 4096];
         while !stop.load(Ordering::Acquire) {

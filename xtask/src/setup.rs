@@ -127,25 +127,22 @@ pub fn lint() -> Result<()> {
     Ok(())
 }
 
-/// The binaries the privileged tests and the demo run: gate-agent (with its eBPF object)
-/// and the workload probe.
-pub fn build_bins() -> Result<()> {
-    run(Command::new("cargo").args([
-        "build",
-        "-q",
-        "-p",
-        "gate-agent",
-        "-p",
-        "integration-tests",
-        "--bins",
-    ]))
+/// The binaries the privileged tests, the demo and the benchmarks run: gate-agent (with its
+/// eBPF object) and the workloads.
+pub fn build_bins(release: bool) -> Result<()> {
+    let mut cmd = Command::new("cargo");
+    cmd.args(["build", "-q", "-p", "gate-agent", "-p", "integration-tests", "--bins"]);
+    if release {
+        cmd.arg("--release");
+    }
+    run(&mut cmd)
 }
 
 pub fn test(filter: Option<&str>) -> Result<()> {
     run(Command::new("cargo").args(["test", "-p", "gate-common", "-p", "gate-agent"]))?;
     run(Command::new("cargo").args(["test", "-p", "integration-tests", "--lib"]))?;
     crate::manifests::run()?;
-    build_bins()?;
+    build_bins(false)?;
     if !is_root() {
         if in_ci() {
             bail!("the privileged kernel tests need root, and CI=true forbids skipping them");

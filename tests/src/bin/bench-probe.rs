@@ -19,7 +19,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use integration_tests::{bench::monotonic_ns, imds::enter_netns};
+use integration_tests::bench::monotonic_ns;
 use serde_json::{Value, json};
 
 fn os_err() -> i32 {
@@ -294,31 +294,7 @@ fn run(mode: &str, dst: SocketAddr, args: &[String]) -> Value {
 }
 
 fn main() {
-    let mut netns = None;
-    let mut cgroup = None;
-    let mut rest = Vec::new();
-    let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--netns" => netns = it.next(),
-            "--cgroup" => cgroup = it.next(),
-            _ => rest.push(a),
-        }
-    }
-    let Some(netns) = netns else {
-        eprintln!("bench-probe: --netns is required (never send from the host namespace)");
-        std::process::exit(2);
-    };
-    if let Some(cg) = cgroup
-        && let Err(e) = std::fs::write(format!("{cg}/cgroup.procs"), "0")
-    {
-        eprintln!("bench-probe: joining cgroup {cg}: {e}");
-        std::process::exit(2);
-    }
-    if let Err(e) = enter_netns(&netns) {
-        eprintln!("bench-probe: {e:#}");
-        std::process::exit(2);
-    }
+    let rest = integration_tests::imds::enter_workload("bench-probe");
     let [mode, addr, port, args @ ..] = rest.as_slice() else {
         eprintln!("usage: bench-probe --netns PATH [--cgroup DIR] MODE ADDR PORT ARGS...");
         std::process::exit(2);

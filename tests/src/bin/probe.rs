@@ -14,7 +14,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use integration_tests::imds::enter_netns;
 use serde_json::json;
 
 struct Outcome {
@@ -316,32 +315,7 @@ fn hammer_tcp(dst: SocketAddr, token: &str) -> Outcome {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut netns = None;
-    let mut cgroup = None;
-    let mut rest = Vec::new();
-    let mut it = args.into_iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--netns" => netns = it.next(),
-            "--cgroup" => cgroup = it.next(),
-            _ => rest.push(a),
-        }
-    }
-    let Some(netns) = netns else {
-        eprintln!("probe: --netns is required (never send from the host namespace)");
-        std::process::exit(2);
-    };
-    if let Some(cg) = cgroup
-        && let Err(e) = std::fs::write(format!("{cg}/cgroup.procs"), "0")
-    {
-        eprintln!("probe: joining cgroup {cg}: {e}");
-        std::process::exit(2);
-    }
-    if let Err(e) = enter_netns(&netns) {
-        eprintln!("probe: {e:#}");
-        std::process::exit(2);
-    }
+    let rest = integration_tests::imds::enter_workload("probe");
     let [cmd, addr, port, tail @ ..] = rest.as_slice() else {
         eprintln!("usage: probe --netns PATH [--cgroup DIR] CMD ADDR PORT [TOKEN]");
         std::process::exit(2);

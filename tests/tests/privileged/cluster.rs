@@ -102,22 +102,26 @@ impl Cluster {
     }
 
     fn start(&mut self) {
+        self.start_with(&[]);
+    }
+
+    /// Start the agent in cluster mode against the double, with `extra` flags.
+    fn start_with(&mut self, extra: &[&str]) {
         let kubeconfig = self.kubeconfig("s3cret");
         let root = self.dir.join("kubepods.slice").to_string_lossy().into_owned();
         let kc = kubeconfig.to_string_lossy().into_owned();
-        self.env.agent = Some(
-            Agent::start_cluster(&[
-                "--kubeconfig",
-                &kc,
-                "--node-name",
-                NODE,
-                "--namespace",
-                NS,
-                "--cgroup-root",
-                &root,
-            ])
-            .expect("agent ready in cluster mode"),
-        );
+        let mut flags = vec![
+            "--kubeconfig",
+            &kc,
+            "--node-name",
+            NODE,
+            "--namespace",
+            NS,
+            "--cgroup-root",
+            &root,
+        ];
+        flags.extend_from_slice(extra);
+        self.env.agent = Some(Agent::start_cluster(&flags).expect("agent ready in cluster mode"));
         let _ = std::fs::remove_file(kubeconfig);
     }
 
@@ -282,25 +286,7 @@ fn host_network_only_scope_gates_only_host_network_pods() {
     );
     let rogue = container_cgroup(ROGUE_UID, &cid(3));
     c.env.cg.create(&rogue).expect("rogue cgroup");
-    let kubeconfig = c.kubeconfig("s3cret");
-    let root = c.dir.join("kubepods.slice").to_string_lossy().into_owned();
-    let kc = kubeconfig.to_string_lossy().into_owned();
-    c.env.agent = Some(
-        Agent::start_cluster(&[
-            "--kubeconfig",
-            &kc,
-            "--node-name",
-            NODE,
-            "--namespace",
-            NS,
-            "--cgroup-root",
-            &root,
-            "--gate-scope",
-            "host-network-only",
-        ])
-        .expect("agent"),
-    );
-    let _ = std::fs::remove_file(kubeconfig);
+    c.start_with(&["--gate-scope", "host-network-only"]);
     // The pod-network pod is left to the SDN's rules; the host-network ones are gated.
     c.env.assert_served(&c.web, "tcp", IMDS_V4, "80");
     c.refused(&rogue, "tcp", IMDS_V4, "80");

@@ -16,7 +16,7 @@ use std::{path::PathBuf, process::Command, time::Instant};
 use anyhow::{Result, bail};
 use integration_tests::sys::{missing_privileges, sweep_stale};
 
-use crate::util::{root, run};
+use crate::util::root;
 pub use report::Report;
 
 /// How long and how often: `--quick` is a smoke run, never judged on its numbers.
@@ -55,16 +55,7 @@ pub fn run_bench(quick: bool) -> Result<()> {
             bail!("{tool} is missing: `cargo xtask setup` installs it");
         }
     }
-    run(Command::new("cargo").args([
-        "build",
-        "--release",
-        "-q",
-        "-p",
-        "gate-agent",
-        "-p",
-        "integration-tests",
-        "--bins",
-    ]))?;
+    crate::setup::build_bins(true)?;
     let bins = target_dir().join("release");
     // SAFETY: no other thread exists yet; the harness reads the variable later.
     unsafe {
