@@ -210,7 +210,7 @@ fn remember(ev: &DenyEvent) {
 }
 
 /// The live generation, if a protected prefix could contain `addr`: one array read and a bit
-/// test, which is all that traffic to any other address costs.
+/// test. Packet programs call it on the destination alone, before parsing the rest.
 #[inline(always)]
 fn may_protect(addr: &Addr) -> Option<u32> {
     let generation = CONFIG.get(CONFIG_ACTIVE_GEN)? & 1;
@@ -226,10 +226,9 @@ fn gate(
     cgroup_id: impl Fn() -> u64,
     ancestor: impl FnMut(u32) -> u64,
 ) -> bool {
-    let Some(generation) = may_protect(&dst.addr) else {
-        count(caller.hook, VERDICT_UNMATCHED);
-        return true;
-    };
+    let Some(&active) = CONFIG.get(CONFIG_ACTIVE_GEN) else { return true };
+    let generation = active & 1;
+    // match_endpoint starts with the prefilter (Tables::may_match).
     let Some(endpoint) = match_endpoint(&Maps, generation, dst) else {
         count(caller.hook, VERDICT_UNMATCHED);
         return true;

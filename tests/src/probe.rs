@@ -44,14 +44,7 @@ fn command(net: &TestNet, cgroup: &Path, args: &[&str]) -> Command {
 /// Run `probe <args>` in `cgroup` and the node netns and return its result.
 pub fn run(net: &TestNet, cgroup: &Path, args: &[&str]) -> Result<Outcome> {
     net.assert_routes()?;
-    let out = command(net, cgroup, args)
-        .output()
-        .with_context(|| format!("running {:?}", probe_bin()))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().last().ok_or_else(|| {
-        anyhow!("probe {args:?} printed nothing; stderr: {}", String::from_utf8_lossy(&out.stderr))
-    })?;
-    serde_json::from_str(line).with_context(|| format!("probe output {line:?}"))
+    run_in(&net.node_path(), cgroup, args)
 }
 
 /// Run `probe <args>` in another test netns (`path` under /run/netns) and `cgroup`.
