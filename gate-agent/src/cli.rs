@@ -1,18 +1,71 @@
-//! Command line (stable: scripts depend on it; see shared/DESIGN.md).
-use std::{net::SocketAddr, path::PathBuf};
+//! Command line (stable: scripts depend on it). The only module that knows clap: `run`'s
+//! flags become an [`AgentConfig`] here.
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-pub use crate::loader::EgressProgram;
+use crate::{
+    cluster::identity::Scope,
+    config::{AgentConfig, ClusterConfig, GateConfig, RunMode},
+    loader::{EgressProgram, TcConfig, TcMode},
+};
+
+/// Flags that do not fit together, or a value that does not parse.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("--policy needs --cgroup-root")]
+    PolicyWithoutRoot,
+    #[error("cluster mode needs --node-name (or NODE_NAME)")]
+    NoNodeName,
+    #[error("--policy-configmap {0:?}: expected NAMESPACE/NAME")]
+    ConfigMapRef(String),
+}
 
 impl RunArgs {
-    pub fn tc(&self) -> crate::loader::TcConfig {
-        crate::loader::TcConfig {
-            egress: self.tc_interface.clone(),
-            workload: self.tc_workload_interface.clone(),
-            netns: self.tc_netns.clone(),
-            mode: self.tc_mode,
-        }
+    /// The run configuration these flags ask for.
+    pub fn into_config(self) -> Result<AgentConfig, ConfigError> {
+        let mode = match (self.policy, self.cgroup_root.clone()) {
+            (Some(policy), Some(cgroup_root)) => RunMode::Standalone { policy, cgroup_root },
+            (Some(_), None) => return Err(ConfigError::PolicyWithoutRoot),
+            (None, cgroup_root) => {
+                let policy_configmap = match self.policy_configmap {
+                    Some(s) => Some(
+                        s.split_once('/')
+                            .filter(|(n, m)| !n.is_empty() && !m.is_empty())
+                            .map(|(n, m)| (n.to_owned(), m.to_owned()))
+                            .ok_or(ConfigError::ConfigMapRef(s))?,
+                    ),
+                    None => None,
+                };
+                RunMode::Cluster(ClusterConfig {
+                    kubeconfig: self.kubeconfig,
+                    node_name: self.node_name.ok_or(ConfigError::NoNodeName)?,
+                    namespace: self.namespace,
+                    platform: self.platform,
+                    policy_configmap,
+                    scope: self.gate_scope.into(),
+                    cgroup_root,
+                })
+            }
+        };
+        let mount_bpffs = matches!(mode, RunMode::Standalone { .. });
+        Ok(AgentConfig {
+            mode,
+            gate: GateConfig {
+                pin_dir: self.pin_dir,
+                mount_bpffs,
+                egress: self.egress_program.into(),
+                tc: TcConfig {
+                    egress: self.tc_interface,
+                    workload: self.tc_workload_interface,
+                    netns: self.tc_netns,
+                    mode: self.tc_mode.into(),
+                },
+                terminate_established: self.terminate_established,
+            },
+            listen: self.listen,
+            rescan: Duration::from_millis(self.rescan_ms.max(50)),
+        })
     }
 }
 
@@ -95,8 +148,8 @@ pub struct RunArgs {
     pub policy_configmap: Option<String>,
     /// Cluster mode: which pods are gated: all pods, or only host-network pods (pod-network
     /// pods are then left to the SDN's own rules)
-    #[arg(long, value_enum, value_name = "SCOPE", default_value_t = crate::cluster::identity::Scope::AllPods)]
-    pub gate_scope: crate::cluster::identity::Scope,
+    #[arg(long, value_enum, value_name = "SCOPE", default_value_t = ScopeArg::AllPods)]
+    pub gate_scope: ScopeArg,
     /// bpffs directory for pinned programs and maps (bpffs is mounted on its parent if missing)
     #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
     pub pin_dir: PathBuf,
@@ -111,8 +164,8 @@ pub struct RunArgs {
     pub rescan_ms: u64,
     /// Which cgroup_skb egress program to load (auto: with pid/comm in events where the
     /// kernel allows it)
-    #[arg(long, value_enum, value_name = "VARIANT", default_value_t = EgressProgram::Auto)]
-    pub egress_program: EgressProgram,
+    #[arg(long, value_enum, value_name = "VARIANT", default_value_t = EgressArg::Auto)]
+    pub egress_program: EgressArg,
     /// Also guard the egress of these interfaces with a tc program (glob, repeatable): drops
     /// packets to protected endpoints from gated sockets the cgroup hooks cannot see, such
     /// as AF_PACKET
@@ -128,8 +181,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     pub tc_netns: Option<PathBuf>,
     /// How tc programs attach: tcx links (6.6+) or clsact filters (older kernels)
-    #[arg(long, value_enum, value_name = "MODE", default_value_t = crate::loader::TcMode::Auto)]
-    pub tc_mode: crate::loader::TcMode,
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = TcModeArg::Auto)]
+    pub tc_mode: TcModeArg,
     /// Destroy established connections from gated cgroups to protected endpoints when the
     /// gate or a policy change takes effect, where the kernel supports it (sock_diag
     /// SOCK_DESTROY, as `ss -K`). Their packets are dropped either way; destroying them makes
@@ -150,4 +203,62 @@ pub struct RunArgs {
 pub enum LogFormat {
     Text,
     Json,
+}
+
+/// `--gate-scope`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ScopeArg {
+    /// Every pod on the node is gated.
+    AllPods,
+    /// Only host-network pods are gated; pod-network pods are left to the SDN's own rules.
+    HostNetworkOnly,
+}
+
+impl From<ScopeArg> for Scope {
+    fn from(a: ScopeArg) -> Scope {
+        match a {
+            ScopeArg::AllPods => Scope::AllPods,
+            ScopeArg::HostNetworkOnly => Scope::HostNetworkOnly,
+        }
+    }
+}
+
+/// `--egress-program`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum EgressArg {
+    /// With pid/comm in events where the kernel allows, else without.
+    Auto,
+    /// With pid/comm (fails where the kernel refuses the helpers).
+    Task,
+    /// Without pid/comm.
+    Notask,
+}
+
+impl From<EgressArg> for EgressProgram {
+    fn from(a: EgressArg) -> EgressProgram {
+        match a {
+            EgressArg::Auto => EgressProgram::Auto,
+            EgressArg::Task => EgressProgram::Task,
+            EgressArg::Notask => EgressProgram::Notask,
+        }
+    }
+}
+
+/// `--tc-mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TcModeArg {
+    /// tcx where the kernel has it (6.6+), else clsact.
+    Auto,
+    Tcx,
+    Clsact,
+}
+
+impl From<TcModeArg> for TcMode {
+    fn from(a: TcModeArg) -> TcMode {
+        match a {
+            TcModeArg::Auto => TcMode::Auto,
+            TcModeArg::Tcx => TcMode::Tcx,
+            TcModeArg::Clsact => TcMode::Clsact,
+        }
+    }
 }

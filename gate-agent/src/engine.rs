@@ -1,7 +1,10 @@
 //! What both modes share: bring the gate up (fresh or adopted), judge and apply policies
 //! through one validate → compile → swap path, keep the allow set and tc attachments current,
-//! and serve health and metrics. The modes differ only in where a policy comes from (a file
-//! or a ConfigMap) and how the allow set is found (cgroup globs or pods).
+//! and serve health and metrics. The modes differ only in where a policy text comes from (a
+//! file or a ConfigMap) and in their [`AllowSource`] (cgroup globs or pods).
+//!
+//! A policy flows downhill: the engine parses it ([`Policy`], compiled once into its image),
+//! turns it into a loader [`Install`] with the mode's allow set, and the loader writes it.
 use std::{
     sync::{
         Arc, Mutex,
@@ -11,103 +14,75 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use gate_common::abi::{
-    MODE_AUDIT, MODE_ENFORCE, PolicyMeta, TERMINATE_OFF, TERMINATE_ON, TERMINATE_UNKNOWN,
-    TERMINATE_UNSUPPORTED,
-};
+use gate_common::user::{AllowSet, TerminateState};
 
 use crate::{
     cgroup::GatedRoot,
-    cli::RunArgs,
+    config::{AgentConfig, GateConfig},
     events::{self, CgroupNames, EventSinks},
-    loader::{self, Gate, PolicyInfo, Start, TcConfig},
+    loader::{self, Gate, Install, Start},
     metrics::{self, AgentMetrics},
-    policy::{Mode, Policy},
+    policy::Policy,
     server, terminate,
 };
 
-/// How a mode finds the allow set of a policy: (cgroup id, allow entry index) pairs.
-pub type AllowFn<'a> = &'a dyn Fn(&Policy) -> Vec<(u64, u32)>;
-
-fn meta(policy: &Policy, root: &GatedRoot) -> PolicyMeta {
-    PolicyMeta {
-        mode: if policy.mode == Mode::Audit { MODE_AUDIT } else { MODE_ENFORCE },
-        root_level: root.level,
-        endpoints: policy.endpoints.len() as u32,
-        _pad: 0,
-        root_id: root.id,
-        prefilter: Default::default(),
-    }
+/// How a mode finds the allow set of a policy.
+pub trait AllowSource: Send {
+    /// The cgroups the policy's allow entries select now.
+    fn allow_set(&self, policy: &Policy) -> AllowSet;
 }
 
-fn policy_info(policy: &Policy, terminate: u32) -> PolicyInfo {
-    PolicyInfo {
-        hash: u64::from_str_radix(&policy.hash(), 16).unwrap_or(0),
-        platform: policy.platform.clone(),
-        endpoint_names: policy.endpoints.iter().map(|e| e.name.clone()).collect(),
-        terminate,
+/// What the loader installs for `policy` with `allow`.
+fn install<'a>(policy: &'a Policy, names: &'a [String], allow: &'a AllowSet) -> Install<'a> {
+    Install {
+        image: policy.image(),
+        mode: policy.mode,
+        endpoint_names: names,
+        hash: policy.hash(),
+        platform: &policy.platform,
+        allow,
     }
-}
-
-/// Validate-compile-swap: the one way a policy reaches the kernel. Returns the allow count.
-fn apply(
-    gate: &mut Gate,
-    policy: &Policy,
-    root: &GatedRoot,
-    allow: &[(u64, u32)],
-    terminate: u32,
-) -> Result<()> {
-    let compiled = policy.compile(gate.next_generation())?;
-    let meta = PolicyMeta { prefilter: compiled.prefilter, ..meta(policy, root) };
-    gate.apply(&compiled, meta, allow, root, &policy_info(policy, terminate))
-        .context("writing the policy maps")
 }
 
 /// Load (or adopt), apply and attach. A failed fresh start removes its own pins; a failed
 /// adoption leaves the pinned gate as it was, still enforcing.
-fn bring_up(
-    args: &RunArgs,
-    policy: &Policy,
-    root: &GatedRoot,
-    allow: &[(u64, u32)],
-) -> Result<Gate> {
-    // Standalone may mount bpffs; in a pod the host's must be mounted in.
-    let may_mount = args.policy.is_some();
-    let mut gate = Gate::open(&args.pin_dir, args.egress_program, may_mount)
+fn bring_up(cfg: &GateConfig, policy: &Policy, root: &GatedRoot, allow: &AllowSet) -> Result<Gate> {
+    let mut gate = Gate::open(&cfg.pin_dir, cfg.egress, cfg.mount_bpffs)
         .context("loading the eBPF programs")?;
     let start = gate.start();
     if start == Start::Adopted {
         let info = gate.info();
         tracing::info!(
             generation = info.policy_generation,
-            policy_hash = format!("{:016x}", info.policy_hash),
+            policy_hash = %gate_common::user::PolicyHash(info.policy_hash),
             previous_pid = info.agent_pid,
             "adopting the pinned gate (it kept enforcing while no agent ran)"
         );
     }
     let result = (|| -> Result<()> {
         gate.check_root(root)?;
-        apply(&mut gate, policy, root, allow, TERMINATE_UNKNOWN)?;
+        let names = policy.endpoint_names();
+        gate.apply(&install(policy, &names, allow), root).context("writing the policy maps")?;
         let changes =
             gate.attach(root).with_context(|| format!("attaching to {}", root.path.display()))?;
         for c in changes {
             match c.old_prog_id {
                 Some(old) => tracing::info!(
-                    hook = c.hook,
-                    program = c.program,
+                    hook = c.point.pin_name(),
+                    program = c.program.name(),
                     old_prog_id = old,
                     new_prog_id = c.new_prog_id,
                     "replaced program in place (link update)"
                 ),
                 None => tracing::info!(
-                    hook = c.hook,
-                    program = c.program,
+                    hook = c.point.pin_name(),
+                    program = c.program.name(),
                     prog_id = c.new_prog_id,
                     "attached"
                 ),
             }
         }
-        gate.sync_tc(&args.tc(), true).context("attaching the tc programs")?;
+        gate.sync_tc(&cfg.tc, true).context("attaching the tc programs")?;
         Ok(())
     })();
     if let Err(e) = result {
@@ -117,7 +92,7 @@ fn bring_up(
             if let Err(c) = loader::pins::remove_version(&dir) {
                 tracing::error!(error = %c, "removing the pin dir after a failed start");
             }
-            let _ = std::fs::remove_dir(&args.pin_dir);
+            let _ = std::fs::remove_dir(&cfg.pin_dir);
         } else {
             tracing::error!("adoption failed: the pinned gate keeps enforcing its previous policy");
         }
@@ -146,8 +121,8 @@ pub struct Engine {
     pub sinks: EventSinks,
     pub metrics: AgentMetrics,
     pub ready: Arc<AtomicBool>,
-    tc: TcConfig,
-    terminate: bool,
+    cfg: GateConfig,
+    allow: Box<dyn AllowSource>,
     /// The policy text as last judged (applied or refused), so one change is judged once.
     last_text: Option<String>,
     _server: tokio::task::JoinHandle<()>,
@@ -157,15 +132,15 @@ impl Engine {
     /// Bring the gate up with `policy`, start the event reader and the health/metrics server,
     /// and report ready. `names` turns cgroup ids into workload names for denial events.
     pub async fn start(
-        args: &RunArgs,
+        cfg: &AgentConfig,
         policy: Policy,
         root: GatedRoot,
-        allow: AllowFn<'_>,
+        allow: Box<dyn AllowSource>,
         names: CgroupNames,
         notify: Option<tokio::sync::mpsc::UnboundedSender<events::Denied>>,
     ) -> Result<Engine> {
-        let allow_set = allow(&policy);
-        let mut gate = bring_up(args, &policy, &root, &allow_set)?;
+        let allow_set = allow.allow_set(&policy);
+        let mut gate = bring_up(&cfg.gate, &policy, &root, &allow_set)?;
         let ring = gate.take_events();
         let (pinned, start, generation, egress) = (
             gate.pin_dir().to_path_buf(),
@@ -174,15 +149,15 @@ impl Engine {
             gate.egress_program(),
         );
         let gate = Arc::new(Mutex::new(gate));
-        let mut sinks = EventSinks::new(policy.endpoints.iter().map(|e| e.name.clone()).collect());
+        let mut sinks = EventSinks::new(policy.endpoint_names());
         sinks.notify = notify;
         let agent_metrics = AgentMetrics::default();
         let ready = Arc::new(AtomicBool::new(false));
         let shared = metrics::Shared { gate: gate.clone(), sinks: sinks.clone() };
         let server =
-            server::serve(args.listen, ready.clone(), metrics::registry(shared, &agent_metrics))
+            server::serve(cfg.listen, ready.clone(), metrics::registry(shared, &agent_metrics))
                 .await
-                .with_context(|| format!("listening on {}", args.listen))?;
+                .with_context(|| format!("listening on {}", cfg.listen))?;
         if let Some(ring) = ring {
             let sinks = sinks.clone();
             tokio::spawn(async move {
@@ -198,8 +173,8 @@ impl Engine {
             sinks,
             metrics: agent_metrics,
             ready,
-            tc: args.tc(),
-            terminate: args.terminate_established,
+            cfg: cfg.gate.clone(),
+            allow,
             last_text: None,
             _server: server,
         };
@@ -214,8 +189,8 @@ impl Engine {
             cgroup_root = %root.path.display(),
             pin_dir = %pinned.display(),
             start = ?start,
-            egress,
-            mode = ?policy.mode,
+            egress = egress.name(),
+            mode = %policy.mode,
             endpoints = policy.endpoints.len(),
             allowed_cgroups = allow_set.len(),
             "ready"
@@ -228,14 +203,14 @@ impl Engine {
 
     /// Destroy established connections the live policy denies (`--terminate-established`)
     /// and record in the pinned gate whether the kernel can.
-    async fn terminate_established(&mut self, allow: Vec<(u64, u32)>) {
-        let state = if !self.terminate {
-            TERMINATE_OFF
+    async fn terminate_established(&mut self, allow: AllowSet) {
+        let state = if !self.cfg.terminate_established {
+            TerminateState::Off
         } else {
             match terminate::after_policy_change(&self.root, &self.policy, allow).await {
-                Some(r) if r.unsupported.is_some() => TERMINATE_UNSUPPORTED,
-                Some(_) => TERMINATE_ON,
-                None => TERMINATE_UNKNOWN,
+                Some(r) if r.unsupported.is_some() => TerminateState::Unsupported,
+                Some(_) => TerminateState::On,
+                None => TerminateState::Unknown,
             }
         };
         if let Ok(mut g) = self.gate.lock()
@@ -245,14 +220,17 @@ impl Engine {
         }
     }
 
+    /// Log and count a policy that was refused: the one place both modes report it.
+    pub fn refuse(&self, source: &str, trigger: &str, why: &str) {
+        tracing::error!(
+            trigger, policy = %source, error = %why, live_policy_hash = %self.policy.hash(),
+            "policy rejected; the last good policy stays in force"
+        );
+        self.metrics.reload("failure");
+    }
+
     /// Judge a policy text from `source` and, if it is good and new, swap it in atomically.
-    pub async fn offer(
-        &mut self,
-        source: &str,
-        text: &str,
-        trigger: &str,
-        allow: AllowFn<'_>,
-    ) -> Offer {
+    pub async fn offer(&mut self, source: &str, text: &str, trigger: &str) -> Offer {
         let started = Instant::now();
         if self.last_text.as_deref() == Some(text) {
             tracing::debug!(trigger, "policy unchanged");
@@ -265,46 +243,43 @@ impl Engine {
                 if candidate.hash() == self.policy.hash() {
                     return Ok(None);
                 }
-                let allow_set = allow(&candidate);
+                let allow_set = self.allow.allow_set(&candidate);
+                let names = candidate.endpoint_names();
                 let mut g = self.gate.lock().map_err(|_| anyhow::anyhow!("gate lock poisoned"))?;
-                apply(&mut g, &candidate, &self.root, &allow_set, TERMINATE_UNKNOWN)?;
-                Ok(Some((candidate, allow_set, g.info().policy_generation)))
+                g.apply(&install(&candidate, &names, &allow_set), &self.root)
+                    .context("writing the policy maps")?;
+                Ok(Some((candidate, names, allow_set, g.info().policy_generation)))
             });
         match result {
             Ok(None) => {
                 self.metrics.reload("unchanged");
                 Offer::Unchanged
             }
-            Ok(Some((candidate, allow_set, generation))) => {
-                let allowed = allow_set.len();
-                if let Ok(mut names) = self.sinks.endpoints.write() {
-                    *names = candidate.endpoints.iter().map(|e| e.name.clone()).collect();
+            Ok(Some((candidate, names, allow_set, generation))) => {
+                if let Ok(mut n) = self.sinks.endpoints.write() {
+                    *n = names;
                 }
                 tracing::info!(
                     trigger,
                     generation,
                     policy = %source,
                     policy_hash = %candidate.hash(),
-                    mode = ?candidate.mode,
+                    mode = %candidate.mode,
                     endpoints = candidate.endpoints.len(),
-                    allowed_cgroups = allowed,
+                    allowed_cgroups = allow_set.len(),
                     took_us = started.elapsed().as_micros() as u64,
                     "policy applied"
                 );
                 self.policy = candidate;
                 self.metrics.reload("success");
-                if self.terminate {
+                if self.cfg.terminate_established {
                     self.terminate_established(allow_set).await;
                 }
                 Offer::Applied { generation }
             }
             Err(e) => {
                 let msg = format!("{e:#}");
-                tracing::error!(
-                    trigger, policy = %source, error = %msg, live_policy_hash = %self.policy.hash(),
-                    "policy rejected; the last good policy stays in force"
-                );
-                self.metrics.reload("failure");
+                self.refuse(source, trigger, &msg);
                 Offer::Rejected(msg)
             }
         }
@@ -312,8 +287,8 @@ impl Engine {
 
     /// Bring the allow set and tc attachments up to date (new or vanished cgroups, pods,
     /// interfaces).
-    pub fn sync(&mut self, allow: AllowFn<'_>) {
-        let want = allow(&self.policy);
+    pub fn sync(&mut self) {
+        let want = self.allow.allow_set(&self.policy);
         let Ok(mut g) = self.gate.lock() else { return };
         match g.sync_allow(&want) {
             Ok((0, 0)) => {}
@@ -322,7 +297,7 @@ impl Engine {
             }
             Err(e) => tracing::error!(error = %e, "updating the allow set"),
         }
-        if let Err(e) = g.sync_tc(&self.tc, false) {
+        if let Err(e) = g.sync_tc(&self.cfg.tc, false) {
             tracing::error!(error = %e, "updating the tc attachments");
         }
     }

@@ -1,17 +1,15 @@
 //! Denial events: ring buffer → one structured log event per denial.
 use std::{
     collections::HashMap,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::PathBuf,
     sync::{Arc, Mutex, RwLock},
     time::{Duration, Instant},
 };
 
 use aya::maps::{MapData, RingBuf};
-
-use gate_common::abi::{
-    DenyEvent, HOOK_CONNECT4, HOOK_CONNECT6, HOOK_EGRESS4, HOOK_EGRESS6, HOOK_SENDMSG4,
-    HOOK_SENDMSG6, HOOK_TC4, HOOK_TC6, PROTO_TCP, PROTO_UDP, VERDICT_AUDITED,
+use gate_common::{
+    abi::DenyEvent,
+    user::{Verdict, read_pod},
 };
 use tokio::io::unix::AsyncFd;
 
@@ -19,56 +17,6 @@ use crate::{
     cgroup::GatedRoot,
     ratelimit::{Admit, RateLimiter, WorkloadCounts},
 };
-
-/// Decode a raw ring buffer record.
-pub fn decode(bytes: &[u8]) -> Option<DenyEvent> {
-    if bytes.len() < size_of::<DenyEvent>() {
-        return None;
-    }
-    // SAFETY: length checked; DenyEvent is repr(C) plain data valid for any bit pattern.
-    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<DenyEvent>()) })
-}
-
-pub fn hook_name(hook: u8) -> &'static str {
-    match u32::from(hook) {
-        HOOK_CONNECT4 => "connect4",
-        HOOK_CONNECT6 => "connect6",
-        HOOK_SENDMSG4 => "sendmsg4",
-        HOOK_SENDMSG6 => "sendmsg6",
-        HOOK_EGRESS4 => "egress4",
-        HOOK_EGRESS6 => "egress6",
-        HOOK_TC4 => "tc4",
-        HOOK_TC6 => "tc6",
-        _ => "unknown",
-    }
-}
-
-pub fn proto_name(proto: u8) -> String {
-    match proto {
-        PROTO_TCP => "TCP".into(),
-        PROTO_UDP => "UDP".into(),
-        1 => "ICMP".into(),
-        58 => "ICMPv6".into(),
-        p => p.to_string(),
-    }
-}
-
-pub fn dst_addr(ev: &DenyEvent) -> IpAddr {
-    if ev.family == 4 {
-        IpAddr::V4(Ipv4Addr::new(ev.addr[0], ev.addr[1], ev.addr[2], ev.addr[3]))
-    } else {
-        IpAddr::V6(Ipv6Addr::from(ev.addr))
-    }
-}
-
-pub fn verdict_name(verdict: u8) -> &'static str {
-    if u32::from(verdict) == VERDICT_AUDITED { "audited" } else { "denied" }
-}
-
-pub fn comm(ev: &DenyEvent) -> String {
-    let end = ev.comm.iter().position(|&b| b == 0).unwrap_or(ev.comm.len());
-    String::from_utf8_lossy(&ev.comm[..end]).into_owned()
-}
 
 /// Names a workload from its cgroup path relative to the gated root (cluster mode:
 /// `namespace/pod/container`); `None` keeps the path.
@@ -129,11 +77,11 @@ pub struct Denied {
 /// Log one event. `endpoints` maps endpoint index to its policy name.
 pub fn log_event(ev: &DenyEvent, cgroup: &str, endpoints: &[String]) {
     let endpoint = endpoints.get(ev.endpoint as usize).map(String::as_str).unwrap_or("?");
-    let dst = dst_addr(ev);
-    let proto = proto_name(ev.proto);
-    let comm = comm(ev);
-    let hook = hook_name(ev.hook);
-    if u32::from(ev.verdict) == VERDICT_AUDITED {
+    let dst = ev.dst();
+    let proto = ev.proto_name();
+    let comm = ev.comm();
+    let hook = ev.hook_name();
+    if ev.verdict() == Verdict::Audited {
         tracing::info!(
             cgroup, %dst, port = ev.port, proto, pid = ev.pid, comm, endpoint, verdict = "audited", hook,
             "would be blocked (audit mode: allowed through)"
@@ -192,7 +140,7 @@ pub async fn run(
                 let ring = guard.get_inner_mut();
                 let now = Instant::now();
                 while let Some(item) = ring.next() {
-                    let Some(ev) = decode(&item) else { continue };
+                    let Some(ev) = read_pod::<DenyEvent>(&item) else { continue };
                     let cgroup = names.name(ev.cgroup_id);
                     if let Ok(mut c) = sinks.by_workload.lock() {
                         c.add(&cgroup);

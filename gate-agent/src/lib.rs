@@ -2,6 +2,7 @@
 pub mod cgroup;
 pub mod cli;
 pub mod cluster;
+pub mod config;
 pub mod engine;
 pub mod events;
 pub mod loader;

@@ -4,6 +4,7 @@ use std::process::ExitCode;
 use clap::Parser as _;
 use gate_agent::{
     cli::{Cli, Command, LogFormat},
+    config::RunMode,
     loader,
     policy::Policy,
     standalone,
@@ -88,6 +89,13 @@ fn main() -> ExitCode {
         Command::Run(args) => {
             let args = *args;
             init_logging(args.log_format);
+            let cfg = match args.into_config() {
+                Ok(cfg) => cfg,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
             let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                 Ok(rt) => rt,
                 Err(e) => {
@@ -95,10 +103,13 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            let result = match (args.policy.clone(), args.cgroup_root.clone()) {
-                (Some(policy), Some(root)) => rt.block_on(standalone::run(args, &policy, &root)),
-                (None, _) => rt.block_on(gate_agent::cluster::run::run(args)),
-                (Some(_), None) => Err(anyhow::anyhow!("--policy needs --cgroup-root")),
+            let result = match &cfg.mode {
+                RunMode::Standalone { policy, cgroup_root } => {
+                    rt.block_on(standalone::run(&cfg, policy, cgroup_root))
+                }
+                RunMode::Cluster(cluster) => {
+                    rt.block_on(gate_agent::cluster::run::run(&cfg, cluster))
+                }
             };
             match result {
                 Ok(()) => ExitCode::SUCCESS,

@@ -11,9 +11,9 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::{events::EventSinks, events::hook_name, loader::Gate};
+use gate_common::user::{Hook, Verdict};
 
-const VERDICTS: [&str; 4] = ["unmatched", "allowed", "denied", "audited"];
+use crate::{events::EventSinks, loader::Gate};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReloadLabels {
@@ -69,9 +69,9 @@ impl Collector for GateCollector {
             None,
             MetricType::Counter,
         )?;
-        for (hook, row) in stats.decisions.iter().enumerate() {
-            for (verdict, &v) in row.iter().enumerate() {
-                let labels = [("hook", hook_name(hook as u8)), ("verdict", VERDICTS[verdict])];
+        for (&hook, row) in Hook::ALL.iter().zip(&stats.decisions) {
+            for (&verdict, &v) in Verdict::ALL.iter().zip(row) {
+                let labels = [("hook", hook.name()), ("verdict", verdict.name())];
                 ConstCounter::new(v).encode(fam.encode_family(&labels)?)?;
             }
         }
@@ -84,10 +84,12 @@ impl Collector for GateCollector {
         )?;
         for (i, c) in stats.endpoints.iter().enumerate() {
             let name = names.get(i).map(String::as_str).unwrap_or("?");
-            for (verdict, v) in
-                [("allowed", c.allowed), ("denied", c.denied), ("audited", c.audited)]
-            {
-                let labels = [("endpoint", name), ("verdict", verdict)];
+            for (verdict, v) in [
+                (Verdict::Allowed, c.allowed),
+                (Verdict::Denied, c.denied),
+                (Verdict::Audited, c.audited),
+            ] {
+                let labels = [("endpoint", name), ("verdict", verdict.name())];
                 ConstCounter::new(v).encode(fam.encode_family(&labels)?)?;
             }
         }

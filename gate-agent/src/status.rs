@@ -2,21 +2,18 @@
 //! whether or not an agent runs.
 use std::{
     fmt::Write as _,
-    os::fd::AsFd as _,
     path::{Path, PathBuf},
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use aya::programs::loaded_programs;
-use gate_common::abi::{
-    MODE_AUDIT, TERMINATE_OFF, TERMINATE_ON, TERMINATE_UNSUPPORTED, fixed_str_value,
+use gate_common::{
+    abi::fixed_str_value,
+    user::{Hook, Mode, Program, TcDirection, TerminateState, Verdict},
 };
 use serde::Serialize;
 
-use crate::{
-    events::{self, hook_name},
-    loader::{Layout, LoaderError, Maps, pins},
-};
+use crate::loader::{Layout, LoaderError, Maps, pins};
 
 #[derive(Debug, Serialize)]
 pub struct Status {
@@ -137,7 +134,7 @@ impl Status {
             .iter()
             .flatten()
             .map(|(key, rec)| {
-                let dir = if key & 1 == 1 { "egress" } else { "ingress" };
+                let dir = TcDirection::of_clsact_key(key).name();
                 let netns = fixed_str_value(&rec.netns);
                 format!("{dir} {} {netns}", fixed_str_value(&rec.ifname)).trim_end().to_owned()
             })
@@ -145,12 +142,7 @@ impl Status {
         status.tc_clsact.sort();
         status.cgroup_root = fixed_str_value(&info.root_path).to_owned();
         status.cgroup_root_id = info.root_cgroup_id;
-        status.terminate_established = match info.terminate {
-            TERMINATE_ON => "on",
-            TERMINATE_OFF => "off",
-            TERMINATE_UNSUPPORTED => "unsupported by this kernel",
-            _ => "unknown",
-        };
+        status.terminate_established = TerminateState::from_kernel(info.terminate).name();
         let generation = maps.active()?;
         let meta = maps.policy_meta(generation)?;
         let names = maps.endpoint_names(generation, meta.endpoints);
@@ -160,7 +152,7 @@ impl Status {
                 generation: info.policy_generation,
                 hash: format!("{:016x}", info.policy_hash),
                 platform: fixed_str_value(&info.platform).to_owned(),
-                mode: if meta.mode == MODE_AUDIT { "audit" } else { "enforce" },
+                mode: Mode::from_kernel(meta.mode).name(),
                 applied_at_unix_ms: info.applied_at_ms,
                 applied_by_pid: info.agent_pid,
                 allowed_cgroups: maps.allowed_counts()[generation as usize],
@@ -181,11 +173,11 @@ impl Status {
             .iter()
             .enumerate()
             .map(|(hook, row)| HookCounters {
-                hook: hook_name(hook as u8),
-                unmatched: row[0],
-                allowed: row[1],
-                denied: row[2],
-                audited: row[3],
+                hook: Hook::from_id(hook as u32).map_or("unknown", Hook::name),
+                unmatched: row[Verdict::Unmatched.id() as usize],
+                allowed: row[Verdict::Allowed.id() as usize],
+                denied: row[Verdict::Denied.id() as usize],
+                audited: row[Verdict::Audited.id() as usize],
             })
             .collect();
         status.events_lost = stats.events_lost;
@@ -197,14 +189,14 @@ impl Status {
             .map(|ev| Denial {
                 age_s: now.saturating_sub(ev.ts_ns) as f64 / 1e9,
                 cgroup_id: ev.cgroup_id,
-                dst: events::dst_addr(ev).to_string(),
+                dst: ev.dst().to_string(),
                 port: ev.port,
-                proto: events::proto_name(ev.proto),
+                proto: ev.proto_name(),
                 pid: ev.pid,
-                comm: events::comm(ev),
+                comm: ev.comm(),
                 endpoint: names.get(ev.endpoint as usize).cloned().unwrap_or_else(|| "?".into()),
-                verdict: events::verdict_name(ev.verdict),
-                hook: hook_name(ev.hook),
+                verdict: Verdict::of_event(ev.verdict).name(),
+                hook: Hook::of_event(ev.hook).map_or("unknown", Hook::name),
             })
             .collect();
         Ok(status)
@@ -315,22 +307,17 @@ fn attachments(layout: &Layout) -> Vec<Attachment> {
         .links()
         .into_iter()
         .filter_map(|hook| {
-            let fd = crate::loader::pins::open_link(layout, &hook).ok()?;
-            let info = crate::loader::pins::link_info(fd.as_fd()).ok()?;
+            let info = pins::pinned_link_info(layout, &hook).ok()?;
             let prog = programs.iter().find(|p| p.id() == info.prog_id);
-            // The union of bpf_link_info holds the cgroup id (u64) or the ifindex (u32).
-            let target_id =
-                if hook.starts_with("tc-") { info.cgroup_id & 0xffff_ffff } else { info.cgroup_id };
+            let kernel_name = prog.and_then(|p| p.name_as_str()).unwrap_or("?");
             Some(Attachment {
-                program: gate_common::abi::programs::full_name(
-                    prog.and_then(|p| p.name_as_str()).unwrap_or("?"),
-                )
-                .to_owned(),
+                program: Program::from_kernel_name(kernel_name)
+                    .map_or_else(|| kernel_name.to_owned(), |p| p.name().to_owned()),
                 tag: prog.map(|p| format!("{:016x}", p.tag())).unwrap_or_default(),
                 hook,
                 link_id: info.id,
                 program_id: info.prog_id,
-                target_id,
+                target_id: info.target.id(),
                 run_count: prog.map_or(0, |p| p.run_count()),
                 run_time_ns: prog.map_or(0, |p| p.run_time().as_nanos() as u64),
             })

@@ -43,24 +43,17 @@ use std::{
 };
 
 use gate_common::{
-    abi::{
-        AllowKey, MODE_AUDIT, MODE_ENFORCE, PROTO_TCP, PROTO_UDP, VERDICT_AUDITED, VERDICT_DENIED,
-    },
+    abi::{AllowKey, PROTO_TCP, PROTO_UDP, VERDICT_AUDITED, VERDICT_DENIED},
     compile::HostTables,
+    user::{AllowSet, proto_name},
     verdict::{Addr, Dst, cgroup_allowed, decide, match_endpoint},
 };
 
-use crate::{
-    cgroup::GatedRoot,
-    events::proto_name,
-    policy::{Mode, Policy, PolicyError},
-};
+use crate::{cgroup::GatedRoot, policy::Policy};
 
 /// What can stop a scan, or one namespace of it.
 #[derive(Debug, thiserror::Error)]
 pub enum TerminateError {
-    #[error("compiling the policy: {0}")]
-    Policy(#[from] PolicyError),
     #[error("network namespace {netns}: {op}: {source}")]
     Io { netns: String, op: &'static str, source: io::Error },
     #[error("network namespace {netns}: malformed sock_diag reply: {error}")]
@@ -167,20 +160,15 @@ pub struct Scope {
 }
 
 impl Scope {
-    /// `allow` is the allow set as (cgroup id, allow entry index), as written to the maps.
-    pub fn new(
-        policy: &Policy,
-        root: &GatedRoot,
-        allow: &[(u64, u32)],
-    ) -> Result<Scope, TerminateError> {
+    /// `allow` is the allow set as written to the maps.
+    pub fn new(policy: &Policy, root: &GatedRoot, allow: &AllowSet) -> Scope {
         let generation = 0;
         let mut tables = HostTables::default();
-        tables.load(&policy.compile(generation)?);
-        for &(id, entry) in allow {
+        tables.load(policy.image(), generation);
+        for (id, entry) in allow.iter() {
             tables.allow(AllowKey::new(generation, id), entry);
         }
-        let mode = if policy.mode == Mode::Audit { MODE_AUDIT } else { MODE_ENFORCE };
-        Ok(Scope { tables, generation, mode, root_level: root.level })
+        Scope { tables, generation, mode: policy.mode.id(), root_level: root.level }
     }
 
     /// (endpoint, verdict) for traffic to `dst` from a cgroup whose ids below the gated root
@@ -241,11 +229,11 @@ impl CgroupIndex {
 pub async fn after_policy_change(
     root: &GatedRoot,
     policy: &Policy,
-    allow: Vec<(u64, u32)>,
+    allow: AllowSet,
 ) -> Option<Report> {
     let (root, policy) = (root.clone(), policy.clone());
     let result = tokio::task::spawn_blocking(move || {
-        let scope = Scope::new(&policy, &root, &allow)?;
+        let scope = Scope::new(&policy, &root, &allow);
         let report = terminate_established(&root, &scope);
         Ok::<_, TerminateError>((report, policy))
     })
@@ -1127,7 +1115,7 @@ mod tests {
         assert_eq!(index.get(12).unwrap().1, vec![11, 12]);
         assert_eq!(index.get(10).unwrap(), &(PathBuf::from("."), vec![]));
         assert!(index.get(99).is_none());
-        let scope = Scope::new(&policy("enforce"), &root(), &[(11, 0)]).unwrap();
+        let scope = Scope::new(&policy("enforce"), &root(), &[(11, 0)].into_iter().collect());
         let imds = Dst { addr: Addr::V4([169, 254, 169, 254]), port: 80, proto: PROTO_TCP };
         let chain = |id| index.get(id).unwrap().1.clone();
         assert_eq!(scope.judge(&imds, &chain(14)), Some((0, VERDICT_DENIED)));
@@ -1140,7 +1128,7 @@ mod tests {
         let v6 = [0xfd, 0, 0x0e, 0xc2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x02, 0x54];
         let d6 = Dst { addr: Addr::V6(v6), port: 443, proto: PROTO_UDP };
         assert_eq!(scope.judge(&d6, &chain(13)), Some((1, VERDICT_DENIED)));
-        let audit = Scope::new(&policy("audit"), &root(), &[(11, 0)]).unwrap();
+        let audit = Scope::new(&policy("audit"), &root(), &[(11, 0)].into_iter().collect());
         assert_eq!(audit.judge(&imds, &chain(14)), Some((0, VERDICT_AUDITED)));
     }
 
@@ -1202,7 +1190,10 @@ mod tests {
             (PathBuf::from("cloud-agent/nested"), 12),
             (PathBuf::from("pod-a"), 13),
         ];
-        (Scope::new(&policy(mode), &root(), &[(11, 0)]).unwrap(), CgroupIndex::new(10, walked))
+        (
+            Scope::new(&policy(mode), &root(), &[(11, 0)].into_iter().collect()),
+            CgroupIndex::new(10, walked),
+        )
     }
 
     fn kernel() -> FakeKernel {

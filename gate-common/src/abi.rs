@@ -55,30 +55,6 @@ pub mod names {
     ];
 }
 
-/// Program names (function names in gate-ebpf).
-pub mod programs {
-    pub const CONNECT4: &str = "gate_connect4";
-    pub const CONNECT6: &str = "gate_connect6";
-    pub const SENDMSG4: &str = "gate_sendmsg4";
-    pub const SENDMSG6: &str = "gate_sendmsg6";
-    pub const EGRESS: &str = "gate_egress";
-    /// Fallback for kernels whose cgroup_skb programs may not call the current-task helpers.
-    pub const EGRESS_NOTASK: &str = "gate_egress_notask";
-    /// tc (tcx) program for `--tc-interface` / `--tc-workload-interface`.
-    pub const TC: &str = "gate_tc";
-
-    pub const ALL: [&str; 7] = [CONNECT4, CONNECT6, SENDMSG4, SENDMSG6, EGRESS, EGRESS_NOTASK, TC];
-
-    /// The full name of one of our programs from the kernel's name of it, which is cut to
-    /// 15 bytes (BPF_OBJ_NAME_LEN).
-    pub fn full_name(kernel_name: &str) -> &str {
-        if kernel_name.len() < 15 {
-            return kernel_name;
-        }
-        ALL.iter().find(|n| n.starts_with(kernel_name)).copied().unwrap_or(kernel_name)
-    }
-}
-
 // ---- limits --------------------------------------------------------------------------------
 
 /// Endpoints in one policy (per generation; the maps hold two generations).

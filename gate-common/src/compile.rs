@@ -57,16 +57,57 @@ impl fmt::Display for CompileError {
 
 impl std::error::Error for CompileError {}
 
-/// Table entries of one generation, ready to be written to the maps.
+/// A rule of the image: (rule set of a prefix, port, protocol), without a generation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Rule {
+    pub set_id: u32,
+    /// Host byte order; [`PORT_ANY`] for any port.
+    pub port: u16,
+    /// [`PROTO_ANY`] for any protocol.
+    pub proto: u8,
+}
+
+/// The table entries of one policy, generation-free: compiled once, kept with the policy,
+/// and stamped with a generation only by whoever writes them ([`Image::v4_entries`] and
+/// friends: the loader into the maps, [`HostTables::load`] into memory).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Compiled {
-    pub generation: u32,
-    /// (LPM prefix length including [`GEN_PREFIX_BITS`], key data, value)
-    pub v4: Vec<(u32, PrefixV4, PrefixValue)>,
-    pub v6: Vec<(u32, PrefixV6, PrefixValue)>,
-    pub rules: Vec<(PortRuleKey, u32)>,
+pub struct Image {
+    /// (prefix length in bits, address with host bits clear, value)
+    pub v4: Vec<(u8, [u8; 4], PrefixValue)>,
+    pub v6: Vec<(u8, [u8; 16], PrefixValue)>,
+    /// Rule → endpoint index.
+    pub rules: Vec<(Rule, u32)>,
     /// First-byte pre-check of the protected prefixes (goes into PolicyMeta).
     pub prefilter: crate::abi::Prefilter,
+}
+
+impl Image {
+    /// IPv4 LPM entries of generation `generation`: (LPM prefix length including
+    /// [`GEN_PREFIX_BITS`], key data, value).
+    pub fn v4_entries(
+        &self,
+        generation: u32,
+    ) -> impl Iterator<Item = (u32, PrefixV4, PrefixValue)> + '_ {
+        self.v4.iter().map(move |&(len, addr, v)| {
+            (GEN_PREFIX_BITS + u32::from(len), PrefixV4::new(generation, addr), v)
+        })
+    }
+
+    pub fn v6_entries(
+        &self,
+        generation: u32,
+    ) -> impl Iterator<Item = (u32, PrefixV6, PrefixValue)> + '_ {
+        self.v6.iter().map(move |&(len, addr, v)| {
+            (GEN_PREFIX_BITS + u32::from(len), PrefixV6::new(generation, addr), v)
+        })
+    }
+
+    /// PORT_RULES entries of generation `generation`.
+    pub fn rule_entries(&self, generation: u32) -> impl Iterator<Item = (PortRuleKey, u32)> + '_ {
+        self.rules.iter().map(move |&(r, endpoint)| {
+            (PortRuleKey::new(generation, r.set_id, r.port, r.proto), endpoint)
+        })
+    }
 }
 
 fn mask<const N: usize>(mut a: [u8; N], len: u8) -> [u8; N] {
@@ -122,8 +163,8 @@ impl Net {
 
 const MAPPED_PREFIX_16: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0, 0, 0];
 
-/// Compile `endpoints` (policy order = endpoint index) into generation `generation`'s entries.
-pub fn compile(generation: u32, endpoints: &[EndpointSpec]) -> Result<Compiled, CompileError> {
+/// Compile `endpoints` (policy order = endpoint index) into table entries.
+pub fn compile(endpoints: &[EndpointSpec]) -> Result<Image, CompileError> {
     if endpoints.len() > MAX_ENDPOINTS as usize {
         return Err(CompileError::TooManyEndpoints { count: endpoints.len(), max: MAX_ENDPOINTS });
     }
@@ -142,8 +183,8 @@ pub fn compile(generation: u32, endpoints: &[EndpointSpec]) -> Result<Compiled, 
         return Err(CompileError::TooManyEndpoints { count: n4.max(n6), max: MAX_ENDPOINTS });
     }
 
-    let mut out = Compiled { generation, ..Default::default() };
-    let mut rules: BTreeMap<PortRuleKey, u32> = BTreeMap::new();
+    let mut out = Image::default();
+    let mut rules: BTreeMap<Rule, u32> = BTreeMap::new();
     for (set_id, &net) in by_net.keys().enumerate() {
         let set_id = set_id as u32;
         let mut kinds = 0;
@@ -162,9 +203,7 @@ pub fn compile(generation: u32, endpoints: &[EndpointSpec]) -> Result<Compiled, 
                             (false, true) => KIND_PORT_ANYPROTO,
                             (true, true) => KIND_ANYPORT_ANYPROTO,
                         };
-                        let e = rules
-                            .entry(PortRuleKey::new(generation, set_id, port, proto))
-                            .or_insert(idx);
+                        let e = rules.entry(Rule { set_id, port, proto }).or_insert(idx);
                         *e = (*e).min(idx);
                     }
                 }
@@ -175,25 +214,17 @@ pub fn compile(generation: u32, endpoints: &[EndpointSpec]) -> Result<Compiled, 
         }
         let value = PrefixValue { set_id, kinds };
         match net {
-            Net::V4 { addr, len } => out.v4.push((
-                GEN_PREFIX_BITS + u32::from(len),
-                PrefixV4::new(generation, addr),
-                value,
-            )),
-            Net::V6 { addr, len } => out.v6.push((
-                GEN_PREFIX_BITS + u32::from(len),
-                PrefixV6::new(generation, addr),
-                value,
-            )),
+            Net::V4 { addr, len } => {
+                out.prefilter.add(false, addr[0], u32::from(len));
+                out.v4.push((len, addr, value));
+            }
+            Net::V6 { addr, len } => {
+                out.prefilter.add(true, addr[0], u32::from(len));
+                out.v6.push((len, addr, value));
+            }
         }
     }
     out.rules = rules.into_iter().collect();
-    for &(plen, k, _) in &out.v4 {
-        out.prefilter.add(false, k.addr[0], plen - GEN_PREFIX_BITS);
-    }
-    for &(plen, k, _) in &out.v6 {
-        out.prefilter.add(true, k.addr[0], plen - GEN_PREFIX_BITS);
-    }
     Ok(out)
 }
 
@@ -209,15 +240,16 @@ pub struct HostTables {
 }
 
 impl HostTables {
-    pub fn load(&mut self, c: &Compiled) {
-        for &(plen, k, v) in &c.v4 {
-            self.v4.insert((c.generation, k.addr, (plen - GEN_PREFIX_BITS) as u8), v);
+    /// Load an image as generation `generation`.
+    pub fn load(&mut self, image: &Image, generation: u32) {
+        for &(len, addr, v) in &image.v4 {
+            self.v4.insert((generation, addr, len), v);
         }
-        for &(plen, k, v) in &c.v6 {
-            self.v6.insert((c.generation, k.addr, (plen - GEN_PREFIX_BITS) as u8), v);
+        for &(len, addr, v) in &image.v6 {
+            self.v6.insert((generation, addr, len), v);
         }
-        self.rules.extend(c.rules.iter().copied());
-        self.prefilter.insert(c.generation, c.prefilter);
+        self.rules.extend(image.rule_entries(generation));
+        self.prefilter.insert(generation, image.prefilter);
     }
 
     pub fn allow(&mut self, key: crate::abi::AllowKey, entry: u32) {
@@ -286,7 +318,7 @@ mod tests {
 
     fn tables(generation: u32, eps: &[EndpointSpec]) -> HostTables {
         let mut t = HostTables::default();
-        t.load(&compile(generation, eps).expect("compiles"));
+        t.load(&compile(eps).expect("compiles"), generation);
         t
     }
 
@@ -333,7 +365,7 @@ mod tests {
         let eps = [ep(v6(mapped([169, 254, 169, 254]), 128), &[80], &[])];
         let t = tables(0, &eps);
         assert_eq!(match_endpoint(&t, 0, &dst4([169, 254, 169, 254], 80, PROTO_TCP)), Some(0));
-        let c = compile(0, &eps).unwrap();
+        let c = compile(&eps).unwrap();
         assert!(c.v6.is_empty(), "a mapped CIDR lives in the IPv4 trie only");
     }
 
@@ -350,10 +382,10 @@ mod tests {
     fn limits_are_errors() {
         let many: Vec<_> =
             (0..=MAX_ENDPOINTS).map(|i| ep(v4(i.to_be_bytes(), 32), &[80], &[])).collect();
-        assert!(matches!(compile(0, &many), Err(CompileError::TooManyEndpoints { .. })));
+        assert!(matches!(compile(&many), Err(CompileError::TooManyEndpoints { .. })));
         let ports: Vec<u16> = (1..=u16::MAX).collect();
         let wide = [ep(v4([10, 0, 0, 0], 8), &ports, &[PROTO_TCP, PROTO_UDP])];
-        assert!(matches!(compile(0, &wide), Err(CompileError::TooManyRules { .. })));
+        assert!(matches!(compile(&wide), Err(CompileError::TooManyRules { .. })));
     }
 
     #[test]
@@ -361,7 +393,7 @@ mod tests {
         let many: Vec<_> = (0..10_000u32)
             .map(|i| ep(v4((0x0a00_0000 + i).to_be_bytes(), 32), &[80], &[PROTO_TCP]))
             .collect();
-        let c = compile(1, &many).unwrap();
+        let c = compile(&many).unwrap();
         assert_eq!(c.v4.len(), 10_000);
         assert_eq!(c.rules.len(), 10_000);
     }

@@ -7,12 +7,13 @@
 //!   runs.
 //! * [`compile`] (host only): turns a list of endpoints into the table entries that make
 //!   [`verdict::match_endpoint`] agree with a plain reading of the policy.
-//! * `user` (feature `user`): `aya::Pod` impls for the map types.
+//! * [`user`] (feature `user`): typed views of the ABI for user space: one vocabulary for
+//!   hooks, verdicts, modes and attach points, the allow set, and `aya::Pod` glue.
 #![cfg_attr(target_arch = "bpf", no_std)]
 
 pub mod abi;
 #[cfg(not(target_arch = "bpf"))]
 pub mod compile;
 #[cfg(feature = "user")]
-mod user;
+pub mod user;
 pub mod verdict;

@@ -721,7 +721,7 @@ fn container_leaf_id(leaf: &str, systemd: bool) -> Option<String> {
 // ---- allow evaluation ----------------------------------------------------------------------
 
 /// Which pods the gate applies to (the agent's scope option).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Scope {
     /// Every pod is gated; only allow entries let pods through. The default.
     #[default]

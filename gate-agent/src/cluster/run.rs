@@ -16,7 +16,6 @@ use std::{
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
     sync::{Arc, RwLock},
-    time::Duration,
 };
 
 use anyhow::{Context as _, Result, bail};
@@ -37,11 +36,12 @@ use super::{
 };
 use crate::{
     cgroup::{GatedRoot, cgroup2_mount},
-    cli::RunArgs,
-    engine::{Engine, Offer},
+    config::{AgentConfig, ClusterConfig},
+    engine::{AllowSource, Engine, Offer},
     events::{CgroupNames, Denied, Namer},
     policy::Policy,
 };
+use gate_common::user::AllowSet;
 
 /// The key of the policy in its ConfigMap.
 pub const POLICY_KEY: &str = "policy.yaml";
@@ -131,7 +131,7 @@ impl Layout {
     }
 
     /// The allow set of `policy` over the indexed pods: cgroup ids of the cgroups that exist.
-    fn allow_set(&self, index: &PodIndex, policy: &Policy) -> Vec<(u64, u32)> {
+    fn allow_set(&self, index: &PodIndex, policy: &Policy) -> AllowSet {
         index
             .desired_allow_set(policy, self.driver, self.scope)
             .into_iter()
@@ -140,6 +140,18 @@ impl Layout {
                 std::fs::metadata(path).ok().map(|m| (m.ino(), entry))
             })
             .collect()
+    }
+}
+
+/// Cluster allow set: the indexed pods' cgroups.
+struct PodAllow {
+    index: Arc<RwLock<PodIndex>>,
+    layout: Layout,
+}
+
+impl AllowSource for PodAllow {
+    fn allow_set(&self, policy: &Policy) -> AllowSet {
+        self.index.read().map(|i| self.layout.allow_set(&i, policy)).unwrap_or_default()
     }
 }
 
@@ -285,13 +297,13 @@ impl State {
                 container.map(|c| c.name.clone()),
             )
         };
-        let dst = crate::events::dst_addr(&d.event);
+        let dst = d.event.dst();
         let note = format!(
             "{}{} to {dst}:{}/{} ({}) refused: cloud instance metadata is not for workloads",
             container.map(|c| format!("container {c}: ")).unwrap_or_default(),
-            crate::events::comm(&d.event),
+            d.event.comm(),
             d.event.port,
-            crate::events::proto_name(d.event.proto),
+            d.event.proto_name(),
             d.endpoint,
         );
         self.events.publish(object, true, kevents::BLOCKED_REASON, note).await;
@@ -299,18 +311,12 @@ impl State {
 }
 
 /// Wait for the first good policy and the first full pod list, then start the engine.
-pub async fn run(args: RunArgs) -> Result<()> {
-    let node = args.node_name.clone().context("cluster mode needs --node-name (or NODE_NAME)")?;
+pub async fn run(cfg: &AgentConfig, args: &ClusterConfig) -> Result<()> {
+    let node = args.node_name.clone();
     let client = client(args.kubeconfig.as_deref()).await?;
     let detected = platform::detect(&client, &node, args.platform.as_deref()).await?;
     let (cm_ns, cm_name, cm_follows_platform) = match &args.policy_configmap {
-        Some(s) => {
-            let (ns, name) = s
-                .split_once('/')
-                .filter(|(n, m)| !n.is_empty() && !m.is_empty())
-                .with_context(|| format!("--policy-configmap {s:?}: expected NAMESPACE/NAME"))?;
-            (ns.to_owned(), name.to_owned(), false)
-        }
+        Some((ns, name)) => (ns.clone(), name.clone(), false),
         None => (args.namespace.clone(), detected.configmap_name(), true),
     };
     tracing::info!(
@@ -319,7 +325,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     );
     let root_path = kubepods_root(args.cgroup_root.as_deref())?;
     let root = GatedRoot::open(&root_path)?;
-    let layout = Layout::new(&root.path, args.gate_scope);
+    let layout = Layout::new(&root.path, args.scope);
     tracing::info!(cgroup_root = %root.path.display(), driver = ?layout.driver, scope = layout.scope.as_str(), "gated root");
 
     let mut st = State {
@@ -374,20 +380,16 @@ pub async fn run(args: RunArgs) -> Result<()> {
     }
     let Some(policy) = policy else { bail!("no policy") };
 
-    let idx = st.index.clone();
-    let lay = st.layout.clone();
-    let allow = move |p: &Policy| -> Vec<(u64, u32)> {
-        idx.read().map(|i| lay.allow_set(&i, p)).unwrap_or_default()
-    };
+    let allow = Box::new(PodAllow { index: st.index.clone(), layout: st.layout.clone() });
     let idx = st.index.clone();
     let lay = st.layout.clone();
     let namer: Namer = Arc::new(move |rel: &Path| idx.read().ok()?.owner_name(&lay.canonical(rel)));
     let names = CgroupNames::with_namer(GatedRoot::open(&root_path)?, namer);
     let (tx, mut denied) = tokio::sync::mpsc::unbounded_channel();
-    let mut engine = Engine::start(&args, policy, root, &allow, names, Some(tx)).await?;
+    let mut engine = Engine::start(cfg, policy, root, allow, names, Some(tx)).await?;
 
     // Phase 2: keep policy, pods and platform current.
-    let mut tick = tokio::time::interval(Duration::from_millis(args.rescan_ms.max(50)));
+    let mut tick = tokio::time::interval(cfg.rescan);
     loop {
         tokio::select! {
             _ = term.recv() => break,
@@ -396,10 +398,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 Some(Ok(Event::Apply(cm) | Event::InitApply(cm))) => {
                     let source = st.source();
                     let offer = match policy_text(&cm) {
-                        Ok(text) => engine.offer(&source, &text, "configmap changed", &allow).await,
+                        Ok(text) => engine.offer(&source, &text, "configmap changed").await,
                         Err(why) => {
-                            tracing::error!(configmap = %source, error = %why, "policy rejected; the last good policy stays in force");
-                            engine.metrics.reload("failure");
+                            engine.refuse(&source, "configmap changed", &why);
                             Offer::Rejected(why)
                         }
                     };
@@ -413,7 +414,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 None => bail!("the ConfigMap watch ended"),
             },
             ev = pods.next() => match ev {
-                Some(Ok(ev)) => if st.on_pod(ev) { engine.sync(&allow) },
+                Some(Ok(ev)) => if st.on_pod(ev) { engine.sync() },
                 Some(Err(e)) => tracing::warn!(error = %e, "watching pods (retrying)"),
                 None => bail!("the pod watch ended"),
             },
@@ -440,7 +441,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 None => infra = futures::stream::pending().boxed(),
             },
             Some(d) = denied.recv() => st.on_denied(d).await,
-            _ = tick.tick() => engine.sync(&allow),
+            _ = tick.tick() => engine.sync(),
         }
     }
     engine.stop();

@@ -154,9 +154,9 @@ pub fn cleanup(pin_dir: &Path) -> Result<Vec<PathBuf>, LoaderError> {
     Ok(removed)
 }
 
-/// Open the pinned link of `hook`.
-pub fn open_link(layout: &Layout, hook: &str) -> std::io::Result<std::os::fd::OwnedFd> {
-    super::sys::obj_get(&layout.link(hook))
+/// Describe the link pinned as `links/<name>`.
+pub fn pinned_link_info(layout: &Layout, name: &str) -> io::Result<super::LinkInfo> {
+    use std::os::fd::AsFd as _;
+    let fd = super::sys::obj_get(&layout.link(name))?;
+    super::sys::link_info(fd.as_fd())
 }
-
-pub use super::sys::{LinkInfo, link_info};

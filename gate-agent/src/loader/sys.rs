@@ -60,18 +60,41 @@ pub fn link_update(link: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Result<()>
     bpf(BPF_LINK_UPDATE, &mut attr).map(drop)
 }
 
-/// The head of `struct bpf_link_info` with the cgroup member of its union.
+/// `enum bpf_link_type` values we read.
+const BPF_LINK_TYPE_CGROUP: u32 = 3;
+const BPF_LINK_TYPE_TCX: u32 = 11;
+
+/// The head of `struct bpf_link_info`: the fixed fields and the first 16 bytes of the
+/// per-type union.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Default)]
+struct RawLinkInfo {
+    link_type: u32,
+    id: u32,
+    prog_id: u32,
+    _pad: u32,
+    /// cgroup links: `__u64 cgroup_id; __u32 attach_type;` tcx links: `__u32 ifindex;
+    /// __u32 attach_type;`.
+    target: [u8; 16],
+}
+
+/// What a link is attached to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkTarget {
+    /// A cgroup link: the cgroup v2 id.
+    Cgroup(u64),
+    /// A tcx link: the interface index.
+    Ifindex(u32),
+    /// Another kind of link.
+    Other,
+}
+
+/// A link's id, program and target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LinkInfo {
-    pub link_type: u32,
     pub id: u32,
     pub prog_id: u32,
-    _pad: u32,
-    /// For cgroup links: the cgroup the program is attached to.
-    pub cgroup_id: u64,
-    pub attach_type: u32,
-    _pad2: u32,
+    pub target: LinkTarget,
 }
 
 #[repr(C)]
@@ -83,14 +106,33 @@ struct InfoAttr {
 
 /// Describe a link.
 pub fn link_info(link: BorrowedFd<'_>) -> io::Result<LinkInfo> {
-    let mut info = LinkInfo::default();
+    let mut raw = RawLinkInfo::default();
     let mut attr = InfoAttr {
         bpf_fd: link.as_raw_fd() as u32,
-        info_len: size_of::<LinkInfo>() as u32,
-        info: &mut info as *mut LinkInfo as u64,
+        info_len: size_of::<RawLinkInfo>() as u32,
+        info: &mut raw as *mut RawLinkInfo as u64,
     };
     bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
-    Ok(info)
+    let t = raw.target;
+    let target = match raw.link_type {
+        BPF_LINK_TYPE_CGROUP => {
+            LinkTarget::Cgroup(u64::from_ne_bytes([t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]]))
+        }
+        BPF_LINK_TYPE_TCX => LinkTarget::Ifindex(u32::from_ne_bytes([t[0], t[1], t[2], t[3]])),
+        _ => LinkTarget::Other,
+    };
+    Ok(LinkInfo { id: raw.id, prog_id: raw.prog_id, target })
 }
 
-const _: () = assert!(size_of::<LinkInfo>() == 32);
+impl LinkTarget {
+    /// The cgroup id or ifindex, for display.
+    pub fn id(self) -> u64 {
+        match self {
+            LinkTarget::Cgroup(id) => id,
+            LinkTarget::Ifindex(i) => u64::from(i),
+            LinkTarget::Other => 0,
+        }
+    }
+}
+
+const _: () = assert!(size_of::<RawLinkInfo>() == 32);

@@ -23,10 +23,13 @@ use aya::{
     },
     util::KernelVersion,
 };
-use gate_common::abi::{TcClsact, fixed_str, fixed_str_value, names, programs, tc_clsact_key};
+use gate_common::{
+    abi::{TcClsact, fixed_str, fixed_str_value, names},
+    user::{AttachPoint, Program, TcDirection},
+};
 use globset::{Glob, GlobSet, GlobSetBuilder};
 
-use super::{Gate, HookChange, LoaderError, map_err, sys};
+use super::{Gate, HookChange, LinkTarget, LoaderError, map_err, sys};
 
 /// Interfaces to guard, as globs over interface names.
 #[derive(Clone, Debug, Default)]
@@ -43,7 +46,7 @@ pub struct TcConfig {
 }
 
 /// How tc programs are attached.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum TcMode {
     /// tcx where the kernel has it (6.6+), else clsact.
     #[default]
@@ -143,7 +146,7 @@ impl Gate {
         let egress = globset(&cfg.egress)?;
         let workload = globset(&cfg.workload)?;
         let layout = self.layout.clone();
-        let prog_name = programs::TC;
+        let prog_name = Program::Tc.name();
         let ebpf = &mut self.ebpf;
         let workload_map = &mut self.maps.workload;
         let clsact_map = &mut self.maps.clsact;
@@ -152,7 +155,7 @@ impl Gate {
         let netns_str =
             cfg.netns.as_deref().map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
         in_netns(cfg.netns.as_deref(), move || {
-            let prog: &mut SchedClassifier = super::program(ebpf, prog_name)?;
+            let prog: &mut SchedClassifier = super::program(ebpf, Program::Tc)?;
             let perr = |source| LoaderError::Program { name: prog_name, source };
             let mut wanted = BTreeSet::new();
             let mut wanted_clsact = BTreeSet::new();
@@ -161,16 +164,17 @@ impl Gate {
             for (ifindex, name) in interfaces() {
                 let mut targets = Vec::new();
                 if egress.is_match(&name) || workload.is_match(&name) {
-                    targets.push(("egress", TcAttachType::Egress));
+                    targets.push(TcDirection::Egress);
                 }
                 if workload.is_match(&name) {
-                    targets.push(("ingress", TcAttachType::Ingress));
+                    targets.push(TcDirection::Ingress);
                     workload_ifindexes.insert(ifindex);
                 }
-                for (dir, attach_type) in targets {
-                    let hook = format!("tc-{dir}-{name}");
+                for dir in targets {
+                    let attach_type = attach_type(dir);
+                    let hook = AttachPoint::tc_pin_name(dir, &name);
                     if !tcx {
-                        let key = tc_clsact_key(ifindex, dir == "egress");
+                        let key = dir.clsact_key(ifindex);
                         wanted_clsact.insert(key);
                         if update || !clsact_done.contains(&key) {
                             attach_clsact(prog, &name, attach_type)?;
@@ -178,10 +182,10 @@ impl Gate {
                                 TcClsact { ifname: fixed_str(&name), netns: fixed_str(&netns_str) };
                             clsact_map.insert(key, rec, 0).map_err(map_err(names::TC_CLSACT))?;
                             clsact_done.insert(key);
-                            tracing::info!(interface = %name, direction = dir, mode = "clsact", "tc program attached");
+                            tracing::info!(interface = %name, direction = dir.name(), mode = "clsact", "tc program attached");
                             changes.push(HookChange {
-                                hook: "tc",
-                                program: prog_name,
+                                point: AttachPoint::Tc,
+                                program: Program::Tc,
                                 old_prog_id: None,
                                 new_prog_id: 0,
                             });
@@ -198,7 +202,7 @@ impl Gate {
                         })?;
                         match sys::link_info(fd.as_fd()) {
                             // Still attached to this very interface.
-                            Ok(info) if info.cgroup_id as u32 == ifindex => {
+                            Ok(info) if info.target == LinkTarget::Ifindex(ifindex) => {
                                 Some((fd, info.prog_id))
                             }
                             _ => {
@@ -220,8 +224,8 @@ impl Gate {
                                 }
                             })?;
                             changes.push(HookChange {
-                                hook: "tc",
-                                program: prog_name,
+                                point: AttachPoint::Tc,
+                                program: Program::Tc,
                                 old_prog_id: Some(old),
                                 new_prog_id: 0,
                             });
@@ -239,10 +243,10 @@ impl Gate {
                                 path: path.clone(),
                                 source,
                             })?;
-                            tracing::info!(interface = %name, direction = dir, mode = "tcx", "tc program attached");
+                            tracing::info!(interface = %name, direction = dir.name(), mode = "tcx", "tc program attached");
                             changes.push(HookChange {
-                                hook: "tc",
-                                program: prog_name,
+                                point: AttachPoint::Tc,
+                                program: Program::Tc,
                                 old_prog_id: None,
                                 new_prog_id: 0,
                             });
@@ -254,7 +258,7 @@ impl Gate {
             let recorded: Vec<(u64, TcClsact)> = clsact_map.iter().flatten().collect();
             for (key, rec) in recorded {
                 if !wanted_clsact.contains(&key) {
-                    detach_clsact(&rec, key & 1 == 1);
+                    detach_clsact(&rec, TcDirection::of_clsact_key(key));
                     let _ = clsact_map.remove(&key);
                     clsact_done.remove(&key);
                 }
@@ -316,14 +320,20 @@ fn attach_clsact(
     Ok(())
 }
 
+fn attach_type(dir: TcDirection) -> TcAttachType {
+    match dir {
+        TcDirection::Ingress => TcAttachType::Ingress,
+        TcDirection::Egress => TcAttachType::Egress,
+    }
+}
+
 /// Remove our clsact filter recorded in `rec` (best effort: the interface or netns may be gone).
-fn detach_clsact(rec: &TcClsact, egress: bool) {
+fn detach_clsact(rec: &TcClsact, dir: TcDirection) {
     let iface = fixed_str_value(&rec.ifname).to_owned();
     let netns = fixed_str_value(&rec.netns);
     let netns = (!netns.is_empty()).then(|| PathBuf::from(netns));
-    let attach_type = if egress { TcAttachType::Egress } else { TcAttachType::Ingress };
     let r = in_netns(netns.as_deref(), || {
-        tc::qdisc_detach_program(&iface, attach_type, programs::TC)
+        tc::qdisc_detach_program(&iface, attach_type(dir), Program::Tc.name())
             .map_err(|e| LoaderError::Tc(e.to_string()))
     });
     match r {
@@ -338,6 +348,6 @@ pub fn cleanup_clsact(layout: &super::Layout) {
     let Ok(map) = aya::maps::Map::from_map_data(data) else { return };
     let Ok(map) = aya::maps::HashMap::<_, u64, TcClsact>::try_from(map) else { return };
     for (key, rec) in map.iter().flatten() {
-        detach_clsact(&rec, key & 1 == 1);
+        detach_clsact(&rec, TcDirection::of_clsact_key(key));
     }
 }

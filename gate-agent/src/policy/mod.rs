@@ -25,9 +25,11 @@
 use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
 use std::path::Path;
+use std::sync::Arc;
 
 use gate_common::abi::{PROTO_TCP, PROTO_UDP};
-use gate_common::compile::{self, Compiled, EndpointSpec, Net};
+use gate_common::compile::{self, EndpointSpec, Image, Net};
+use gate_common::user::PolicyHash;
 use globset::GlobMatcher;
 use ipnet::IpNet;
 
@@ -58,30 +60,7 @@ pub const PLATFORMS: &[&str] = &[
 ];
 
 /// What the gate does with a matching connection from a cgroup that is not allowed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Mode {
-    /// Block it (EPERM on connect/sendmsg, drop on egress). The default.
-    #[default]
-    Enforce,
-    /// Let it through, but log and count it as if it had been blocked.
-    Audit,
-}
-
-impl Mode {
-    /// The spelling used in the policy document (`enforce` / `audit`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Enforce => "enforce",
-            Mode::Audit => "audit",
-        }
-    }
-}
-
-impl fmt::Display for Mode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use gate_common::user::Mode;
 
 /// A transport protocol an endpoint can be restricted to (`TCP` / `UDP` in the document).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -275,6 +254,11 @@ pub struct Policy {
     pub endpoints: Vec<Endpoint>,
     /// Allow entries; the index is the entry number on the allow set.
     pub allow: Vec<AllowEntry>,
+    /// The endpoints compiled to table entries, once, when the policy was read: the loader
+    /// and the connection terminator use this very image.
+    image: Arc<Image>,
+    /// Digest of everything above but `source` (see [`Policy::hash`]).
+    hash: PolicyHash,
 }
 
 /// A policy that cannot be read or is not valid.
@@ -318,9 +302,30 @@ impl Policy {
     /// `configmap ns/name`).
     pub fn parse(source: &str, text: &str) -> Result<Policy, PolicyError> {
         let raw = validate::deserialize(source, text)?;
-        let policy = validate::validate(source, raw)?;
-        // Rule-count and table limits are reported now rather than when the policy is applied.
-        policy.compile(0)?;
+        validate::validate(source, raw)
+    }
+
+    /// A policy from validated parts: compiles the endpoints (rule-count and table limits are
+    /// reported now rather than when the policy is applied) and computes the hash.
+    pub(crate) fn new(
+        source: &str,
+        platform: String,
+        mode: Mode,
+        endpoints: Vec<Endpoint>,
+        allow: Vec<AllowEntry>,
+    ) -> Result<Policy, PolicyError> {
+        let image = compile::compile(&endpoint_specs(&endpoints))
+            .map_err(|e| PolicyError::new(source, "endpoints", e.to_string()))?;
+        let mut policy = Policy {
+            source: source.to_owned(),
+            platform,
+            mode,
+            endpoints,
+            allow,
+            image: Arc::new(image),
+            hash: PolicyHash::default(),
+        };
+        policy.hash = PolicyHash(fnv1a64(policy.canonical().as_bytes()));
         Ok(policy)
     }
 
@@ -334,20 +339,17 @@ impl Policy {
 
     /// The endpoints in the form the table compiler takes, in policy order.
     pub fn endpoint_specs(&self) -> Vec<EndpointSpec> {
-        self.endpoints
-            .iter()
-            .map(|e| EndpointSpec {
-                net: net_of(e.cidr),
-                ports: e.ports.clone(),
-                protos: e.protocols.iter().map(|p| p.number()).collect(),
-            })
-            .collect()
+        endpoint_specs(&self.endpoints)
     }
 
-    /// Compile the endpoints into the table entries of map generation `generation`.
-    pub fn compile(&self, generation: u32) -> Result<Compiled, PolicyError> {
-        compile::compile(generation, &self.endpoint_specs())
-            .map_err(|e| PolicyError::new(&self.source, "endpoints", e.to_string()))
+    /// The compiled table entries, generation-free.
+    pub fn image(&self) -> &Image {
+        &self.image
+    }
+
+    /// Endpoint names in index order (what the kernel reports by index).
+    pub fn endpoint_names(&self) -> Vec<String> {
+        self.endpoints.iter().map(|e| e.name.clone()).collect()
     }
 
     /// The allow entries that select cgroups by glob (standalone mode), with their index.
@@ -358,11 +360,11 @@ impl Policy {
             .filter(|(_, e)| matches!(e.selector, AllowSelector::Cgroup(_)))
     }
 
-    /// Stable hex digest (FNV-1a 64) of the canonical form of the policy: equal policies hash
+    /// Stable digest (FNV-1a 64) of the canonical form of the policy: equal policies hash
     /// equally across runs, builds and versions; any change of platform, mode, endpoint or
     /// allow entry changes it. The source name is not included.
-    pub fn hash(&self) -> String {
-        format!("{:016x}", fnv1a64(self.canonical().as_bytes()))
+    pub fn hash(&self) -> PolicyHash {
+        self.hash
     }
 
     /// A deterministic text form of everything that affects enforcement. Strings are length
@@ -373,7 +375,7 @@ impl Policy {
         }
         let mut out = String::from("metadata-gate-policy/1;");
         s(&mut out, &self.platform);
-        s(&mut out, self.mode.as_str());
+        s(&mut out, self.mode.name());
         let _ = write!(out, "endpoints={};", self.endpoints.len());
         for e in &self.endpoints {
             s(&mut out, &e.name);
@@ -424,6 +426,17 @@ impl Policy {
         }
         out
     }
+}
+
+fn endpoint_specs(endpoints: &[Endpoint]) -> Vec<EndpointSpec> {
+    endpoints
+        .iter()
+        .map(|e| EndpointSpec {
+            net: net_of(e.cidr),
+            ports: e.ports.clone(),
+            protos: e.protocols.iter().map(|p| p.number()).collect(),
+        })
+        .collect()
 }
 
 /// The compiler's form of a CIDR.

@@ -172,7 +172,7 @@ pub(super) fn validate(source: &str, raw: RawPolicy) -> Result<Policy> {
         .map(|(i, a)| allow_entry(&cx, &format!("allow[{i}]"), a, &mut names))
         .collect::<Result<Vec<_>>>()?;
 
-    Ok(Policy { source: source.to_owned(), platform, mode, endpoints, allow })
+    Policy::new(source, platform, mode, endpoints, allow)
 }
 
 fn platform(cx: &Ctx, platform: Option<String>) -> Result<String> {

@@ -1,0 +1,57 @@
+//! What `gate-agent run` was asked to do, free of the command line: [`crate::cli`] builds an
+//! [`AgentConfig`] from the flags and nothing below `main` sees clap.
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use crate::{
+    cluster::identity::Scope,
+    loader::{EgressProgram, TcConfig},
+};
+
+/// Everything `run` needs.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    /// Where policies and the allow set come from.
+    pub mode: RunMode,
+    pub gate: GateConfig,
+    /// Address for /healthz, /readyz and /metrics.
+    pub listen: SocketAddr,
+    /// How often allow globs (and tc interface globs) are re-evaluated.
+    pub rescan: Duration,
+}
+
+/// Standalone (a policy file, cgroup globs) or cluster (a ConfigMap, pods).
+#[derive(Clone, Debug)]
+pub enum RunMode {
+    Standalone { policy: PathBuf, cgroup_root: PathBuf },
+    Cluster(ClusterConfig),
+}
+
+/// How the gate is loaded and kept.
+#[derive(Clone, Debug)]
+pub struct GateConfig {
+    /// bpffs directory for pins (`<pin_dir>/v<ABI>/…`).
+    pub pin_dir: PathBuf,
+    /// Whether bpffs may be mounted on the pin dir's parent when it is missing: standalone
+    /// only; in a pod the mount would vanish with the container.
+    pub mount_bpffs: bool,
+    pub egress: EgressProgram,
+    pub tc: TcConfig,
+    /// Destroy established connections the policy denies.
+    pub terminate_established: bool,
+}
+
+/// Cluster mode: where the agent finds the API server, its node and its policy.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    pub kubeconfig: Option<PathBuf>,
+    pub node_name: String,
+    /// The agent's namespace, where the policy ConfigMaps live.
+    pub namespace: String,
+    /// `--platform`; else detected.
+    pub platform: Option<String>,
+    /// `--policy-configmap` as (namespace, name); else the platform's.
+    pub policy_configmap: Option<(String, String)>,
+    pub scope: Scope,
+    /// `--cgroup-root`; else the kubepods cgroup.
+    pub cgroup_root: Option<PathBuf>,
+}

@@ -1,0 +1,324 @@
+//! One spelling per concept. The kernel stores small integers (`abi::HOOK_*`,
+//! `abi::VERDICT_*`, `abi::MODE_*`, `abi::TERMINATE_*`) and names programs by function name;
+//! users read short names in logs, metrics and `status`; bpffs holds pins. Each enum here
+//! maps between all of them, so no module re-spells them by hand.
+use core::fmt;
+
+use crate::abi;
+
+macro_rules! named_enum {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident : $id_ty:ty {
+            $( $(#[$vmeta:meta])* $variant:ident = ($id:expr, $text:literal), )+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum $name {
+            $( $(#[$vmeta])* $variant, )+
+        }
+
+        impl $name {
+            /// Every value, in id order.
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            /// The value the kernel stores.
+            pub const fn id(self) -> $id_ty {
+                match self {
+                    $($name::$variant => $id,)+
+                }
+            }
+
+            /// The name users read (logs, metrics, `status`).
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)+
+                }
+            }
+
+            /// The value of a kernel id, if it is one.
+            pub fn from_id(id: $id_ty) -> Option<$name> {
+                Self::ALL.iter().copied().find(|v| v.id() == id)
+            }
+
+            /// The value of a name, if it is one.
+            pub fn from_name(name: &str) -> Option<$name> {
+                Self::ALL.iter().copied().find(|v| v.name() == name)
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+    };
+}
+
+named_enum! {
+    /// Where a decision is counted and reported: a STATS row and `DenyEvent::hook`.
+    pub enum Hook: u32 {
+        Connect4 = (abi::HOOK_CONNECT4, "connect4"),
+        Connect6 = (abi::HOOK_CONNECT6, "connect6"),
+        Sendmsg4 = (abi::HOOK_SENDMSG4, "sendmsg4"),
+        Sendmsg6 = (abi::HOOK_SENDMSG6, "sendmsg6"),
+        Egress4 = (abi::HOOK_EGRESS4, "egress4"),
+        Egress6 = (abi::HOOK_EGRESS6, "egress6"),
+        Tc4 = (abi::HOOK_TC4, "tc4"),
+        Tc6 = (abi::HOOK_TC6, "tc6"),
+    }
+}
+
+named_enum! {
+    /// What a program decided about one piece of traffic.
+    pub enum Verdict: u32 {
+        /// The destination is not protected.
+        Unmatched = (abi::VERDICT_UNMATCHED, "unmatched"),
+        Allowed = (abi::VERDICT_ALLOWED, "allowed"),
+        Denied = (abi::VERDICT_DENIED, "denied"),
+        /// Audit mode: would have been denied, let through.
+        Audited = (abi::VERDICT_AUDITED, "audited"),
+    }
+}
+
+named_enum! {
+    /// What the gate does with traffic it would deny (`mode:` in the policy).
+    #[derive(Default)]
+    pub enum Mode: u32 {
+        /// Block it (EPERM at the socket hooks, drop on the packet paths). The default.
+        #[default]
+        Enforce = (abi::MODE_ENFORCE, "enforce"),
+        /// Let it through, log and count it as if blocked.
+        Audit = (abi::MODE_AUDIT, "audit"),
+    }
+}
+
+named_enum! {
+    /// Whether established connections are destroyed when a policy takes effect (GATE_INFO).
+    pub enum TerminateState: u32 {
+        Unknown = (abi::TERMINATE_UNKNOWN, "unknown"),
+        On = (abi::TERMINATE_ON, "on"),
+        Off = (abi::TERMINATE_OFF, "off"),
+        Unsupported = (abi::TERMINATE_UNSUPPORTED, "unsupported by this kernel"),
+    }
+}
+
+named_enum! {
+    /// A program of the eBPF object, by the id of the function that defines it.
+    pub enum Program: u8 {
+        Connect4 = (0, "gate_connect4"),
+        Connect6 = (1, "gate_connect6"),
+        Sendmsg4 = (2, "gate_sendmsg4"),
+        Sendmsg6 = (3, "gate_sendmsg6"),
+        /// cgroup_skb egress with pid/comm in events.
+        Egress = (4, "gate_egress"),
+        /// The same without the current-task helpers, for kernels that refuse them.
+        EgressNotask = (5, "gate_egress_notask"),
+        Tc = (6, "gate_tc"),
+    }
+}
+
+impl Mode {
+    /// How the kernel programs read a stored mode: anything but audit enforces.
+    pub fn from_kernel(id: u32) -> Mode {
+        if id == abi::MODE_AUDIT { Mode::Audit } else { Mode::Enforce }
+    }
+}
+
+impl Verdict {
+    /// How an event's verdict byte reads: anything but audited was a denial.
+    pub fn of_event(verdict: u8) -> Verdict {
+        if u32::from(verdict) == abi::VERDICT_AUDITED { Verdict::Audited } else { Verdict::Denied }
+    }
+}
+
+impl TerminateState {
+    /// A stored state; an unknown value reads as [`TerminateState::Unknown`].
+    pub fn from_kernel(id: u32) -> TerminateState {
+        Self::from_id(id).unwrap_or(TerminateState::Unknown)
+    }
+}
+
+impl Hook {
+    /// A stored hook byte (`DenyEvent::hook`), if it is one.
+    pub fn of_event(hook: u8) -> Option<Hook> {
+        Self::from_id(u32::from(hook))
+    }
+}
+
+impl Program {
+    /// The program of one of our functions from the kernel's name of it, which is cut to
+    /// 15 bytes (BPF_OBJ_NAME_LEN - 1).
+    pub fn from_kernel_name(kernel_name: &str) -> Option<Program> {
+        if kernel_name.is_empty() {
+            return None;
+        }
+        Self::from_name(kernel_name).or_else(|| {
+            (kernel_name.len() >= 15)
+                .then(|| Self::ALL.iter().copied().find(|p| p.name().starts_with(kernel_name)))
+                .flatten()
+        })
+    }
+
+    /// The attach point this program serves.
+    pub const fn attach_point(self) -> AttachPoint {
+        match self {
+            Program::Connect4 => AttachPoint::Connect4,
+            Program::Connect6 => AttachPoint::Connect6,
+            Program::Sendmsg4 => AttachPoint::Sendmsg4,
+            Program::Sendmsg6 => AttachPoint::Sendmsg6,
+            Program::Egress | Program::EgressNotask => AttachPoint::Egress,
+            Program::Tc => AttachPoint::Tc,
+        }
+    }
+}
+
+/// Where programs attach. Cgroup attach points have one pinned link each
+/// (`links/<pin name>`); tc has one per interface and direction ([`AttachPoint::tc_pin_name`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AttachPoint {
+    Connect4,
+    Connect6,
+    Sendmsg4,
+    Sendmsg6,
+    Egress,
+    Tc,
+}
+
+impl AttachPoint {
+    /// The attach points on the gated cgroup, in attach order.
+    pub const CGROUP: [AttachPoint; 5] = [
+        AttachPoint::Connect4,
+        AttachPoint::Connect6,
+        AttachPoint::Sendmsg4,
+        AttachPoint::Sendmsg6,
+        AttachPoint::Egress,
+    ];
+
+    /// Name of the pinned link and program (`links/<name>`, `progs/<name>`); for tc the
+    /// prefix of [`tc_pin_name`](Self::tc_pin_name).
+    pub const fn pin_name(self) -> &'static str {
+        match self {
+            AttachPoint::Connect4 => "connect4",
+            AttachPoint::Connect6 => "connect6",
+            AttachPoint::Sendmsg4 => "sendmsg4",
+            AttachPoint::Sendmsg6 => "sendmsg6",
+            AttachPoint::Egress => "egress",
+            AttachPoint::Tc => "tc",
+        }
+    }
+
+    /// The program attached here by default (egress: the variant with task info).
+    pub const fn program(self) -> Program {
+        match self {
+            AttachPoint::Connect4 => Program::Connect4,
+            AttachPoint::Connect6 => Program::Connect6,
+            AttachPoint::Sendmsg4 => Program::Sendmsg4,
+            AttachPoint::Sendmsg6 => Program::Sendmsg6,
+            AttachPoint::Egress => Program::Egress,
+            AttachPoint::Tc => Program::Tc,
+        }
+    }
+
+    /// Pin name of a tc link: `tc-<direction>-<interface>`.
+    pub fn tc_pin_name(direction: TcDirection, iface: &str) -> String {
+        format!("tc-{}-{iface}", direction.name())
+    }
+
+    /// The (direction, interface) of a tc link's pin name.
+    pub fn parse_tc_pin_name(pin: &str) -> Option<(TcDirection, &str)> {
+        let rest = pin.strip_prefix("tc-")?;
+        let (dir, iface) = rest.split_once('-')?;
+        Some((TcDirection::from_name(dir)?, iface))
+    }
+
+    /// The attach point of a pinned link's name.
+    pub fn from_pin_name(pin: &str) -> Option<AttachPoint> {
+        if Self::parse_tc_pin_name(pin).is_some() {
+            return Some(AttachPoint::Tc);
+        }
+        Self::CGROUP.iter().copied().find(|a| a.pin_name() == pin)
+    }
+}
+
+impl fmt::Display for AttachPoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.pin_name())
+    }
+}
+
+named_enum! {
+    /// The direction of a tc attachment.
+    pub enum TcDirection: u8 {
+        Ingress = (0, "ingress"),
+        Egress = (1, "egress"),
+    }
+}
+
+impl TcDirection {
+    /// The TC_CLSACT map key of an attachment on `ifindex`.
+    pub const fn clsact_key(self, ifindex: u32) -> u64 {
+        abi::tc_clsact_key(ifindex, matches!(self, TcDirection::Egress))
+    }
+
+    /// The direction a TC_CLSACT key records.
+    pub const fn of_clsact_key(key: u64) -> TcDirection {
+        if key & 1 == 1 { TcDirection::Egress } else { TcDirection::Ingress }
+    }
+}
+
+const _: () = {
+    assert!(Hook::ALL.len() == abi::NUM_HOOKS as usize);
+    assert!(Verdict::ALL.len() == abi::NUM_VERDICTS as usize);
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_and_names_round_trip() {
+        for h in Hook::ALL {
+            assert_eq!(Hook::from_id(h.id()), Some(*h));
+            assert_eq!(Hook::from_name(h.name()), Some(*h));
+        }
+        for (i, v) in Verdict::ALL.iter().enumerate() {
+            assert_eq!(v.id(), i as u32, "verdicts index the STATS rows in id order");
+        }
+        assert_eq!(Hook::of_event(200), None);
+    }
+
+    #[test]
+    fn unknown_kernel_values_fail_closed() {
+        assert_eq!(Mode::from_kernel(77), Mode::Enforce);
+        assert_eq!(Verdict::of_event(9), Verdict::Denied);
+        assert_eq!(TerminateState::from_kernel(9), TerminateState::Unknown);
+    }
+
+    #[test]
+    fn kernel_program_names_are_cut_to_15_bytes() {
+        assert_eq!(Program::from_kernel_name("gate_egress_not"), Some(Program::EgressNotask));
+        assert_eq!(Program::from_kernel_name("gate_connect4"), Some(Program::Connect4));
+        assert_eq!(Program::from_kernel_name("gate_e"), None);
+        assert_eq!(Program::from_kernel_name(""), None);
+    }
+
+    #[test]
+    fn pin_names() {
+        let pin = AttachPoint::tc_pin_name(TcDirection::Egress, "eth0");
+        assert_eq!(pin, "tc-egress-eth0");
+        assert_eq!(AttachPoint::parse_tc_pin_name(&pin), Some((TcDirection::Egress, "eth0")));
+        // Interface names may contain dashes.
+        assert_eq!(
+            AttachPoint::parse_tc_pin_name("tc-ingress-veth-ab"),
+            Some((TcDirection::Ingress, "veth-ab"))
+        );
+        assert_eq!(AttachPoint::from_pin_name("egress"), Some(AttachPoint::Egress));
+        assert_eq!(AttachPoint::from_pin_name("tc-egress-x"), Some(AttachPoint::Tc));
+        assert_eq!(AttachPoint::from_pin_name("nope"), None);
+        for d in TcDirection::ALL {
+            assert_eq!(TcDirection::of_clsact_key(d.clsact_key(7)), *d);
+        }
+    }
+}
