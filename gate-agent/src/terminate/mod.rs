@@ -19,8 +19,8 @@
 //!
 //! Network namespaces scanned: the agent's own and every distinct one (by inode) of the
 //! processes in cgroups at or below the gated root. Each foreign namespace is entered with
-//! `setns(CLONE_NEWNET)` on a short-lived thread of its own; no other thread changes
-//! namespace.
+//! `setns(CLONE_NEWNET)` on a short-lived thread of its own ([`crate::netns`]); no other
+//! thread changes namespace.
 //!
 //! Needs `CONFIG_INET_DIAG_DESTROY` (the kernel answers `SOCK_DESTROY` with `EOPNOTSUPP`
 //! otherwise) and the cgroup id attribute of sock_diag (Linux 5.7+). Without either,
@@ -45,6 +45,7 @@ use gate_common::{
 use crate::{
     cgroup::GatedRoot,
     events::proto_name,
+    netns::NetnsError,
     policy::{Mode, Policy, PolicyError},
 };
 
@@ -63,8 +64,8 @@ pub enum TerminateError {
     Io { netns: String, op: &'static str, source: io::Error },
     #[error("network namespace {netns}: malformed sock_diag reply: {error}")]
     Wire { netns: String, error: WireError },
-    #[error("network namespace {netns}: the scanning thread panicked")]
-    Thread { netns: String },
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
     #[error("the blocking scan task failed: {0}")]
     Task(String),
 }

@@ -5,7 +5,6 @@ use std::{
     collections::{HashMap, HashSet},
     fs::File,
     io,
-    os::fd::AsRawFd as _,
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
 };
@@ -21,7 +20,10 @@ use super::{
         Diag, DiagError, DiagSocket, TCP_CONNECTED_STATES, UDP_CONNECTED_STATES, support_probe,
     },
 };
-use crate::cgroup::GatedRoot;
+use crate::{
+    cgroup::GatedRoot,
+    netns::{self, Netns},
+};
 
 /// The cgroups at or below the gated root: id → (relative path, ids of the path's
 /// components below the root, outermost first).
@@ -73,24 +75,9 @@ pub fn terminate_established(root: &GatedRoot, judge: &Judge) -> Report {
 
 /// Scan the namespace `netns` on a thread of its own, which enters it and then ends.
 fn scan_in(label: &str, netns: File, judge: &Judge, index: &CgroupIndex) -> Report {
-    let failed = |e: TerminateError| Report { errors: vec![e], ..Report::default() };
-    let io_err = |op, source| TerminateError::Io { netns: label.to_string(), op, source };
-    std::thread::scope(|s| {
-        let handle =
-            std::thread::Builder::new().name("mg-terminate".into()).spawn_scoped(s, || {
-                // SAFETY: valid namespace fd; changes only this short-lived thread.
-                if unsafe { libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                    return failed(io_err("setns", io::Error::last_os_error()));
-                }
-                scan_here(label, judge, index)
-            });
-        match handle {
-            Ok(h) => h
-                .join()
-                .unwrap_or_else(|_| failed(TerminateError::Thread { netns: label.to_string() })),
-            Err(e) => failed(io_err("spawning a thread", e)),
-        }
-    })
+    let target = Netns::File { file: &netns, name: label };
+    netns::run_in(target, "mg-terminate", || scan_here(label, judge, index))
+        .unwrap_or_else(|e| Report { errors: vec![e.into()], ..Report::default() })
 }
 
 /// (device, inode) of a namespace file.
