@@ -31,7 +31,7 @@ use kube::{
 use tokio::signal::unix::{SignalKind, signal};
 
 use super::{
-    identity::{CgroupDriver, PodIndex, PodInfo, Scope, detect_driver},
+    identity::{PodCgroups, PodIndex, PodInfo, Scope},
     kevents::{self, Publisher},
     platform::{self, Detected, Origin},
 };
@@ -81,66 +81,21 @@ fn kubepods_root(flag: Option<&Path>) -> Result<PathBuf> {
     )
 }
 
-/// How pod cgroups are named below the gated root.
-#[derive(Clone)]
-struct Layout {
-    root: PathBuf,
-    driver: CgroupDriver,
+/// The allow set of `policy` over the indexed pods: cgroup ids of the cgroups that exist.
+fn allow_set(
+    cgroups: &PodCgroups,
     scope: Scope,
-    /// systemd slices under a kubelet `--cgroup-root` carry its prefix (`kubelet-kubepods-…`
-    /// instead of `kubepods-…`).
-    slice_prefix: Option<String>,
-}
-
-impl Layout {
-    fn new(root: &Path, scope: Scope) -> Layout {
-        let driver = detect_driver(root).unwrap_or(CgroupDriver::Systemd);
-        let name = root.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        let slice_prefix = name
-            .strip_suffix(".slice")
-            .filter(|n| *n != "kubepods" && n.ends_with("kubepods"))
-            .map(str::to_owned);
-        Layout { root: root.to_path_buf(), driver, scope, slice_prefix }
-    }
-
-    fn localize(&self, rel: PathBuf) -> PathBuf {
-        let Some(prefix) = &self.slice_prefix else { return rel };
-        rel.components()
-            .map(|c| {
-                let s = c.as_os_str().to_string_lossy();
-                match s.strip_prefix("kubepods") {
-                    Some(rest) => PathBuf::from(format!("{prefix}{rest}")),
-                    None => PathBuf::from(s.as_ref()),
-                }
-            })
-            .collect()
-    }
-
-    /// Undo [`localize`](Self::localize) for naming.
-    fn canonical(&self, rel: &Path) -> PathBuf {
-        let Some(prefix) = &self.slice_prefix else { return rel.to_path_buf() };
-        rel.components()
-            .map(|c| {
-                let s = c.as_os_str().to_string_lossy();
-                match s.strip_prefix(prefix.as_str()) {
-                    Some(rest) => PathBuf::from(format!("kubepods{rest}")),
-                    None => PathBuf::from(s.as_ref()),
-                }
-            })
-            .collect()
-    }
-
-    /// The allow set of `policy` over the indexed pods: cgroup ids of the cgroups that exist.
-    fn allow_set(&self, index: &PodIndex, policy: &Policy) -> Vec<(u64, u32)> {
-        index
-            .desired_allow_set(policy, self.driver, self.scope)
-            .into_iter()
-            .filter_map(|(rel, entry)| {
-                let path = self.root.join(self.localize(rel));
-                std::fs::metadata(path).ok().map(|m| (m.ino(), entry))
-            })
-            .collect()
-    }
+    index: &PodIndex,
+    policy: &Policy,
+) -> Vec<(u64, u32)> {
+    index
+        .desired_allow_set(policy, cgroups.driver, scope)
+        .into_iter()
+        .filter_map(|(rel, entry)| {
+            let path = cgroups.root.join(cgroups.localize(rel));
+            std::fs::metadata(path).ok().map(|m| (m.ino(), entry))
+        })
+        .collect()
 }
 
 /// A ConfigMap's policy text, or why there is none.
@@ -195,7 +150,7 @@ struct State {
     /// Pods listed during a (re)list, swapped in at InitDone.
     relist: Option<Vec<PodInfo>>,
     pods_listed: bool,
-    layout: Layout,
+    cgroups: PodCgroups,
     events: Publisher,
 }
 
@@ -269,7 +224,7 @@ impl State {
     /// A Kubernetes Event on the pod of a logged denial.
     async fn on_denied(&mut self, d: Denied) {
         let Some(rel) = d.cgroup.as_deref() else { return };
-        let canonical = self.layout.canonical(rel);
+        let canonical = self.cgroups.canonical(rel);
         let (object, container) = {
             let Ok(idx) = self.index.read() else { return };
             let Some((pod, container)) = idx.owner(&canonical) else { return };
@@ -319,8 +274,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
     );
     let root_path = kubepods_root(args.cgroup_root.as_deref())?;
     let root = GatedRoot::open(&root_path)?;
-    let layout = Layout::new(&root.path, args.gate_scope);
-    tracing::info!(cgroup_root = %root.path.display(), driver = ?layout.driver, scope = layout.scope.as_str(), "gated root");
+    let cgroups = PodCgroups::new(&root.path);
+    let scope = args.gate_scope;
+    tracing::info!(cgroup_root = %root.path.display(), driver = ?cgroups.driver, scope = scope.as_str(), "gated root");
 
     let mut st = State {
         events: Publisher::new(client.clone(), &node),
@@ -333,7 +289,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         index: Arc::new(RwLock::new(PodIndex::new())),
         relist: None,
         pods_listed: false,
-        layout,
+        cgroups,
     };
     let mut cms = configmap_stream(&client, &st.cm_ns, &st.cm_name);
     let mut infra = infrastructure_stream(&client, detected.origin);
@@ -375,13 +331,14 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let Some(policy) = policy else { bail!("no policy") };
 
     let idx = st.index.clone();
-    let lay = st.layout.clone();
+    let cgroups = st.cgroups.clone();
     let allow = move |p: &Policy| -> Vec<(u64, u32)> {
-        idx.read().map(|i| lay.allow_set(&i, p)).unwrap_or_default()
+        idx.read().map(|i| allow_set(&cgroups, scope, &i, p)).unwrap_or_default()
     };
     let idx = st.index.clone();
-    let lay = st.layout.clone();
-    let namer: Namer = Arc::new(move |rel: &Path| idx.read().ok()?.owner_name(&lay.canonical(rel)));
+    let cgroups = st.cgroups.clone();
+    let namer: Namer =
+        Arc::new(move |rel: &Path| idx.read().ok()?.owner_name(&cgroups.canonical(rel)));
     let names = CgroupNames::with_namer(GatedRoot::open(&root_path)?, namer);
     let (tx, mut denied) = tokio::sync::mpsc::unbounded_channel();
     let mut engine = Engine::start(&args, policy, root, &allow, names, Some(tx)).await?;
@@ -450,27 +407,6 @@ pub async fn run(args: RunArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn kubelet_cgroup_root_prefix() {
-        let l = Layout {
-            root: "/sys/fs/cgroup/kubelet.slice/kubelet-kubepods.slice".into(),
-            driver: CgroupDriver::Systemd,
-            scope: Scope::AllPods,
-            slice_prefix: Some("kubelet-kubepods".into()),
-        };
-        let rel = PathBuf::from(
-            "kubepods-burstable.slice/kubepods-burstable-podab_cd.slice/crio-1.scope",
-        );
-        let local = l.localize(rel.clone());
-        assert_eq!(
-            local,
-            PathBuf::from(
-                "kubelet-kubepods-burstable.slice/kubelet-kubepods-burstable-podab_cd.slice/crio-1.scope"
-            )
-        );
-        assert_eq!(l.canonical(&local), rel);
-    }
 
     #[test]
     fn policy_text_needs_the_key() {
