@@ -1,3 +1,4 @@
+//! Which cgroups the pod allow entries and the gate scope let through, and the pod index.
 use std::path::PathBuf;
 
 use proptest::prelude::*;

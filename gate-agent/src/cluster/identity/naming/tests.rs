@@ -1,3 +1,5 @@
+//! cgroup names both ways for every driver, QoS class and runtime, driver detection on scratch
+//! directory trees, and the kubelet `--cgroup-root` slice prefix.
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 

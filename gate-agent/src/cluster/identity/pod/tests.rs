@@ -1,3 +1,5 @@
+//! PodInfo::from_pod against API pods: every field, the defaults, mirror pods, and the errors
+//! that name the pod and the field.
 use std::path::PathBuf;
 
 use serde_json::{Value, json};

@@ -1,3 +1,4 @@
+//! The QoS class from the status or computed from the resources, and quantity parsing.
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
