@@ -7,6 +7,7 @@ pub mod engine;
 pub mod events;
 pub mod loader;
 pub mod metrics;
+pub mod netns;
 pub mod policy;
 pub mod ratelimit;
 pub mod server;

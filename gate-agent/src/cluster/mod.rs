@@ -4,3 +4,4 @@ pub mod identity;
 pub mod kevents;
 pub mod platform;
 pub mod run;
+pub mod watches;

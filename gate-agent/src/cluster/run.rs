@@ -9,30 +9,32 @@
 //!    cgroups ([`super::identity`]). A pod that is allowed is allowed from the moment it is
 //!    seen (its pod-level cgroup), a deleted pod is removed.
 //!
-//! The engine starts once a good policy and the first full pod list are in, so an allowed
-//! component is never refused for want of a list. Until then a gate pinned by an earlier
-//! agent keeps enforcing what it enforced.
+//! Everything the loop reacts to arrives as one [`Input`]. The engine starts once a good
+//! policy and the first full pod list are in, so an allowed component is never refused for
+//! want of a list. Until then a gate pinned by an earlier agent keeps enforcing what it
+//! enforced.
 use std::{
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
     sync::{Arc, RwLock},
 };
 
-use anyhow::{Context as _, Result, bail};
-use futures::{Stream, StreamExt as _, stream::BoxStream};
+use anyhow::{Result, bail};
+use futures::{StreamExt as _, stream::BoxStream};
+use gate_common::user::AllowSet;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod};
-use kube::{
-    Api, Client,
-    api::DynamicObject,
-    config::{KubeConfigOptions, Kubeconfig},
-    runtime::watcher::{self, Event},
+use kube::{api::DynamicObject, runtime::watcher::Event};
+use tokio::{
+    signal::unix::{Signal, SignalKind, signal},
+    sync::mpsc,
+    time::Interval,
 };
-use tokio::signal::unix::{SignalKind, signal};
 
 use super::{
-    identity::{CgroupDriver, PodIndex, PodInfo, Scope, detect_driver},
+    identity::{PodCgroups, PodIndex, PodInfo, Scope},
     kevents::{self, Publisher},
     platform::{self, Detected, Origin},
+    watches,
 };
 use crate::{
     cgroup::{GatedRoot, cgroup2_mount},
@@ -41,24 +43,9 @@ use crate::{
     events::{CgroupNames, Denied, Namer},
     policy::Policy,
 };
-use gate_common::user::AllowSet;
 
 /// The key of the policy in its ConfigMap.
 pub const POLICY_KEY: &str = "policy.yaml";
-
-pub async fn client(kubeconfig: Option<&Path>) -> Result<Client> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-                .await
-                .with_context(|| format!("kubeconfig {}", path.display()))?
-        }
-        None => kube::Config::infer().await.context("no in-cluster config and no kubeconfig")?,
-    };
-    Client::try_from(config).context("building the Kubernetes client")
-}
 
 /// The kubepods cgroup: `--cgroup-root`, else the first of the kubelet's usual places under
 /// the cgroup2 mount.
@@ -81,77 +68,25 @@ fn kubepods_root(flag: Option<&Path>) -> Result<PathBuf> {
     )
 }
 
-/// How pod cgroups are named below the gated root.
-#[derive(Clone)]
-struct Layout {
-    root: PathBuf,
-    driver: CgroupDriver,
-    scope: Scope,
-    /// systemd slices under a kubelet `--cgroup-root` carry its prefix (`kubelet-kubepods-…`
-    /// instead of `kubepods-…`).
-    slice_prefix: Option<String>,
-}
-
-impl Layout {
-    fn new(root: &Path, scope: Scope) -> Layout {
-        let driver = detect_driver(root).unwrap_or(CgroupDriver::Systemd);
-        let name = root.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        let slice_prefix = name
-            .strip_suffix(".slice")
-            .filter(|n| *n != "kubepods" && n.ends_with("kubepods"))
-            .map(str::to_owned);
-        Layout { root: root.to_path_buf(), driver, scope, slice_prefix }
-    }
-
-    fn localize(&self, rel: PathBuf) -> PathBuf {
-        let Some(prefix) = &self.slice_prefix else { return rel };
-        rel.components()
-            .map(|c| {
-                let s = c.as_os_str().to_string_lossy();
-                match s.strip_prefix("kubepods") {
-                    Some(rest) => PathBuf::from(format!("{prefix}{rest}")),
-                    None => PathBuf::from(s.as_ref()),
-                }
-            })
-            .collect()
-    }
-
-    /// Undo [`localize`](Self::localize) for naming.
-    fn canonical(&self, rel: &Path) -> PathBuf {
-        let Some(prefix) = &self.slice_prefix else { return rel.to_path_buf() };
-        rel.components()
-            .map(|c| {
-                let s = c.as_os_str().to_string_lossy();
-                match s.strip_prefix(prefix.as_str()) {
-                    Some(rest) => PathBuf::from(format!("kubepods{rest}")),
-                    None => PathBuf::from(s.as_ref()),
-                }
-            })
-            .collect()
-    }
-
-    /// The allow set of `policy` over the indexed pods: cgroup ids of the cgroups that exist.
-    fn allow_set(&self, index: &PodIndex, policy: &Policy) -> AllowSet {
-        index
-            .desired_allow_set(policy, self.driver, self.scope)
-            .into_iter()
-            .filter_map(|(rel, entry)| {
-                let path = self.root.join(self.localize(rel));
-                std::fs::metadata(path).ok().map(|m| (m.ino(), entry))
-            })
-            .collect()
-    }
-}
-
-/// Cluster allow set: the indexed pods' cgroups.
+/// Cluster allow set: the cgroups of the indexed pods that the policy selects (and, with
+/// `host-network-only`, every pod-network pod), those that exist.
 struct PodAllow {
     index: Arc<RwLock<PodIndex>>,
-    layout: Layout,
+    cgroups: PodCgroups,
+    scope: Scope,
 }
 
 impl AllowSource for PodAllow {
     fn allow_set(&self, policy: &Policy) -> AllowSet {
-        self.index.read().map(|i| self.layout.allow_set(&i, policy)).unwrap_or_default()
+        let Ok(index) = self.index.read() else { return AllowSet::new() };
+        index
+            .desired_allow_set(policy, self.cgroups.driver, self.scope)
+            .into_iter()
+            .filter_map(|(rel, entry)| {
+                let path = self.cgroups.root.join(self.cgroups.localize(rel));
+                std::fs::metadata(path).ok().map(|m| (m.ino(), entry))
+            })
+            .collect()
     }
 }
 
@@ -164,39 +99,56 @@ fn policy_text(cm: &ConfigMap) -> Result<String, String> {
         .ok_or_else(|| format!("data.{POLICY_KEY}: missing"))
 }
 
-fn configmap_stream(
-    client: &Client,
-    ns: &str,
-    name: &str,
-) -> BoxStream<'static, watcher::Result<Event<ConfigMap>>> {
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-    watcher::watcher(api, watcher::Config::default().fields(&format!("metadata.name={name}")))
-        .boxed()
+/// One thing the loop reacts to.
+enum Input {
+    /// SIGTERM or SIGINT.
+    Stop,
+    Policy(Box<Event<ConfigMap>>),
+    Pods(Box<Event<Pod>>),
+    Infrastructure(Box<Event<DynamicObject>>),
+    /// A denial that was logged: a Kubernetes Event on its pod.
+    Denied(Denied),
+    /// Time to re-resolve the allow set and interfaces.
+    Tick,
+    /// A watch ended, which a watch never does on its own.
+    Ended(&'static str),
 }
 
-fn infrastructure_stream(
-    client: &Client,
-    origin: Origin,
-) -> BoxStream<'static, watcher::Result<Event<DynamicObject>>> {
-    if origin != Origin::Infrastructure {
-        return futures::stream::pending().boxed();
+/// The sources of [`Input`].
+struct Inputs {
+    configmap: BoxStream<'static, Event<ConfigMap>>,
+    pods: BoxStream<'static, Event<Pod>>,
+    infrastructure: BoxStream<'static, Event<DynamicObject>>,
+    denied: mpsc::UnboundedReceiver<Denied>,
+    tick: Interval,
+    term: Signal,
+    int: Signal,
+}
+
+impl Inputs {
+    /// The next input; denials and ticks only once the engine runs.
+    async fn next(&mut self, running: bool) -> Input {
+        tokio::select! {
+            _ = self.term.recv() => Input::Stop,
+            _ = self.int.recv() => Input::Stop,
+            ev = self.configmap.next() => ev.map_or(Input::Ended("policy configmap"), |e| Input::Policy(Box::new(e))),
+            ev = self.pods.next() => ev.map_or(Input::Ended("pods"), |e| Input::Pods(Box::new(e))),
+            ev = self.infrastructure.next() => match ev {
+                Some(ev) => Input::Infrastructure(Box::new(ev)),
+                None => {
+                    self.infrastructure = futures::stream::pending().boxed();
+                    Input::Tick
+                }
+            },
+            Some(d) = self.denied.recv(), if running => Input::Denied(d),
+            _ = self.tick.tick(), if running => Input::Tick,
+        }
     }
-    let api: Api<DynamicObject> =
-        Api::all_with(client.clone(), &platform::infrastructure_resource());
-    watcher::watcher(api, watcher::Config::default().fields("metadata.name=cluster")).boxed()
 }
 
-fn pod_stream(
-    client: &Client,
-    node: &str,
-) -> impl Stream<Item = watcher::Result<Event<Pod>>> + use<> {
-    let api: Api<Pod> = Api::all(client.clone());
-    watcher::watcher(api, watcher::Config::default().fields(&format!("spec.nodeName={node}")))
-}
-
-/// Everything the loop keeps between events.
+/// Everything the loop keeps between inputs.
 struct State {
-    client: Client,
+    client: kube::Client,
     namespace: String,
     platform: Detected,
     cm_ns: String,
@@ -207,7 +159,7 @@ struct State {
     /// Pods listed during a (re)list, swapped in at InitDone.
     relist: Option<Vec<PodInfo>>,
     pods_listed: bool,
-    layout: Layout,
+    cgroups: PodCgroups,
     events: Publisher,
 }
 
@@ -278,10 +230,30 @@ impl State {
         }
     }
 
+    /// The Infrastructure object changed: follow a new platform's policy ConfigMap.
+    fn on_infrastructure(&mut self, ev: Event<DynamicObject>, inputs: &mut Inputs) {
+        let (Event::Apply(obj) | Event::InitApply(obj)) = ev else { return };
+        let value = serde_json::to_value(&obj).unwrap_or_default();
+        match platform::from_infrastructure(&value) {
+            Ok(p) if p != self.platform.platform => {
+                tracing::warn!(from = %self.platform.platform, to = %p, "the Infrastructure object names another platform");
+                self.platform = Detected { platform: p, origin: Origin::Infrastructure };
+                if self.cm_follows_platform {
+                    self.cm_ns = self.namespace.clone();
+                    self.cm_name = self.platform.configmap_name();
+                    tracing::info!(configmap = %self.source(), "following the platform's policy ConfigMap");
+                    inputs.configmap = watches::configmap(&self.client, &self.cm_ns, &self.cm_name);
+                }
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "reading the Infrastructure object"),
+        }
+    }
+
     /// A Kubernetes Event on the pod of a logged denial.
     async fn on_denied(&mut self, d: Denied) {
         let Some(rel) = d.cgroup.as_deref() else { return };
-        let canonical = self.layout.canonical(rel);
+        let canonical = self.cgroups.canonical(rel);
         let (object, container) = {
             let Ok(idx) = self.index.read() else { return };
             let Some((pod, container)) = idx.owner(&canonical) else { return };
@@ -297,11 +269,11 @@ impl State {
                 container.map(|c| c.name.clone()),
             )
         };
-        let dst = d.event.dst();
         let note = format!(
-            "{}{} to {dst}:{}/{} ({}) refused: cloud instance metadata is not for workloads",
+            "{}{} to {}:{}/{} ({}) refused: cloud instance metadata is not for workloads",
             container.map(|c| format!("container {c}: ")).unwrap_or_default(),
             d.event.comm(),
+            d.event.dst(),
             d.event.port,
             d.event.proto_name(),
             d.endpoint,
@@ -310,10 +282,11 @@ impl State {
     }
 }
 
-/// Wait for the first good policy and the first full pod list, then start the engine.
+/// Wait for the first good policy and the first full pod list, then start the engine and
+/// keep policy, pods and platform current.
 pub async fn run(cfg: &AgentConfig, args: &ClusterConfig) -> Result<()> {
     let node = args.node_name.clone();
-    let client = client(args.kubeconfig.as_deref()).await?;
+    let client = watches::client(args.kubeconfig.as_deref()).await?;
     let detected = platform::detect(&client, &node, args.platform.as_deref()).await?;
     let (cm_ns, cm_name, cm_follows_platform) = match &args.policy_configmap {
         Some((ns, name)) => (ns.clone(), name.clone(), false),
@@ -325,153 +298,118 @@ pub async fn run(cfg: &AgentConfig, args: &ClusterConfig) -> Result<()> {
     );
     let root_path = kubepods_root(args.cgroup_root.as_deref())?;
     let root = GatedRoot::open(&root_path)?;
-    let layout = Layout::new(&root.path, args.scope);
-    tracing::info!(cgroup_root = %root.path.display(), driver = ?layout.driver, scope = layout.scope.as_str(), "gated root");
+    let cgroups = PodCgroups::new(&root.path);
+    tracing::info!(cgroup_root = %root.path.display(), driver = ?cgroups.driver, scope = args.scope.as_str(), "gated root");
 
+    let (denied_tx, denied) = mpsc::unbounded_channel();
+    let mut inputs = Inputs {
+        configmap: watches::configmap(&client, &cm_ns, &cm_name),
+        pods: watches::pods(&client, &node),
+        infrastructure: watches::infrastructure(&client, detected.origin),
+        denied,
+        tick: tokio::time::interval(cfg.rescan),
+        term: signal(SignalKind::terminate())?,
+        int: signal(SignalKind::interrupt())?,
+    };
     let mut st = State {
         events: Publisher::new(client.clone(), &node),
-        client: client.clone(),
+        client,
         namespace: args.namespace.clone(),
-        platform: detected.clone(),
+        platform: detected,
         cm_ns,
         cm_name,
         cm_follows_platform,
         index: Arc::new(RwLock::new(PodIndex::new())),
         relist: None,
         pods_listed: false,
-        layout,
+        cgroups,
     };
-    let mut cms = configmap_stream(&client, &st.cm_ns, &st.cm_name);
-    let mut infra = infrastructure_stream(&client, detected.origin);
-    let mut pods = pod_stream(&client, &node).boxed();
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
 
-    // Phase 1: a good policy and the pods.
-    let mut policy: Option<Policy> = None;
+    let mut engine: Option<Engine> = None;
+    // Before the engine runs: the first good policy, waiting for the pod list.
+    let mut pending: Option<Policy> = None;
+    let mut root = Some(root);
     loop {
-        if let (Some(_), true) = (&policy, st.pods_listed) {
-            break;
+        if engine.is_none()
+            && st.pods_listed
+            && let (Some(policy), Some(root)) = (pending.take(), root.take())
+        {
+            let allow = Box::new(PodAllow {
+                index: st.index.clone(),
+                cgroups: st.cgroups.clone(),
+                scope: args.scope,
+            });
+            let (idx, cgroups) = (st.index.clone(), st.cgroups.clone());
+            let namer: Namer =
+                Arc::new(move |rel: &Path| idx.read().ok()?.owner_name(&cgroups.canonical(rel)));
+            let names = CgroupNames::with_namer(GatedRoot::open(&root_path)?, namer);
+            engine = Some(
+                Engine::start(cfg, policy, root, allow, names, Some(denied_tx.clone())).await?,
+            );
         }
-        tokio::select! {
-            _ = term.recv() => return Ok(()),
-            _ = int.recv() => return Ok(()),
-            ev = cms.next() => match ev {
-                Some(Ok(Event::Apply(cm) | Event::InitApply(cm))) => {
-                    let parsed = policy_text(&cm).and_then(|t| Policy::parse(&st.source(), &t).map_err(|e| e.to_string()));
-                    match parsed {
-                        Ok(p) => policy = Some(p),
-                        Err(why) => {
-                            tracing::error!(configmap = %st.source(), error = %why, "policy rejected; waiting for a good one");
-                            st.rejected(&why).await;
-                        }
-                    }
-                }
-                Some(Ok(_)) => {}
-                Some(Err(e)) => tracing::warn!(error = %e, configmap = %st.source(), "watching the policy ConfigMap (retrying)"),
-                None => bail!("the ConfigMap watch ended"),
-            },
-            ev = pods.next() => match ev {
-                Some(Ok(ev)) => { st.on_pod(ev); }
-                Some(Err(e)) => tracing::warn!(error = %e, "watching pods (retrying)"),
-                None => bail!("the pod watch ended"),
-            },
-        }
-    }
-    let Some(policy) = policy else { bail!("no policy") };
-
-    let allow = Box::new(PodAllow { index: st.index.clone(), layout: st.layout.clone() });
-    let idx = st.index.clone();
-    let lay = st.layout.clone();
-    let namer: Namer = Arc::new(move |rel: &Path| idx.read().ok()?.owner_name(&lay.canonical(rel)));
-    let names = CgroupNames::with_namer(GatedRoot::open(&root_path)?, namer);
-    let (tx, mut denied) = tokio::sync::mpsc::unbounded_channel();
-    let mut engine = Engine::start(cfg, policy, root, allow, names, Some(tx)).await?;
-
-    // Phase 2: keep policy, pods and platform current.
-    let mut tick = tokio::time::interval(cfg.rescan);
-    loop {
-        tokio::select! {
-            _ = term.recv() => break,
-            _ = int.recv() => break,
-            ev = cms.next() => match ev {
-                Some(Ok(Event::Apply(cm) | Event::InitApply(cm))) => {
+        match inputs.next(engine.is_some()).await {
+            Input::Stop => break,
+            Input::Ended(what) => bail!("the {what} watch ended"),
+            Input::Policy(ev) => match *ev {
+                Event::Apply(cm) | Event::InitApply(cm) => {
                     let source = st.source();
-                    let offer = match policy_text(&cm) {
-                        Ok(text) => engine.offer(&source, &text, "configmap changed").await,
-                        Err(why) => {
-                            engine.refuse(&source, "configmap changed", &why);
-                            Offer::Rejected(why)
-                        }
-                    };
-                    if let Offer::Rejected(why) = offer {
-                        st.rejected(&why).await;
-                    }
-                }
-                Some(Ok(Event::Delete(_))) => tracing::warn!(configmap = %st.source(), "policy ConfigMap deleted; the last good policy stays in force"),
-                Some(Ok(_)) => {}
-                Some(Err(e)) => tracing::warn!(error = %e, configmap = %st.source(), "watching the policy ConfigMap (retrying)"),
-                None => bail!("the ConfigMap watch ended"),
-            },
-            ev = pods.next() => match ev {
-                Some(Ok(ev)) => if st.on_pod(ev) { engine.sync() },
-                Some(Err(e)) => tracing::warn!(error = %e, "watching pods (retrying)"),
-                None => bail!("the pod watch ended"),
-            },
-            ev = infra.next() => match ev {
-                Some(Ok(Event::Apply(obj) | Event::InitApply(obj))) => {
-                    let value = serde_json::to_value(&obj).unwrap_or_default();
-                    match platform::from_infrastructure(&value) {
-                        Ok(p) if p != st.platform.platform => {
-                            tracing::warn!(from = %st.platform.platform, to = %p, "the Infrastructure object names another platform");
-                            st.platform = Detected { platform: p, origin: Origin::Infrastructure };
-                            if st.cm_follows_platform {
-                                st.cm_ns = st.namespace.clone();
-                                st.cm_name = st.platform.configmap_name();
-                                tracing::info!(configmap = %st.source(), "following the platform's policy ConfigMap");
-                                cms = configmap_stream(&st.client, &st.cm_ns, &st.cm_name);
+                    let text = policy_text(&cm);
+                    match &mut engine {
+                        Some(engine) => {
+                            let offer = match text {
+                                Ok(text) => engine.offer(&source, &text, "configmap changed").await,
+                                Err(why) => {
+                                    engine.refuse(&source, "configmap changed", &why);
+                                    Offer::Rejected(why)
+                                }
+                            };
+                            if let Offer::Rejected(why) = offer {
+                                st.rejected(&why).await;
                             }
                         }
-                        Ok(_) => {}
-                        Err(e) => tracing::warn!(error = %e, "reading the Infrastructure object"),
+                        None => {
+                            match text
+                                .and_then(|t| Policy::parse(&source, &t).map_err(|e| e.to_string()))
+                            {
+                                Ok(p) => pending = Some(p),
+                                Err(why) => {
+                                    tracing::error!(configmap = %source, error = %why, "policy rejected; waiting for a good one");
+                                    st.rejected(&why).await;
+                                }
+                            }
+                        }
                     }
                 }
-                Some(Ok(_)) => {}
-                Some(Err(e)) => tracing::warn!(error = %e, "watching the Infrastructure object (retrying)"),
-                None => infra = futures::stream::pending().boxed(),
+                Event::Delete(_) => {
+                    tracing::warn!(configmap = %st.source(), "policy ConfigMap deleted; the last good policy stays in force")
+                }
+                _ => {}
             },
-            Some(d) = denied.recv() => st.on_denied(d).await,
-            _ = tick.tick() => engine.sync(),
+            Input::Pods(ev) => {
+                if st.on_pod(*ev)
+                    && let Some(engine) = &mut engine
+                {
+                    engine.sync();
+                }
+            }
+            Input::Infrastructure(ev) => st.on_infrastructure(*ev, &mut inputs),
+            Input::Denied(d) => st.on_denied(d).await,
+            Input::Tick => {
+                if let Some(engine) = &mut engine {
+                    engine.sync();
+                }
+            }
         }
     }
-    engine.stop();
+    if let Some(engine) = &engine {
+        engine.stop();
+    }
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn kubelet_cgroup_root_prefix() {
-        let l = Layout {
-            root: "/sys/fs/cgroup/kubelet.slice/kubelet-kubepods.slice".into(),
-            driver: CgroupDriver::Systemd,
-            scope: Scope::AllPods,
-            slice_prefix: Some("kubelet-kubepods".into()),
-        };
-        let rel = PathBuf::from(
-            "kubepods-burstable.slice/kubepods-burstable-podab_cd.slice/crio-1.scope",
-        );
-        let local = l.localize(rel.clone());
-        assert_eq!(
-            local,
-            PathBuf::from(
-                "kubelet-kubepods-burstable.slice/kubelet-kubepods-burstable-podab_cd.slice/crio-1.scope"
-            )
-        );
-        assert_eq!(l.canonical(&local), rel);
-    }
 
     #[test]
     fn policy_text_needs_the_key() {

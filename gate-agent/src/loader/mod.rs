@@ -67,6 +67,8 @@ pub enum LoaderError {
     Io { what: &'static str, path: PathBuf, source: std::io::Error },
     #[error("tc: {0}")]
     Tc(String),
+    #[error(transparent)]
+    Netns(#[from] crate::netns::NetnsError),
     #[error(
         "the gate pinned under {pin_dir} protects cgroup {pinned} (id {pinned_id}), not {wanted}: \
          run `gate-agent cleanup --pin-dir {pin_dir}` first, or keep --cgroup-root"

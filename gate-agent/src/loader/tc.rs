@@ -8,12 +8,7 @@
 //!   The kernel keeps it after the agent exits; a new agent replaces it in place (netlink
 //!   replace of the same priority/handle). Filters are recorded in the TC_CLSACT map so that
 //!   `cleanup` can find and remove them.
-use std::{
-    collections::BTreeSet,
-    ffi::CStr,
-    os::fd::AsFd as _,
-    path::{Path, PathBuf},
-};
+use std::{collections::BTreeSet, ffi::CStr, os::fd::AsFd as _, path::PathBuf};
 
 use aya::{
     programs::{
@@ -30,6 +25,7 @@ use gate_common::{
 use globset::{Glob, GlobSet, GlobSetBuilder};
 
 use super::{Gate, HookChange, LinkTarget, LoaderError, map_err, sys};
+use crate::netns::{self, Netns};
 
 /// Interfaces to guard, as globs over interface names.
 #[derive(Clone, Debug, Default)]
@@ -102,38 +98,6 @@ fn interfaces() -> Vec<(u32, String)> {
     out
 }
 
-/// Run `f` on a thread inside `netns` (or the current one).
-fn in_netns<T: Send>(
-    netns: Option<&Path>,
-    f: impl FnOnce() -> Result<T, LoaderError> + Send,
-) -> Result<T, LoaderError> {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            if let Some(path) = netns {
-                let file = std::fs::File::open(path).map_err(|source| LoaderError::Io {
-                    what: "opening netns",
-                    path: path.to_path_buf(),
-                    source,
-                })?;
-                // SAFETY: setns on this thread only, with a valid netns fd.
-                if unsafe {
-                    libc::setns(std::os::fd::AsRawFd::as_raw_fd(&file), libc::CLONE_NEWNET)
-                } != 0
-                {
-                    return Err(LoaderError::Io {
-                        what: "entering netns",
-                        path: path.to_path_buf(),
-                        source: std::io::Error::last_os_error(),
-                    });
-                }
-            }
-            f()
-        })
-        .join()
-        .map_err(|_| LoaderError::Tc("the tc attach thread panicked".into()))?
-    })
-}
-
 impl Gate {
     /// Attach the tc program to every interface the config matches that has none yet, swap the
     /// program of already pinned tc links when `update` (agent start), and unpin tc links of
@@ -154,7 +118,8 @@ impl Gate {
         let tcx = use_tcx(cfg.mode);
         let netns_str =
             cfg.netns.as_deref().map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
-        in_netns(cfg.netns.as_deref(), move || {
+        let target = cfg.netns.as_deref().map_or(Netns::Current, Netns::Path);
+        netns::run_in(target, "mg-tc", move || {
             let prog: &mut SchedClassifier = super::program(ebpf, Program::Tc)?;
             let perr = |source| LoaderError::Program { name: prog_name, source };
             let mut wanted = BTreeSet::new();
@@ -278,7 +243,7 @@ impl Gate {
                 let _ = workload_map.remove(i);
             }
             Ok(changes)
-        })
+        })?
     }
 }
 
@@ -332,10 +297,13 @@ fn detach_clsact(rec: &TcClsact, dir: TcDirection) {
     let iface = fixed_str_value(&rec.ifname).to_owned();
     let netns = fixed_str_value(&rec.netns);
     let netns = (!netns.is_empty()).then(|| PathBuf::from(netns));
-    let r = in_netns(netns.as_deref(), || {
+    let target = netns.as_deref().map_or(Netns::Current, Netns::Path);
+    let r = netns::run_in(target, "mg-tc", || {
         tc::qdisc_detach_program(&iface, attach_type(dir), Program::Tc.name())
             .map_err(|e| LoaderError::Tc(e.to_string()))
-    });
+    })
+    .map_err(LoaderError::from)
+    .and_then(|r| r);
     match r {
         Ok(()) => tracing::info!(interface = %iface, "tc clsact filter removed"),
         Err(e) => tracing::warn!(interface = %iface, error = %e, "removing tc clsact filter"),
