@@ -10,7 +10,7 @@
 
 /// Bumped whenever a type, map or program below changes incompatibly; the agent pins under
 /// `<pin-dir>/v<ABI_VERSION>/`.
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 
 /// Map names as they appear in the eBPF object (and under the pin dir).
 pub mod names {
@@ -86,6 +86,10 @@ pub const PORT_ANY: u16 = 0;
 pub const PROTO_ANY: u8 = 0;
 pub const PROTO_TCP: u8 = 6;
 pub const PROTO_UDP: u8 = 17;
+
+/// Endpoint index of a packet whose network header could not be read at all: decided as if
+/// it were bound for a protected address (fail closed).
+pub const ENDPOINT_UNPARSED: u32 = u32::MAX;
 
 pub const VERDICT_UNMATCHED: u32 = 0;
 pub const VERDICT_ALLOWED: u32 = 1;
@@ -213,6 +217,9 @@ pub struct PrefixValue {
     pub set_id: u32,
     /// KIND_* bits: which key shapes exist in the set, so lookups that cannot hit are skipped.
     pub kinds: u32,
+    /// The lowest-indexed endpoint whose CIDR covers this prefix: what a packet whose
+    /// transport cannot be read is judged against (address alone).
+    pub endpoint: u32,
 }
 
 /// PORT_RULES key. `port == PORT_ANY` / `proto == PROTO_ANY` are wildcards.
@@ -389,7 +396,7 @@ const _: () = {
     assert!(size_of::<Prefilter>() == 64);
     assert!(size_of::<PrefixV4>() == 8);
     assert!(size_of::<PrefixV6>() == 20);
-    assert!(size_of::<PrefixValue>() == 8);
+    assert!(size_of::<PrefixValue>() == 12);
     assert!(size_of::<PortRuleKey>() == 12);
     assert!(size_of::<AllowKey>() == 16);
     assert!(size_of::<EndpointCounters>() == 24);

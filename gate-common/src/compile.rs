@@ -188,10 +188,12 @@ pub fn compile(endpoints: &[EndpointSpec]) -> Result<Image, CompileError> {
     for (set_id, &net) in by_net.keys().enumerate() {
         let set_id = set_id as u32;
         let mut kinds = 0;
+        let mut lowest = u32::MAX;
         // Every endpoint whose prefix contains `net`: `net` itself and its shorter forms.
         for l in 0..=net.len() {
             let Some(idxs) = by_net.get(&net.with_len(l)) else { continue };
             for &idx in idxs {
+                lowest = lowest.min(idx);
                 let ep = &endpoints[idx as usize];
                 let ports: &[u16] = if ep.ports.is_empty() { &[PORT_ANY] } else { &ep.ports };
                 let protos: &[u8] = if ep.protos.is_empty() { &[PROTO_ANY] } else { &ep.protos };
@@ -212,7 +214,7 @@ pub fn compile(endpoints: &[EndpointSpec]) -> Result<Image, CompileError> {
                 return Err(CompileError::TooManyRules { count: rules.len(), max: MAX_PORT_RULES });
             }
         }
-        let value = PrefixValue { set_id, kinds };
+        let value = PrefixValue { set_id, kinds, endpoint: lowest };
         match net {
             Net::V4 { addr, len } => {
                 out.prefilter.add(false, addr[0], u32::from(len));
@@ -283,7 +285,7 @@ impl Tables for HostTables {
 mod tests {
     use super::*;
     use crate::abi::{PROTO_TCP, PROTO_UDP};
-    use crate::verdict::{Addr, Dst, match_endpoint};
+    use crate::verdict::{Addr, Dst, match_address, match_endpoint};
     use proptest::prelude::*;
 
     fn v4(a: [u8; 4], len: u8) -> Net {
@@ -314,6 +316,13 @@ mod tests {
                     && (e.protos.is_empty() || e.protos.contains(&dst.proto))
             })
             .map(|i| i as u32)
+    }
+
+    /// The lowest-indexed endpoint whose CIDR covers the address, ports and protocols aside.
+    fn reference_address(eps: &[EndpointSpec], addr: Addr) -> Option<u32> {
+        let any = |e: &EndpointSpec| EndpointSpec { ports: vec![], protos: vec![], ..e.clone() };
+        let wide: Vec<EndpointSpec> = eps.iter().map(any).collect();
+        reference(&wide, &Dst { addr, port: 0, proto: 0 })
     }
 
     fn tables(generation: u32, eps: &[EndpointSpec]) -> HostTables {
@@ -457,10 +466,16 @@ mod tests {
             let t = tables(generation, &eps);
             for d in &dsts {
                 prop_assert_eq!(match_endpoint(&t, generation, d), reference(&eps, d), "dst {:?}", d);
+                prop_assert_eq!(
+                    match_address(&t, generation, &d.addr),
+                    reference_address(&eps, d.addr),
+                    "address of {:?}", d
+                );
                 // Destinations drawn near the endpoints, to hit the prefixes.
             }
             for e in &eps {
                 let addr = match e.net { Net::V4 { addr, .. } => Addr::V4(addr), Net::V6 { addr, .. } => Addr::from_v6(addr) };
+                prop_assert_eq!(match_address(&t, generation, &addr), reference_address(&eps, addr));
                 for port in [0u16, 53, 80, 443] {
                     for proto in [PROTO_TCP, PROTO_UDP, 1] {
                         let d = Dst { addr, port, proto };

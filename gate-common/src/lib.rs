@@ -5,6 +5,8 @@
 //! * [`verdict`]: the pure decision functions the kernel programs call. They see the maps only
 //!   through the [`verdict::Tables`] trait, so the host tests exercise the very code the kernel
 //!   runs.
+//! * [`packet`]: reading a frame or IP packet as it will be delivered, failing closed (the
+//!   same code in the kernel and in the host tests).
 //! * [`compile`] (host only): turns a list of endpoints into the table entries that make
 //!   [`verdict::match_endpoint`] agree with a plain reading of the policy.
 //! * [`user`] (feature `user`): typed views of the ABI for user space: one vocabulary for
@@ -12,6 +14,7 @@
 #![cfg_attr(target_arch = "bpf", no_std)]
 
 pub mod abi;
+pub mod packet;
 #[cfg(not(target_arch = "bpf"))]
 pub mod compile;
 #[cfg(feature = "user")]

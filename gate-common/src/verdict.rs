@@ -108,6 +108,27 @@ pub fn match_endpoint<T: Tables>(t: &T, generation: u32, dst: &Dst) -> Option<u3
     if best == NO_ENDPOINT { None } else { Some(best) }
 }
 
+/// The policy endpoint whose CIDR covers `addr`, whatever its ports and protocols: the
+/// lowest-indexed one. What a packet is judged against when its transport cannot be read.
+#[inline(always)]
+pub fn match_address<T: Tables>(t: &T, generation: u32, addr: &Addr) -> Option<u32> {
+    if !t.may_match(generation, addr) {
+        return None;
+    }
+    let pv = match *addr {
+        Addr::V4(a) => t.prefix_v4(generation, a),
+        Addr::V6(a) => t.prefix_v6(generation, a),
+    }?;
+    Some(pv.endpoint)
+}
+
+/// The endpoint a parsed packet is bound for: by its full destination when the transport was
+/// read, else by its address alone (fail closed).
+#[inline(always)]
+pub fn packet_endpoint<T: Tables>(t: &T, generation: u32, p: &crate::packet::Parsed) -> Option<u32> {
+    if p.complete { match_endpoint(t, generation, &p.dst) } else { match_address(t, generation, &p.dst.addr) }
+}
+
 /// Whether a cgroup, or one of its ancestors strictly below the gated root, is on the allow
 /// set; returns the allow entry index. `ancestor(level)` returns the cgroup id of the ancestor
 /// at that absolute level, or 0 past the cgroup's own level (what

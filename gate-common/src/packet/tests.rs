@@ -1,0 +1,278 @@
+//! Frames built byte by byte: what the parser reads, and the safety property that matters —
+//! a packet bound for a protected endpoint is never read as bound elsewhere.
+use proptest::prelude::*;
+
+use super::*;
+use crate::{
+    abi::{PROTO_TCP, PROTO_UDP},
+    compile::{EndpointSpec, HostTables, Net, compile},
+    verdict::packet_endpoint,
+};
+
+const IMDS: [u8; 4] = [169, 254, 169, 254];
+const IMDS6: [u8; 16] = [0xfd, 0, 0x0e, 0xc2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x02, 0x54];
+
+fn tcp(dport: u16, flags: u8, data: &[u8]) -> Vec<u8> {
+    let mut h = vec![0u8; 20];
+    h[0..2].copy_from_slice(&40000u16.to_be_bytes());
+    h[2..4].copy_from_slice(&dport.to_be_bytes());
+    h[12] = 5 << 4;
+    h[13] = flags;
+    h.extend_from_slice(data);
+    h
+}
+
+fn udp(dport: u16, data: &[u8]) -> Vec<u8> {
+    let mut h = vec![0u8; 8];
+    h[0..2].copy_from_slice(&40000u16.to_be_bytes());
+    h[2..4].copy_from_slice(&dport.to_be_bytes());
+    h[4..6].copy_from_slice(&((8 + data.len()) as u16).to_be_bytes());
+    h.extend_from_slice(data);
+    h
+}
+
+/// IPv4 with `options` words of options and the fragment field `frag`.
+fn ipv4(dst: [u8; 4], proto: u8, options: usize, frag: u16, payload: &[u8]) -> Vec<u8> {
+    let ihl = 5 + options;
+    let mut h = vec![0u8; ihl * 4];
+    h[0] = 0x40 | ihl as u8;
+    h[2..4].copy_from_slice(&((ihl * 4 + payload.len()) as u16).to_be_bytes());
+    h[6..8].copy_from_slice(&frag.to_be_bytes());
+    h[8] = 64;
+    h[9] = proto;
+    h[12..16].copy_from_slice(&[10, 0, 0, 2]);
+    h[16..20].copy_from_slice(&dst);
+    h.extend_from_slice(payload);
+    h
+}
+
+/// IPv6 with a chain of extension headers (type, length in 8-byte units beyond the first)
+/// before `proto`.
+fn ipv6(dst: [u8; 16], chain: &[(u8, u8)], proto: u8, payload: &[u8]) -> Vec<u8> {
+    let mut ext = Vec::new();
+    for (i, &(_, len)) in chain.iter().enumerate() {
+        let next = chain.get(i + 1).map_or(proto, |n| n.0);
+        let mut e = vec![0u8; (usize::from(len) + 1) * 8];
+        e[0] = next;
+        e[1] = len;
+        // Pad1/PadN options are zeros; an all-zero body is valid padding.
+        ext.extend_from_slice(&e);
+    }
+    let mut h = vec![0u8; 40];
+    h[0] = 0x60;
+    h[4..6].copy_from_slice(&((ext.len() + payload.len()) as u16).to_be_bytes());
+    h[6] = chain.first().map_or(proto, |c| c.0);
+    h[7] = 64;
+    h[24..40].copy_from_slice(&dst);
+    h.extend_from_slice(&ext);
+    h.extend_from_slice(payload);
+    h
+}
+
+fn eth(tags: &[u16], ethertype: u16, payload: &[u8]) -> Vec<u8> {
+    let mut f = vec![0u8; 12];
+    for &tpid in tags {
+        f.extend_from_slice(&tpid.to_be_bytes());
+        f.extend_from_slice(&[0, 7]);
+    }
+    f.extend_from_slice(&ethertype.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+fn parse_frame(f: &[u8]) -> Option<Parsed> {
+    match network_of_frame(f) {
+        Network::V4(l3) => parse_ipv4(f, l3),
+        Network::V6(l3) => parse_ipv6(f, l3),
+        Network::Other | Network::Unreadable => None,
+    }
+}
+
+#[test]
+fn ethertype_comes_from_the_frame_after_vlan_tags() {
+    let ip = ipv4(IMDS, PROTO_TCP, 0, 0, &tcp(80, 0x02, b""));
+    assert_eq!(network_of_frame(&eth(&[], ETH_P_IP, &ip)[..]), Network::V4(14));
+    assert_eq!(network_of_frame(&eth(&[ETH_P_8021Q], ETH_P_IP, &ip)[..]), Network::V4(18));
+    assert_eq!(
+        network_of_frame(&eth(&[ETH_P_8021AD, ETH_P_8021Q], ETH_P_IPV6, &ip)[..]),
+        Network::V6(22)
+    );
+    // Three tags: more than we skip, so unreadable (the programs fail closed on it).
+    let three = eth(&[ETH_P_8021AD, ETH_P_8021Q, ETH_P_8021Q], ETH_P_IP, &ip);
+    assert_eq!(network_of_frame(&three[..]), Network::Unreadable);
+    assert_eq!(network_of_frame(&eth(&[], 0x0806, b"arp")[..]), Network::Other);
+    assert_eq!(network_of_frame(&[0u8; 13][..]), Network::Unreadable);
+    let p = parse_frame(&eth(&[ETH_P_8021Q], ETH_P_IP, &ip)).unwrap();
+    assert_eq!(p.dst, Dst { addr: Addr::V4(IMDS), port: 80, proto: PROTO_TCP });
+    assert!(p.complete && !p.rst);
+}
+
+#[test]
+fn ipv4_fragments_options_and_truncation() {
+    let seg = tcp(80, 0x02, b"GET");
+    let p = parse_ipv4(&ipv4(IMDS, PROTO_TCP, 3, 0, &seg)[..], 0).unwrap();
+    assert_eq!((p.dst.port, p.complete), (80, true));
+    // MF set (first fragment) and a later fragment: address only.
+    for frag in [0x2000u16, 0x0010] {
+        let p = parse_ipv4(&ipv4(IMDS, PROTO_TCP, 0, frag, &seg)[..], 0).unwrap();
+        assert!(!p.complete, "fragment {frag:#x}");
+    }
+    // The transport header cut off: address only.
+    let p = parse_ipv4(&ipv4(IMDS, PROTO_TCP, 0, 0, &seg[..2])[..], 0).unwrap();
+    assert!(!p.complete);
+    // The IP header itself cut off, or not IPv4 at all: unreadable.
+    assert_eq!(parse_ipv4(&ipv4(IMDS, PROTO_TCP, 0, 0, &seg)[..19], 0), None);
+    let mut v6 = ipv4(IMDS, PROTO_TCP, 0, 0, &seg);
+    v6[0] = 0x65;
+    assert_eq!(parse_ipv4(&v6[..], 0), None);
+    // ICMP has no port: complete, port 0.
+    let p = parse_ipv4(&ipv4(IMDS, 1, 0, 0, b"ping")[..], 0).unwrap();
+    assert_eq!((p.dst.port, p.dst.proto, p.complete), (0, 1, true));
+}
+
+#[test]
+fn tcp_reset_without_payload() {
+    let p = parse_ipv4(&ipv4(IMDS, PROTO_TCP, 0, 0, &tcp(80, 0x04, b""))[..], 0).unwrap();
+    assert!(p.rst);
+    let p = parse_ipv4(&ipv4(IMDS, PROTO_TCP, 0, 0, &tcp(80, 0x04, b"x"))[..], 0).unwrap();
+    assert!(!p.rst, "a reset carrying data is not bare");
+}
+
+#[test]
+fn ipv6_extension_chains() {
+    let seg = udp(80, b"x");
+    for n in 0..=MAX_V6_EXT_HEADERS {
+        let chain = vec![(60u8, 0u8); n];
+        let p = parse_ipv6(&ipv6(IMDS6, &chain, PROTO_UDP, &seg)[..], 0).unwrap();
+        assert_eq!((p.dst.port, p.dst.proto, p.complete), (80, PROTO_UDP, true), "{n} headers");
+    }
+    // The most we walk is still read; one more, and 30, leave the transport unknown.
+    let chain = vec![(60u8, 0u8); MAX_V6_EXT_HEADERS];
+    assert!(parse_ipv6(&ipv6(IMDS6, &chain, PROTO_UDP, &seg)[..], 0).unwrap().complete);
+    for n in [MAX_V6_EXT_HEADERS + 1, 30] {
+        let chain = vec![(60u8, 0u8); n];
+        let p = parse_ipv6(&ipv6(IMDS6, &chain, PROTO_UDP, &seg)[..], 0).unwrap();
+        assert!(!p.complete, "{n} headers");
+        assert_eq!(p.dst.addr, Addr::V6(IMDS6));
+    }
+    // A fragment header: address only.
+    let p = parse_ipv6(&ipv6(IMDS6, &[(44, 0)], PROTO_UDP, &seg)[..], 0).unwrap();
+    assert!(!p.complete);
+    // An extension header running off the end.
+    let mut cut = ipv6(IMDS6, &[(0, 4)], PROTO_TCP, &tcp(80, 2, b""));
+    cut.truncate(44);
+    assert!(!parse_ipv6(&cut[..], 0).unwrap().complete);
+    // IPv4-mapped destinations read as IPv4.
+    let mut mapped = [0u8; 16];
+    mapped[10..12].copy_from_slice(&[0xff, 0xff]);
+    mapped[12..].copy_from_slice(&IMDS);
+    let p = parse_ipv6(&ipv6(mapped, &[], PROTO_TCP, &tcp(80, 2, b""))[..], 0).unwrap();
+    assert_eq!(p.dst.addr, Addr::V4(IMDS));
+}
+
+/// The AWS-like policy the property below judges against: TCP 80 on the IPv4 address, any
+/// protocol on port 80 of the IPv6 one; port 53 stays open.
+fn tables() -> HostTables {
+    let eps = [
+        EndpointSpec { net: Net::V4 { addr: IMDS, len: 32 }, ports: vec![80], protos: vec![PROTO_TCP] },
+        EndpointSpec { net: Net::V6 { addr: IMDS6, len: 128 }, ports: vec![80], protos: vec![] },
+    ];
+    let mut t = HostTables::default();
+    t.load(&compile(&eps).expect("compiles"), 0);
+    t
+}
+
+#[derive(Clone, Debug)]
+struct Sent {
+    v6: bool,
+    proto: u8,
+    port: u16,
+    ext: Vec<u8>,
+    options: usize,
+    frag: u16,
+    tags: Vec<u16>,
+    cut: usize,
+}
+
+fn arb_sent() -> impl Strategy<Value = Sent> {
+    (
+        any::<bool>(),
+        prop_oneof![Just(PROTO_TCP), Just(PROTO_UDP), Just(1u8), Just(58u8), any::<u8>()],
+        prop_oneof![Just(80u16), Just(53), any::<u16>()],
+        proptest::collection::vec(prop_oneof![Just(0u8), Just(43), Just(60), Just(44), Just(51), Just(135)], 0..34),
+        0usize..11,
+        prop_oneof![Just(0u16), Just(0x2000), Just(0x0001), any::<u16>()],
+        proptest::collection::vec(prop_oneof![Just(ETH_P_8021Q), Just(ETH_P_8021AD)], 0..4),
+        0usize..200,
+    )
+        .prop_filter("an extension header is no upper-layer protocol", |(v6, proto, ..)| {
+            !(*v6 && is_v6_extension(*proto))
+        })
+        .prop_map(|(v6, proto, port, ext, options, frag, tags, cut)| Sent {
+            v6,
+            proto,
+            port,
+            ext,
+            options,
+            frag,
+            tags,
+            cut,
+        })
+}
+
+fn build(s: &Sent) -> Vec<u8> {
+    let l4 = match s.proto {
+        PROTO_TCP => tcp(s.port, 0x18, b"GET / HTTP/1.0\r\n\r\n"),
+        PROTO_UDP => udp(s.port, b"query"),
+        _ => b"opaque payload".to_vec(),
+    };
+    let ip = if s.v6 {
+        // AH is (len + 2) * 4 bytes: len 0 gives 8, the same as the others' (0 + 1) * 8.
+        let chain: Vec<(u8, u8)> = s.ext.iter().map(|&t| (t, 0)).collect();
+        ipv6(IMDS6, &chain, s.proto, &l4)
+    } else {
+        ipv4(IMDS, s.proto, s.options, s.frag, &l4)
+    };
+    let ethertype = if s.v6 { ETH_P_IPV6 } else { ETH_P_IP };
+    let mut f = eth(&s.tags, ethertype, &ip);
+    let keep = f.len().saturating_sub(s.cut % f.len().max(1));
+    f.truncate(keep);
+    f
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 4000, ..ProptestConfig::default() })]
+
+    /// No false negative: whatever the frame's shape (VLAN tags, IPv4 options, fragments,
+    /// extension chains of any length, truncation), a frame bound for a protected endpoint is
+    /// judged protected, or it could not be read at all (which the programs also refuse).
+    /// When the parser says it read the transport, it read it right.
+    #[test]
+    fn protected_destinations_are_never_missed(s in arb_sent()) {
+        let t = tables();
+        let frame = build(&s);
+        // IPv6: port 80 of any protocol that has ports; IPv4: TCP port 80.
+        let truth_protected = s.port == 80
+            && if s.v6 { matches!(s.proto, PROTO_TCP | PROTO_UDP) } else { s.proto == PROTO_TCP };
+        match parse_frame(&frame) {
+            None => {} // unreadable: refused as if protected
+            Some(p) => {
+                if p.complete {
+                    let fragmented = if s.v6 { s.ext.contains(&44) } else { s.frag & 0x3fff != 0 };
+                    prop_assert!(!fragmented, "a fragment read as complete");
+                    prop_assert_eq!(p.dst.proto, s.proto);
+                    if matches!(s.proto, PROTO_TCP | PROTO_UDP) {
+                        prop_assert_eq!(p.dst.port, s.port);
+                    }
+                }
+                let hit = packet_endpoint(&t, 0, &p).is_some();
+                if truth_protected {
+                    prop_assert!(hit, "protected frame judged unprotected: {:?}", p);
+                }
+                if !p.complete {
+                    prop_assert!(hit, "an unreadable transport to a protected address must be judged on the address");
+                }
+            }
+        }
+    }
+}
