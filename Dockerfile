@@ -4,7 +4,8 @@
 #
 # Builder: stable Rust for the agent, nightly + rust-src for the eBPF programs (built by
 # gate-agent's build.rs for bpfel-unknown-none), bpf-linker 0.10.1, which links with the
-# Rust toolchain's own LLVM (0.11+ would need a system LLVM 21-23). See DESIGN.md, Toolchain.
+# Rust toolchain's own LLVM (0.11+ would need a system LLVM 21-23); `cargo xtask setup`
+# installs the same pair.
 ARG RUST_VERSION=1.95
 FROM docker.io/library/rust:${RUST_VERSION}-bookworm AS builder
 RUN rustup toolchain install nightly --profile minimal --component rust-src \

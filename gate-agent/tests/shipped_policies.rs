@@ -148,8 +148,8 @@ fn every_platform_has_a_policy() {
 
 #[test]
 fn only_platforms_without_a_metadata_service_protect_nothing() {
-    // PLATFORMS.md: these have no metadata service by default; EquinixMetal's is a DNS name the
-    // schema cannot express yet (audit mode, see deploy/policies/equinixmetal.yaml).
+    // docs/platforms.md: these have no metadata service by default; EquinixMetal's is a DNS name
+    // the schema cannot express yet (audit mode, see deploy/policies/equinixmetal.yaml).
     const EMPTY: &[&str] = &[
         "PowerVS",
         "VSphere",

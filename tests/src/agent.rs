@@ -13,22 +13,22 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{probe::target_dir, sys::unique};
+use crate::{bins::Bins, sys::unique};
 
-/// The agent binary: env `GATE_AGENT_BIN`, else `gate-agent` in the same target dir.
-pub fn agent_bin() -> Result<PathBuf> {
-    let p = std::env::var_os("GATE_AGENT_BIN")
-        .map_or_else(|| target_dir().join("gate-agent"), PathBuf::from);
-    if !p.exists() {
+/// A command running the agent binary `bin`, which must exist.
+fn agent_command(bin: &Path) -> Result<Command> {
+    if !bin.exists() {
         bail!(
             "{} missing: build it with `cargo build -p gate-agent` (cargo xtask test does)",
-            p.display()
+            bin.display()
         );
     }
-    Ok(p)
+    Ok(Command::new(bin))
 }
 
 pub struct Agent {
+    /// The gate-agent binary.
+    bin: PathBuf,
     child: Option<Child>,
     lines: Arc<Mutex<Vec<String>>>,
     /// Parent of the pin dir; the agent mounts bpffs here.
@@ -52,25 +52,31 @@ pub fn new_pin_root() -> Result<PathBuf> {
 
 impl Agent {
     /// Start `gate-agent run` on `policy` gating `cgroup_root`, and wait until it is ready.
-    pub fn start(policy: &Path, cgroup_root: &Path) -> Result<Agent> {
-        Self::start_with(policy, cgroup_root, &[])
+    pub fn start(bins: &Bins, policy: &Path, cgroup_root: &Path) -> Result<Agent> {
+        Self::start_with(bins, policy, cgroup_root, &[])
     }
 
     /// [`start`](Self::start) with extra `run` arguments.
-    pub fn start_with(policy: &Path, cgroup_root: &Path, extra: &[&str]) -> Result<Agent> {
+    pub fn start_with(
+        bins: &Bins,
+        policy: &Path,
+        cgroup_root: &Path,
+        extra: &[&str],
+    ) -> Result<Agent> {
         let mode =
             vec!["--policy".into(), policy.into(), "--cgroup-root".into(), cgroup_root.into()];
-        Self::start_mode(mode, false, extra)
+        Self::start_mode(bins, mode, false, extra)
     }
 
     /// Cluster mode: `run` with these flags (kubeconfig, node name, …) and no --policy. The
     /// harness mounts bpffs on the pin root first, as the DaemonSet's host mount does (an agent
     /// in cluster mode never mounts it itself).
-    pub fn start_cluster(flags: &[&str]) -> Result<Agent> {
-        Self::start_mode(flags.iter().map(Into::into).collect(), true, &[])
+    pub fn start_cluster(bins: &Bins, flags: &[&str]) -> Result<Agent> {
+        Self::start_mode(bins, flags.iter().map(Into::into).collect(), true, &[])
     }
 
     fn start_mode(
+        bins: &Bins,
         mode_args: Vec<std::ffi::OsString>,
         mount: bool,
         extra: &[&str],
@@ -80,6 +86,7 @@ impl Agent {
             crate::sys::sh("mount", &["-t", "bpf", "bpffs", &pin_root.to_string_lossy()])?;
         }
         let mut agent = Agent {
+            bin: bins.agent.clone(),
             child: None,
             lines: Arc::new(Mutex::new(Vec::new())),
             pin_dir: pin_root.join("gate"),
@@ -101,7 +108,7 @@ impl Agent {
     }
 
     fn spawn(&mut self, extra: &[&str]) -> Result<()> {
-        let mut cmd = Command::new(agent_bin()?);
+        let mut cmd = agent_command(&self.bin)?;
         cmd.args(["run", "--log-format", "json", "--rescan-ms", "200", "--listen", &self.listen])
             .args(&self.mode_args)
             .arg("--pin-dir")
@@ -167,7 +174,11 @@ impl Agent {
     /// `gate-agent status --json` on this agent's pin dir: (exit code, parsed output).
     pub fn status(&self) -> Result<(i32, serde_json::Value)> {
         let pin = self.pin_dir.to_string_lossy().into_owned();
-        let out = run_to_end(&["status", "--json", "--pin-dir", &pin], Duration::from_secs(10))?;
+        let out = run_to_end(
+            &self.bin,
+            &["status", "--json", "--pin-dir", &pin],
+            Duration::from_secs(10),
+        )?;
         let v = serde_json::from_slice(&out.stdout)
             .with_context(|| format!("status output: {}", String::from_utf8_lossy(&out.stdout)))?;
         Ok((out.status.code().unwrap_or(-1), v))
@@ -249,8 +260,8 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         self.stop();
-        if let Ok(bin) = agent_bin() {
-            let _ = Command::new(bin).arg("cleanup").arg("--pin-dir").arg(&self.pin_dir).output();
+        if let Ok(mut cmd) = agent_command(&self.bin) {
+            let _ = cmd.arg("cleanup").arg("--pin-dir").arg(&self.pin_dir).output();
         }
         remove_pin_root(&self.pin_root);
     }
@@ -266,13 +277,11 @@ pub fn remove_pin_root(root: &Path) {
     let _ = fs::remove_dir_all(root);
 }
 
-/// Run gate-agent with `args` to completion (for bad-input tests), with a timeout.
-pub fn run_to_end(args: &[&str], timeout: Duration) -> Result<Output> {
-    let mut child = Command::new(agent_bin()?)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
+/// Run the gate-agent binary `bin` with `args` to completion (for bad-input tests), with a
+/// timeout.
+pub fn run_to_end(bin: &Path, args: &[&str], timeout: Duration) -> Result<Output> {
+    let mut child =
+        agent_command(bin)?.args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         if child.try_wait()?.is_some() {

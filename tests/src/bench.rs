@@ -4,7 +4,7 @@ use std::{
     io::{BufRead as _, BufReader, Read as _},
     net::{TcpListener, TcpStream, UdpSocket},
     os::fd::AsRawFd as _,
-    path::{Path, PathBuf},
+    path::Path,
     process::{Child, ChildStdout, Command, Stdio},
     sync::{
         Arc,
@@ -19,9 +19,9 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use serde_json::Value;
 
 use crate::{
+    bins::Bins,
     imds::enter_netns,
     net::{DNS_V4, IMDS_V4, TestNet},
-    probe::target_dir,
 };
 
 /// The unprotected destination of the rate scenarios (open in the AWS policy).
@@ -152,23 +152,16 @@ impl Drop for Sink {
     }
 }
 
-/// The bench-probe binary: env `BENCH_PROBE_BIN`, else next to the running executable.
-pub fn bench_probe_bin() -> PathBuf {
-    std::env::var_os("BENCH_PROBE_BIN").map_or_else(|| target_dir().join("bench-probe"), Into::into)
-}
-
-fn command(bin: &Path, net: &TestNet, cgroup: &Path, args: &[&str]) -> Command {
-    let mut c = Command::new(bin);
-    c.arg("--netns").arg(net.node_path()).arg("--cgroup").arg(cgroup).args(args);
-    c
+fn command(bins: &Bins, net: &TestNet, cgroup: &Path, args: &[&str]) -> Command {
+    crate::probe::workload(&bins.bench_probe, &net.node_path(), cgroup, args)
 }
 
 /// Run `bench-probe <args>` in `cgroup` and the node netns; its JSON result.
-pub fn run(bin: &Path, net: &TestNet, cgroup: &Path, args: &[&str]) -> Result<Value> {
+pub fn run(bins: &Bins, net: &TestNet, cgroup: &Path, args: &[&str]) -> Result<Value> {
     net.assert_routes()?;
-    let out = command(bin, net, cgroup, args)
+    let out = command(bins, net, cgroup, args)
         .output()
-        .with_context(|| format!("running {}", bin.display()))?;
+        .with_context(|| format!("running {}", bins.bench_probe.display()))?;
     let text = String::from_utf8_lossy(&out.stdout);
     let line = text.lines().last().ok_or_else(|| {
         anyhow!(
@@ -189,7 +182,7 @@ pub struct Flip {
 
 impl Flip {
     pub fn start(
-        bin: &Path,
+        bins: &Bins,
         net: &TestNet,
         cgroup: &Path,
         dst: &str,
@@ -200,7 +193,7 @@ impl Flip {
         net.assert_routes()?;
         let port = port.to_string();
         let timeout = timeout_ms.to_string();
-        let mut child = command(bin, net, cgroup, &["flip", dst, &port, want, &timeout])
+        let mut child = command(bins, net, cgroup, &["flip", dst, &port, want, &timeout])
             .stdout(Stdio::piped())
             .spawn()
             .context("spawning bench-probe")?;

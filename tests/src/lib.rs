@@ -6,11 +6,15 @@
 //! agent process with its bpffs pin dir ([`agent::Agent`]). Leftovers of killed test runs
 //! (dead pids) are swept at start ([`sys::sweep_stale`]).
 //!
+//! The binaries it runs (gate-agent, `probe`, `bench-probe`) are passed in as a
+//! [`bins::Bins`].
+//!
 //! Safety rules: the fake metadata service lives at 169.254.169.254 inside a test netns;
 //! workloads ([`probe`]) run inside the other test netns and assert the route first; nothing
 //! is attached to the root cgroup or to a host interface.
 pub mod agent;
 pub mod bench;
+pub mod bins;
 pub mod cgroups;
 pub mod imds;
 pub mod kubeapi;

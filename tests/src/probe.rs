@@ -1,14 +1,14 @@
 //! Running the `probe` binary as a workload in a cgroup of the node netns.
 use std::{
     io::{BufRead as _, BufReader, Write as _},
-    path::{Path, PathBuf},
+    path::Path,
     process::{Child, ChildStdin, ChildStdout, Command, Stdio},
 };
 
 use anyhow::{Context as _, Result, anyhow};
 use serde::Deserialize;
 
-use crate::net::TestNet;
+use crate::{bins::Bins, net::TestNet};
 
 /// One probe result.
 #[derive(Clone, Debug, Deserialize)]
@@ -20,46 +20,28 @@ pub struct Outcome {
     pub reply: Option<String>,
 }
 
-/// The probe binary: env `PROBE_BIN`, else next to the running test binary's target dir.
-pub fn probe_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("PROBE_BIN") {
-        return p.into();
-    }
-    target_dir().join("probe")
-}
-
-/// `target/<profile>` of the running executable (tests run from `target/<profile>/deps`).
-pub fn target_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap_or_default();
-    let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
-    if dir.ends_with("deps") { dir.parent().map(Path::to_path_buf).unwrap_or(dir) } else { dir }
-}
-
-fn command(net: &TestNet, cgroup: &Path, args: &[&str]) -> Command {
-    let mut c = Command::new(probe_bin());
-    c.arg("--netns").arg(net.node_path()).arg("--cgroup").arg(cgroup).args(args);
+/// `bin <args>` as a workload (`probe`, `bench-probe`): it enters the test netns at
+/// `netns_path` and `cgroup` itself, before it does anything else.
+pub(crate) fn workload(bin: &Path, netns_path: &str, cgroup: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(bin);
+    c.arg("--netns").arg(netns_path).arg("--cgroup").arg(cgroup).args(args);
     c
 }
 
 /// Run `probe <args>` in `cgroup` and the node netns and return its result.
-pub fn run(net: &TestNet, cgroup: &Path, args: &[&str]) -> Result<Outcome> {
+pub fn run(bins: &Bins, net: &TestNet, cgroup: &Path, args: &[&str]) -> Result<Outcome> {
     net.assert_routes()?;
-    run_in(&net.node_path(), cgroup, args)
+    run_in(bins, &net.node_path(), cgroup, args)
 }
 
 /// Run `probe <args>` in another test netns (`path` under /run/netns) and `cgroup`.
-pub fn run_in(netns_path: &str, cgroup: &Path, args: &[&str]) -> Result<Outcome> {
+pub fn run_in(bins: &Bins, netns_path: &str, cgroup: &Path, args: &[&str]) -> Result<Outcome> {
     if !netns_path.starts_with("/run/netns/mg-") {
         return Err(anyhow!("{netns_path} is not a test network namespace"));
     }
-    let out = Command::new(probe_bin())
-        .arg("--netns")
-        .arg(netns_path)
-        .arg("--cgroup")
-        .arg(cgroup)
-        .args(args)
+    let out = workload(&bins.probe, netns_path, cgroup, args)
         .output()
-        .with_context(|| format!("running {:?}", probe_bin()))?;
+        .with_context(|| format!("running {}", bins.probe.display()))?;
     let text = String::from_utf8_lossy(&out.stdout);
     let line = text.lines().last().ok_or_else(|| {
         anyhow!("probe {args:?} printed nothing; stderr: {}", String::from_utf8_lossy(&out.stderr))
@@ -75,9 +57,9 @@ pub struct Held {
 }
 
 impl Held {
-    pub fn start(net: &TestNet, cgroup: &Path, args: &[&str]) -> Result<Held> {
+    pub fn start(bins: &Bins, net: &TestNet, cgroup: &Path, args: &[&str]) -> Result<Held> {
         net.assert_routes()?;
-        let mut child = command(net, cgroup, args)
+        let mut child = workload(&bins.probe, &net.node_path(), cgroup, args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()

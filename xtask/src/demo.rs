@@ -41,7 +41,7 @@ pub fn run() -> Result<()> {
         bail!("the demo {why}: run it as root (sudo -E cargo xtask demo)");
     }
     step(1, "Building gate-agent (with its eBPF programs) and the workload probe");
-    crate::setup::build_bins(false)?;
+    let bins = crate::bins::build(false)?;
 
     step(2, "A throwaway world: two network namespaces joined by a veth pair");
     let net = TestNet::new()?;
@@ -56,7 +56,8 @@ pub fn run() -> Result<()> {
     println!("     gated/cloud-agent   allow-listed by the policy (cgroup: \"cloud-agent\")");
 
     step(3, &format!("Starting gate-agent on the gated cgroup with {POLICY}"));
-    let agent = Agent::start(&root().join(POLICY), &cg.gated()).context("starting gate-agent")?;
+    let agent =
+        Agent::start(&bins, &root().join(POLICY), &cg.gated()).context("starting gate-agent")?;
     println!(
         "   ready: programs attached with bpf_link, policy in the maps, pinned under {}",
         agent.pin_dir.display()
@@ -68,11 +69,11 @@ pub fn run() -> Result<()> {
             "Both workloads ask the metadata service: GET http://{IMDS_V4}/latest/meta-data/instance-id"
         ),
     );
-    let refused = probe::run(&net, &web, &["tcp", IMDS_V4, "80", &token("demo-web")])?;
+    let refused = probe::run(&bins, &net, &web, &["tcp", IMDS_V4, "80", &token("demo-web")])?;
     show("web-app", &refused);
-    let served = probe::run(&net, &cloud, &["tcp", IMDS_V4, "80", &token("demo-cloud")])?;
+    let served = probe::run(&bins, &net, &cloud, &["tcp", IMDS_V4, "80", &token("demo-cloud")])?;
     show("cloud-agent", &served);
-    let dns = probe::run(&net, &web, &["udp", IMDS_V4, "53", &token("demo-dns")])?;
+    let dns = probe::run(&bins, &net, &web, &["udp", IMDS_V4, "53", &token("demo-dns")])?;
     println!(
         "   {:<12} {} (port 53 on the same address is not protected)",
         "web-app",

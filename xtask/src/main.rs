@@ -1,9 +1,16 @@
 //! Project orchestration: `cargo xtask <command>`. Orchestration only; no product logic here.
+//!
+//! One module per command (`setup`, `lint`, `test`, `demo`, `manifests`, `kind`, `bench`);
+//! what several of them use lives in `bins` (building and locating the binaries) and `util`
+//! (running commands).
 mod bench;
+mod bins;
 mod demo;
 mod kind;
+mod lint;
 mod manifests;
 mod setup;
+mod test;
 mod util;
 
 use anyhow::Result;
@@ -26,7 +33,8 @@ enum Cmd {
         /// Skip rustfmt and clippy
         #[arg(long)]
         no_lint: bool,
-        /// Only run privileged tests whose name contains this
+        /// Only run privileged tests whose name contains this (names carry their area:
+        /// `enforcement::`, `terminate::`, `tc::`, `lifecycle::`, `cluster::`)
         filter: Option<String>,
     },
     /// Lint only: rustfmt check, clippy -D warnings on the host crates and on the eBPF crate
@@ -64,14 +72,14 @@ fn main() -> Result<()> {
         Cmd::Setup => setup::ensure(),
         Cmd::Lint => {
             setup::ensure()?;
-            setup::lint()
+            lint::run()
         }
         Cmd::Test { no_lint, filter } => {
             setup::ensure()?;
             if !no_lint {
-                setup::lint()?;
+                lint::run()?;
             }
-            setup::test(filter.as_deref())
+            test::run(filter.as_deref())
         }
         Cmd::Demo => {
             setup::ensure()?;

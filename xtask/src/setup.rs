@@ -1,9 +1,11 @@
-//! Prerequisites, lint and test orchestration.
+//! `cargo xtask setup`: install what a fresh machine lacks (every other command runs it first).
 use std::process::Command;
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::util::{in_ci, is_root, output, root, run};
+use integration_tests::sys::is_root;
+
+use crate::util::{output, run};
 
 pub const BPF_LINKER_VERSION: &str = "0.10.1";
 
@@ -91,81 +93,6 @@ pub fn ensure() -> Result<()> {
             "installing kubectl (needed by `cargo xtask manifests`): if no apt source provides \
              the package kubectl, install kubectl 1.27+ (kustomize v5) by other means",
         )?;
-    }
-    Ok(())
-}
-
-pub fn lint() -> Result<()> {
-    run(Command::new("cargo").args(["+nightly", "fmt", "--all", "--", "--check"]))?;
-    // The eBPF crate needs nightly features and its own target: it is linted on its own below.
-    run(Command::new("cargo").args([
-        "clippy",
-        "--workspace",
-        "--exclude",
-        "gate-ebpf",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ]))?;
-    // The eBPF crate on its own, for its real target.
-    run(Command::new("cargo").current_dir(root().join("gate-ebpf")).args([
-        "+nightly",
-        "clippy",
-        "-p",
-        "gate-ebpf",
-        "--bins",
-        "--release",
-        "--target",
-        "bpfel-unknown-none",
-        "-Z",
-        "build-std=core",
-        "--",
-        "-D",
-        "warnings",
-    ]))?;
-    Ok(())
-}
-
-/// The binaries the privileged tests, the demo and the benchmarks run: gate-agent (with its
-/// eBPF object) and the workloads.
-pub fn build_bins(release: bool) -> Result<()> {
-    let mut cmd = Command::new("cargo");
-    cmd.args(["build", "-q", "-p", "gate-agent", "-p", "integration-tests", "--bins"]);
-    if release {
-        cmd.arg("--release");
-    }
-    run(&mut cmd)
-}
-
-pub fn test(filter: Option<&str>) -> Result<()> {
-    run(Command::new("cargo").args(["test", "-p", "gate-common", "-p", "gate-agent"]))?;
-    run(Command::new("cargo").args(["test", "-p", "integration-tests", "--lib"]))?;
-    crate::manifests::run()?;
-    build_bins(false)?;
-    if !is_root() {
-        if in_ci() {
-            bail!("the privileged kernel tests need root, and CI=true forbids skipping them");
-        }
-        eprintln!(
-            "\n*** privileged kernel tests SKIPPED: they need root (run `sudo cargo xtask test`) ***"
-        );
-        return Ok(());
-    }
-    let target =
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), Into::into);
-    let agent = target.join("debug/gate-agent");
-    let mut cmd = Command::new("cargo");
-    cmd.args(["test", "-p", "integration-tests", "--test", "privileged", "--"]);
-    if let Some(f) = filter {
-        cmd.arg(f);
-    }
-    cmd.arg("--test-threads=1").env("GATE_AGENT_BIN", agent);
-    run(&mut cmd)?;
-    if filter.is_none() {
-        // Smoke run of the benchmarks: every scenario and variant must run; no timing is
-        // asserted (numbers from a shared CI machine mean nothing).
-        crate::bench::run_bench(true)?;
     }
     Ok(())
 }

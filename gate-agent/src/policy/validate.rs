@@ -32,7 +32,7 @@ pub(super) fn deserialize(source: &str, text: &str) -> Result<RawPolicy> {
                     source,
                     DOCUMENT,
                     "the document is empty; a policy is a mapping with at least `platform` and \
-                     `endpoints` (see DESIGN.md, section Policy)",
+                     `endpoints` (see docs/policy.md)",
                 ));
             }
             serde_yaml::Value::Bool(_) => Some("a boolean"),
@@ -152,8 +152,8 @@ pub(super) fn validate(source: &str, raw: RawPolicy) -> Result<Policy> {
         return Err(cx.err(
             "endpoints",
             "no endpoints: the policy would protect nothing. List the endpoints to protect; for a \
-             platform without a metadata service (PLATFORMS.md) set `allowNoEndpoints: true` or \
-             `mode: audit`",
+             platform without a metadata service (docs/platforms.md) set \
+             `allowNoEndpoints: true` or `mode: audit`",
         ));
     }
     let mut names = HashMap::new();

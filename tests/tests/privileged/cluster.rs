@@ -121,7 +121,9 @@ impl Cluster {
             &root,
         ];
         flags.extend_from_slice(extra);
-        self.env.agent = Some(Agent::start_cluster(&flags).expect("agent ready in cluster mode"));
+        self.env.agent = Some(
+            Agent::start_cluster(&self.env.bins, &flags).expect("agent ready in cluster mode"),
+        );
         let _ = std::fs::remove_file(kubeconfig);
     }
 
@@ -245,21 +247,23 @@ fn cluster_mode_without_the_crd_uses_the_provider_id_and_a_bad_token_is_named() 
     // Wrong credentials: `run` exits and says why.
     let bad = c.kubeconfig("wrong");
     let root = c.dir.join("kubepods.slice").to_string_lossy().into_owned();
-    let out = integration_tests::agent::run_to_end(
-        &[
-            "run",
-            "--kubeconfig",
-            &bad.to_string_lossy(),
-            "--node-name",
-            NODE,
-            "--cgroup-root",
-            &root,
-            "--listen",
-            "127.0.0.1:0",
-        ],
-        Duration::from_secs(20),
-    )
-    .expect("agent exits");
+    let out = c
+        .env
+        .gate_agent(
+            &[
+                "run",
+                "--kubeconfig",
+                &bad.to_string_lossy(),
+                "--node-name",
+                NODE,
+                "--cgroup-root",
+                &root,
+                "--listen",
+                "127.0.0.1:0",
+            ],
+            Duration::from_secs(20),
+        )
+        .expect("agent exits");
     let _ = std::fs::remove_file(&bad);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());

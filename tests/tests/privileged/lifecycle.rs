@@ -1,21 +1,14 @@
 //! The gate's lifecycle: it outlives the agent, a restarted or upgraded agent adopts it
-//! without an open moment, the policy file is live, and `status` shows it all.
+//! without an open moment, the policy file is live, denial logs are rate-limited, `cleanup`
+//! is the only way to open it, and `status` shows it all.
 use std::time::Duration;
 
 use integration_tests::{
-    agent::run_to_end,
     net::{IMDS_V4, NTP_V4},
-    probe::{Held, token},
+    probe::token,
 };
 
-use super::{EPERM, Env, policy};
-
-/// `gate-agent status --json` of the env's agent.
-fn status(env: &Env) -> serde_json::Value {
-    let (code, v) = env.agent().status().expect("status runs");
-    assert_eq!(code, 0, "status exit code with a gate installed: {v}");
-    v
-}
+use super::{EPERM, Env, metric, policy, status};
 
 fn prog_ids(status: &serde_json::Value) -> Vec<(String, u64, u64)> {
     let mut v: Vec<_> = status["attachments"]
@@ -32,11 +25,6 @@ fn prog_ids(status: &serde_json::Value) -> Vec<(String, u64, u64)> {
         .collect();
     v.sort();
     v
-}
-
-/// The value of a metric line that starts with `prefix` (name and labels).
-fn metric(body: &str, prefix: &str) -> Option<f64> {
-    body.lines().find(|l| l.starts_with(prefix)).and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
 /// Rewrite the policy file the way editors and ConfigMap volumes do: write aside, rename over.
@@ -91,19 +79,10 @@ fn sigkill_keeps_the_gate_closed_and_a_restart_adopts_it() {
 fn upgrade_swaps_programs_without_an_open_window() {
     privileged!(upgrade_swaps_programs_without_an_open_window);
     let mut env = Env::new("enforce");
-    env.agent = Some(
-        integration_tests::agent::Agent::start_with(
-            &env.policy_file,
-            &env.cg.gated(),
-            &["--egress-program", "task"],
-        )
-        .expect("agent"),
-    );
+    env.start_agent_with(&["--egress-program", "task"]);
     let before = status(&env);
     let t = token("hammer");
-    let hammer =
-        Held::start(&env.net, &env.cgroup("gated/pod-a"), &["hammer-tcp", IMDS_V4, "80", &t])
-            .expect("hammer");
+    let hammer = env.hold("gated/pod-a", &["hammer-tcp", IMDS_V4, "80", &t]).expect("hammer");
     std::thread::sleep(Duration::from_millis(200));
     // The rolling upgrade: the old agent stops, the new one (a different egress program)
     // starts and swaps every program while the workload keeps trying.
@@ -251,6 +230,20 @@ fn denial_logs_are_rate_limited_per_workload_and_metrics_count_all() {
 }
 
 #[test]
+fn gate_stays_closed_after_the_agent_stops_until_cleanup() {
+    privileged!(gate_stays_closed_after_the_agent_stops_until_cleanup);
+    let mut env = Env::with_agent("enforce");
+    let mut agent = env.agent.take().expect("agent");
+    agent.stop();
+    env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
+    env.assert_served("gated/cloud-agent", "tcp", IMDS_V4, "80");
+    let pin = agent.pin_dir.to_string_lossy().into_owned();
+    let out = env.cleanup(&pin);
+    assert!(out.status.success());
+    env.assert_served("gated/pod-a", "tcp", IMDS_V4, "80");
+}
+
+#[test]
 fn cleanup_opens_the_gate_and_status_says_so() {
     privileged!(cleanup_opens_the_gate_and_status_says_so);
     let mut env = Env::with_agent("enforce");
@@ -258,141 +251,13 @@ fn cleanup_opens_the_gate_and_status_says_so() {
     agent.stop();
     env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
     let pin = env.agent().pin_dir.to_string_lossy().into_owned();
-    let out =
-        run_to_end(&["cleanup", "--pin-dir", &pin], Duration::from_secs(10)).expect("cleanup");
+    let out = env.cleanup(&pin);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     env.assert_served("gated/pod-a", "tcp", IMDS_V4, "80");
     let (code, v) = env.agent().status().expect("status");
     assert_eq!(code, 3, "status without a gate: {v}");
     assert_eq!(v["installed"], false, "{v}");
     assert!(!env.agent().pin_dir.join("v2").exists(), "pins left behind");
-}
-
-#[test]
-fn af_packet_frames_from_a_gated_cgroup_never_arrive() {
-    privileged!(af_packet_frames_from_a_gated_cgroup_never_arrive);
-    let mut env = Env::new("enforce");
-    let netns = env.net.node_path();
-    env.agent = Some(
-        integration_tests::agent::Agent::start_with(
-            &env.policy_file,
-            &env.cg.gated(),
-            &["--tc-interface", "vnode", "--tc-netns", &netns],
-        )
-        .expect("agent"),
-    );
-    // Control: the same frame from the allowed cgroup arrives (the frame is well formed).
-    let t = token("packet-allowed");
-    let o = env.probe("gated/cloud-agent", &["packet", IMDS_V4, "80", &t, "vnode"]);
-    assert!(o.ok, "{o:?}");
-    assert!(env.imds.wait_for(&t, Duration::from_secs(2)), "allowed AF_PACKET frame lost");
-    // A gated cgroup's frame is dropped by tc before it leaves.
-    let t = token("packet-gated");
-    let o = env.probe("gated/pod-a", &["packet", IMDS_V4, "80", &t, "vnode"]);
-    assert!(!env.imds.wait_for(&t, Duration::from_millis(500)), "AF_PACKET frame arrived: {o:?}");
-    // Processes outside the gated root are not affected; unprotected ports pass.
-    let t = token("packet-outside");
-    env.probe("outside", &["packet", IMDS_V4, "80", &t, "vnode"]);
-    assert!(env.imds.wait_for(&t, Duration::from_secs(2)), "frame from outside the root lost");
-    let t = token("packet-dns");
-    env.probe("gated/pod-a", &["packet", IMDS_V4, "53", &t, "vnode"]);
-    assert!(env.imds.wait_for(&t, Duration::from_secs(2)), "frame to :53 lost");
-    let st = status(&env);
-    let tc =
-        st["decisions"].as_array().and_then(|d| d.iter().find(|h| h["hook"] == "tc4")).cloned();
-    assert!(tc.as_ref().is_some_and(|h| h["denied"] == 1), "{st}");
-    assert!(
-        st["attachments"]
-            .as_array()
-            .is_some_and(|a| a.iter().any(|x| x["hook"] == "tc-egress-vnode")),
-        "{st}"
-    );
-}
-
-#[test]
-fn forwarded_traffic_from_a_workload_interface_is_dropped() {
-    privileged!(forwarded_traffic_from_a_workload_interface_is_dropped);
-    let mut env = Env::new("enforce");
-    let pod = integration_tests::net::PodNet::new(&env.net).expect("pod netns");
-    let outside = env.cgroup("outside");
-    let send = |port: &str, t: &str| {
-        integration_tests::probe::run_in(&pod.path(), &outside, &["udp", IMDS_V4, port, t])
-            .expect("probe")
-    };
-    // Without the gate, forwarding works both ways.
-    let t = token("fwd-before");
-    send("80", &t);
-    assert!(env.imds.wait_for(&t, Duration::from_secs(2)), "forwarding does not work");
-
-    let netns = env.net.node_path();
-    env.agent = Some(
-        integration_tests::agent::Agent::start_with(
-            &env.policy_file,
-            &env.cg.gated(),
-            &["--tc-workload-interface", "vpod", "--tc-netns", &netns],
-        )
-        .expect("agent"),
-    );
-    let t = token("fwd-gated");
-    send("80", &t);
-    assert!(!env.imds.wait_for(&t, Duration::from_millis(500)), "forwarded packet arrived");
-    // Unprotected ports still pass.
-    let t = token("fwd-dns");
-    send("53", &t);
-    assert!(env.imds.wait_for(&t, Duration::from_secs(2)), "forwarded :53 lost");
-    let (_, body) = env.agent().http_get("/metrics").expect("metrics");
-    assert!(
-        metric(&body, "metadata_gate_decisions_total{hook=\"tc4\",verdict=\"denied\"}")
-            >= Some(1.0),
-        "{body}"
-    );
-    drop(env.agent.take());
-    drop(pod);
-}
-
-#[test]
-fn clsact_fallback_outlives_the_agent_is_replaced_in_place_and_cleaned_up() {
-    privileged!(clsact_fallback_outlives_the_agent_is_replaced_in_place_and_cleaned_up);
-    let mut env = Env::new("enforce");
-    let netns = env.net.node_path();
-    let args = ["--tc-interface", "vnode", "--tc-netns", netns.as_str(), "--tc-mode", "clsact"];
-    env.agent = Some(
-        integration_tests::agent::Agent::start_with(&env.policy_file, &env.cg.gated(), &args)
-            .expect("agent"),
-    );
-    let frame_arrives = |env: &Env, tag: &str| {
-        let t = token(tag);
-        env.probe("gated/pod-a", &["packet", IMDS_V4, "80", &t, "vnode"]);
-        env.imds.wait_for(&t, Duration::from_millis(700))
-    };
-    let filters = |env: &Env| {
-        integration_tests::sys::sh(
-            "ip",
-            &["netns", "exec", &env.net.node, "tc", "filter", "show", "dev", "vnode", "egress"],
-        )
-        .expect("tc filter show")
-        .lines()
-        .filter(|l| l.contains("gate_tc"))
-        .count()
-    };
-    assert!(!frame_arrives(&env, "clsact-1"), "AF_PACKET frame passed the clsact filter");
-    assert_eq!(filters(&env), 1);
-    let st = status(&env);
-    assert_eq!(st["tc_clsact"][0], format!("egress vnode {netns}"), "{st}");
-
-    env.agent.as_mut().expect("agent").kill();
-    assert!(!frame_arrives(&env, "clsact-2"), "the filter went with the agent");
-    env.agent.as_mut().expect("agent").restart_with(&args).expect("restart");
-    assert!(!frame_arrives(&env, "clsact-3"), "frame passed after the restart");
-    assert_eq!(filters(&env), 1, "the restart added a filter instead of replacing it");
-
-    env.agent.as_mut().expect("agent").stop();
-    let pin = env.agent().pin_dir.to_string_lossy().into_owned();
-    let out =
-        run_to_end(&["cleanup", "--pin-dir", &pin], Duration::from_secs(10)).expect("cleanup");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(filters(&env), 0, "cleanup left the clsact filter");
-    assert!(frame_arrives(&env, "clsact-4"), "frame still dropped after cleanup");
 }
 
 #[test]
@@ -409,9 +274,7 @@ fn an_abi_change_hands_over_to_a_new_pin_dir_without_an_open_window() {
     env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
 
     let t = token("handover");
-    let hammer =
-        Held::start(&env.net, &env.cgroup("gated/pod-a"), &["hammer-tcp", IMDS_V4, "80", &t])
-            .expect("hammer");
+    let hammer = env.hold("gated/pod-a", &["hammer-tcp", IMDS_V4, "80", &t]).expect("hammer");
     std::thread::sleep(Duration::from_millis(200));
     env.agent.as_mut().expect("agent").restart_with(&[]).expect("new ABI agent");
     let retired = env
@@ -435,6 +298,6 @@ fn an_abi_change_hands_over_to_a_new_pin_dir_without_an_open_window() {
     // Nothing of the old gate is left attached: once ours is removed, traffic flows.
     env.agent.as_mut().expect("agent").stop();
     let pin = env.agent().pin_dir.to_string_lossy().into_owned();
-    run_to_end(&["cleanup", "--pin-dir", &pin], Duration::from_secs(10)).expect("cleanup");
+    env.cleanup(&pin);
     env.assert_served("gated/pod-a", "tcp", IMDS_V4, "80");
 }

@@ -35,7 +35,7 @@ fn ms(ns: Vec<f64>) -> Vec<f64> {
 pub fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
     let w = World::new()?;
     let policy = w.write_policy("policy.yaml", &toggled(false))?;
-    let _active = variants::apply(Variant::Gate, &w, &policy)?;
+    let _active = variants::apply(Variant::Gate, &w, &policy, &cfg.bins)?;
     let port = CONNECT_PORT;
 
     // Policy change: add an endpoint for an address the workload is using, then remove it.
@@ -45,7 +45,7 @@ pub fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
         for add in [true, false] {
             let want = if add { "refused" } else { "served" };
             let flip =
-                Flip::start(&cfg.probe, &w.net, &w.workload, DEST_V4, port, want, FLIP_TIMEOUT_MS)?;
+                Flip::start(&cfg.bins, &w.net, &w.workload, DEST_V4, port, want, FLIP_TIMEOUT_MS)?;
             if flip.first_refused == add {
                 eprintln!("   change {i}: the workload was already {want} before the change");
                 continue;
@@ -98,7 +98,7 @@ pub fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
         let t0 = monotonic_ns();
         let cg = w.cg.create(&format!("gated/allowed-{i}"))?;
         let flip =
-            Flip::start(&cfg.probe, &w.net, &cg, IMDS_V4, IMDS_PORT, "served", FLIP_TIMEOUT_MS)?;
+            Flip::start(&cfg.bins, &w.net, &cg, IMDS_V4, IMDS_PORT, "served", FLIP_TIMEOUT_MS)?;
         match flip.finish()? {
             Some(t) => newcg.push(t.saturating_sub(t0) as f64),
             None => eprintln!("   new cgroup {i}: not allowed within {FLIP_TIMEOUT_MS} ms"),

@@ -24,14 +24,14 @@ pub fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
     for round in 0..cfg.rounds {
         for i in 0..vs.len() {
             let v = vs[(i + round) % vs.len()];
-            let _active = variants::apply(v, &w, &policy)?;
+            let _active = variants::apply(v, &w, &policy, &cfg.bins)?;
             let (n, timeout) = if v == Variant::NftDrop {
                 (cfg.drop_n, cfg.drop_timeout_ms)
             } else {
                 (cfg.deny_n, cfg.drop_timeout_ms.max(1000))
             };
             let r = bench::run(
-                &cfg.probe,
+                &cfg.bins,
                 &w.net,
                 &w.workload,
                 &["deny", IMDS_V4, "80", &n.to_string(), &timeout.to_string()],

@@ -11,12 +11,15 @@ mod scale;
 mod variants;
 mod world;
 
-use std::{path::PathBuf, process::Command, time::Instant};
+use std::{process::Command, time::Instant};
 
 use anyhow::{Result, bail};
-use integration_tests::sys::{missing_privileges, sweep_stale};
+use integration_tests::{
+    bins::Bins,
+    sys::{missing_privileges, sweep_stale},
+};
 
-use crate::util::root;
+use crate::bins::target_dir;
 pub use report::Report;
 
 /// How long and how often: `--quick` is a smoke run, never judged on its numbers.
@@ -33,17 +36,14 @@ pub struct Cfg {
     pub drop_timeout_ms: u64,
     /// Policy changes (each way) and new cgroups for the latency scenario.
     pub changes: usize,
-    pub probe: PathBuf,
+    /// The release build of gate-agent and bench-probe.
+    pub bins: Bins,
 }
 
 impl Cfg {
     fn secs_arg(&self) -> String {
         format!("{}", self.secs)
     }
-}
-
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), Into::into)
 }
 
 pub fn run_bench(quick: bool) -> Result<()> {
@@ -55,13 +55,7 @@ pub fn run_bench(quick: bool) -> Result<()> {
             bail!("{tool} is missing: `cargo xtask setup` installs it");
         }
     }
-    crate::setup::build_bins(true)?;
-    let bins = target_dir().join("release");
-    // SAFETY: no other thread exists yet; the harness reads the variable later.
-    unsafe {
-        std::env::set_var("GATE_AGENT_BIN", bins.join("gate-agent"));
-        std::env::set_var("BENCH_PROBE_BIN", bins.join("bench-probe"));
-    }
+    let bins = crate::bins::build(true)?;
     sweep_stale();
     let cfg = if quick {
         Cfg {
@@ -72,7 +66,7 @@ pub fn run_bench(quick: bool) -> Result<()> {
             drop_n: 2,
             drop_timeout_ms: 500,
             changes: 5,
-            probe: bins.join("bench-probe"),
+            bins,
         }
     } else {
         Cfg {
@@ -83,7 +77,7 @@ pub fn run_bench(quick: bool) -> Result<()> {
             drop_n: 3,
             drop_timeout_ms: 1000,
             changes: 20,
-            probe: bins.join("bench-probe"),
+            bins,
         }
     };
     let started = Instant::now();

@@ -32,7 +32,7 @@ pub fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
     for round in 0..cfg.rounds {
         for i in 0..vs.len() {
             let v = vs[(i + round) % vs.len()];
-            let active = variants::apply(v, &w, &policy)?;
+            let active = variants::apply(v, &w, &policy, &cfg.bins)?;
             let pid = active.agent().and_then(|a| a.pid());
             if let Some(pid) = pid {
                 let idle = Duration::from_secs(1);
@@ -48,7 +48,7 @@ pub fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
                 let t = std::time::Instant::now();
                 let port = port.to_string();
                 let r = bench::run(
-                    &cfg.probe,
+                    &cfg.bins,
                     &w.net,
                     &w.workload,
                     &[mode, DEST_V4, &port, &cfg.secs_arg()],

@@ -53,7 +53,7 @@ pub fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
             w.cg.create(&format!("gated/{}", pod(cgroups)))?;
             cgroups += 1;
         }
-        let active = variants::apply(Variant::Gate, &w, &policy)?;
+        let active = variants::apply(Variant::Gate, &w, &policy, &cfg.bins)?;
         let rss =
             active.agent().and_then(|a| a.pid()).and_then(agent_usage).map_or(f64::NAN, |u| u.0);
         let (mut gated, mut outside, mut ratios) = (vec![], vec![], vec![]);
@@ -63,7 +63,7 @@ pub fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
                 let which = (k + round) % 2;
                 let cg = if which == 0 { &twin } else { &gated0 };
                 let r =
-                    bench::run(&cfg.probe, &w.net, cg, &["connect-rate", DEST_V4, &port, &secs])?;
+                    bench::run(&cfg.bins, &w.net, cg, &["connect-rate", DEST_V4, &port, &secs])?;
                 let rate = r["rate"].as_f64().unwrap_or(0.0);
                 if r["ok"] != true || rate <= 0.0 {
                     bail!("scale {dim} {entries}/{ncg}: {r}");

@@ -12,6 +12,7 @@ use anyhow::{Context as _, Result, bail};
 use integration_tests::{
     agent::Agent,
     bench::{self, IMDS_PORT},
+    bins::Bins,
     net::IMDS_V4,
 };
 
@@ -140,12 +141,13 @@ fn ipt_rules(world: &World, dst: &str) -> Result<String> {
 
 /// Put `v` in force in `world` (`policy` is the gate's policy file) and check that it
 /// enforces the policy: the workload is refused, the allow-listed cgroup served.
-pub fn apply(v: Variant, world: &World, policy: &Path) -> Result<Active> {
+/// `bins` is the build under test (gate-agent, and bench-probe for the check).
+pub fn apply(v: Variant, world: &World, policy: &Path, bins: &Bins) -> Result<Active> {
     let netns = world.net.node_path();
     let active = match v {
         Variant::None => Active::None,
         Variant::Gate => Active::Gate(Box::new(
-            Agent::start(policy, &world.cg.gated()).context("starting gate-agent")?,
+            Agent::start(bins, policy, &world.cg.gated()).context("starting gate-agent")?,
         )),
         Variant::Nft | Variant::NftDrop => {
             let verdict = if v == Variant::Nft { "reject with tcp reset" } else { "drop" };
@@ -163,17 +165,16 @@ pub fn apply(v: Variant, world: &World, policy: &Path) -> Result<Active> {
             active
         }
     };
-    verify(v, world)?;
+    verify(v, world, bins)?;
     Ok(active)
 }
 
 /// One connect() to the protected endpoint from the workload and from the allowed cgroup.
-fn verify(v: Variant, world: &World) -> Result<()> {
-    let bin = bench::bench_probe_bin();
+fn verify(v: Variant, world: &World, bins: &Bins) -> Result<()> {
     let port = IMDS_PORT.to_string();
     let timeout = if v == Variant::NftDrop { "300" } else { "2000" };
     let try_from = |cg: &Path| -> Result<bool> {
-        let r = bench::run(&bin, &world.net, cg, &["deny", IMDS_V4, &port, "1", timeout])?;
+        let r = bench::run(bins, &world.net, cg, &["deny", IMDS_V4, &port, "1", timeout])?;
         Ok(r["served"].as_u64() == Some(1))
     };
     let workload = try_from(&world.workload)?;

@@ -1,0 +1,224 @@
+//! What the gate refuses and what it leaves open, from the moment the agent is ready.
+use std::time::Duration;
+
+use integration_tests::{
+    net::{DNS_V4, DNS_V6, IMDS_V4, IMDS_V6, NTP_V4},
+    probe::token,
+};
+
+use super::{EPERM, Env, policy};
+
+#[test]
+fn harness_without_agent_serves_everything() {
+    privileged!(harness_without_agent_serves_everything);
+    let env = Env::new("enforce");
+    env.assert_served("gated/pod-a", "tcp", IMDS_V4, "80");
+    env.assert_served("gated/pod-a", "tcp", IMDS_V6, "80");
+    env.assert_served("gated/pod-a", "udp", IMDS_V4, "80");
+    env.assert_served("gated/pod-a", "raw", IMDS_V4, "80");
+    let (base, ns) = (env.cg.base.clone(), env.net.node.clone());
+    drop(env);
+    assert!(!base.exists(), "cgroup tree left behind");
+    let list = integration_tests::sys::sh("ip", &["netns", "list"]).unwrap_or_default();
+    assert!(!list.contains(&ns), "netns left behind");
+}
+
+#[test]
+fn tcp_v4_refused_with_eperm_allowed_served() {
+    privileged!(tcp_v4_refused_with_eperm_allowed_served);
+    let env = Env::with_agent("enforce");
+    env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
+    env.assert_served("gated/cloud-agent", "tcp", IMDS_V4, "80");
+}
+
+#[test]
+fn tcp_v6_refused_allowed_served() {
+    privileged!(tcp_v6_refused_allowed_served);
+    let env = Env::with_agent("enforce");
+    env.assert_refused("gated/pod-a", "tcp", IMDS_V6, "80", "connect");
+    env.assert_served("gated/cloud-agent", "tcp", IMDS_V6, "80");
+}
+
+#[test]
+fn udp_sendto_and_connected_udp_refused() {
+    privileged!(udp_sendto_and_connected_udp_refused);
+    let env = Env::with_agent("enforce");
+    env.assert_refused("gated/pod-a", "udp", IMDS_V4, "80", "send");
+    env.assert_refused("gated/pod-a", "udp-connected", IMDS_V4, "80", "connect");
+    env.assert_served("gated/cloud-agent", "udp", IMDS_V4, "80");
+    env.assert_served("gated/cloud-agent", "udp-connected", IMDS_V4, "80");
+}
+
+#[test]
+fn ipv4_mapped_ipv6_refused() {
+    privileged!(ipv4_mapped_ipv6_refused);
+    let env = Env::with_agent("enforce");
+    let mapped = format!("::ffff:{IMDS_V4}");
+    env.assert_refused("gated/pod-a", "tcp", &mapped, "80", "connect");
+    env.assert_refused("gated/pod-a", "udp", &mapped, "80", "send");
+    env.assert_refused("gated/pod-a", "udp-connected", &mapped, "80", "connect");
+    env.assert_served("gated/cloud-agent", "tcp", &mapped, "80");
+}
+
+#[test]
+fn raw_socket_never_reaches_the_service() {
+    privileged!(raw_socket_never_reaches_the_service);
+    let env = Env::with_agent("enforce");
+    let t = token("raw");
+    // The egress program drops it; sendto may report EPERM or succeed, either is fine.
+    let o = env.probe("gated/pod-a", &["raw", IMDS_V4, "80", &t]);
+    assert!(o.ok || o.errno == Some(EPERM), "{o:?}");
+    assert!(!env.imds.wait_for(&t, Duration::from_secs(1)), "raw segment {t} reached the IMDS");
+    env.assert_served("gated/cloud-agent", "raw", IMDS_V4, "80");
+}
+
+#[test]
+fn ipv6_extension_headers_do_not_hide_the_port() {
+    privileged!(ipv6_extension_headers_do_not_hide_the_port);
+    let mut env = Env::new("enforce");
+    // Opened before the agent, so only the egress program, which has to walk the hop-by-hop
+    // header to find the UDP port, stands between it and the service.
+    let args = ["hold-udp-hbh", IMDS_V6, "80"];
+    let held = env.hold("gated/pod-a", &args).expect("hold hbh");
+    let allowed = env.hold("gated/cloud-agent", &args).expect("hold hbh");
+    // Not destroyed at start, so the egress program is what is tested.
+    env.start_agent_with(&["--terminate-established=false"]);
+    let (t1, t2) = (token("hbh"), token("hbh-allowed"));
+    let o = held.send(&t1).expect("held result");
+    assert!(!o.ok, "datagram with a hop-by-hop header got through: {o:?}");
+    assert!(!env.imds.wait_for(&t1, Duration::from_secs(1)), "token {t1} reached the IMDS");
+    let o = allowed.send(&t2).expect("allowed result");
+    assert!(o.ok && env.imds.wait_for(&t2, Duration::from_secs(1)), "control not served: {o:?}");
+}
+
+#[test]
+fn protected_address_on_unprotected_port_stays_open() {
+    privileged!(protected_address_on_unprotected_port_stays_open);
+    let env = Env::with_agent("enforce");
+    // GCP-style DNS on the metadata address.
+    env.assert_served("gated/pod-a", "tcp", IMDS_V4, "53");
+    env.assert_served("gated/pod-a", "udp", IMDS_V4, "53");
+    env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
+}
+
+#[test]
+fn neighbouring_addresses_stay_open() {
+    privileged!(neighbouring_addresses_stay_open);
+    let env = Env::with_agent("enforce");
+    env.assert_served("gated/pod-a", "tcp", DNS_V4, "80");
+    env.assert_served("gated/pod-a", "udp", NTP_V4, "123");
+    env.assert_served("gated/pod-a", "tcp", DNS_V6, "80");
+}
+
+#[test]
+fn nested_and_late_cgroups_under_an_allowed_one_are_allowed() {
+    privileged!(nested_and_late_cgroups_under_an_allowed_one_are_allowed);
+    let env = Env::with_agent("enforce");
+    env.assert_served("gated/cloud-agent/nested", "tcp", IMDS_V4, "80");
+    // Created after the agent is ready: allowed from its first syscall by the ancestor walk.
+    env.cg.create("gated/cloud-agent/late/deeper").expect("late cgroup");
+    env.assert_served("gated/cloud-agent/late/deeper", "tcp", IMDS_V4, "80");
+    // A sibling created late is still refused.
+    env.cg.create("gated/pod-late").expect("late sibling");
+    env.assert_refused("gated/pod-late", "tcp", IMDS_V4, "80", "connect");
+}
+
+#[test]
+fn processes_outside_the_gated_root_are_not_affected() {
+    privileged!(processes_outside_the_gated_root_are_not_affected);
+    let env = Env::with_agent("enforce");
+    env.assert_served("outside", "tcp", IMDS_V4, "80");
+    env.assert_served("outside", "udp", IMDS_V4, "80");
+}
+
+#[test]
+fn audit_mode_counts_and_logs_but_blocks_nothing() {
+    privileged!(audit_mode_counts_and_logs_but_blocks_nothing);
+    let env = Env::with_agent("audit");
+    env.assert_served("gated/pod-a", "tcp", IMDS_V4, "80");
+    let line = env
+        .agent()
+        .wait_log(|v| v["verdict"] == "audited" && v["cgroup"] == "pod-a", Duration::from_secs(5))
+        .expect("audit log line");
+    assert!(line["message"].as_str().is_some_and(|m| m.contains("blocked")), "{line}");
+    let (code, metrics) = env.agent().http_get("/metrics").expect("metrics");
+    assert_eq!(code, 200);
+    assert!(
+        metrics.lines().any(|l| l.starts_with(
+            "metadata_gate_endpoint_decisions_total{endpoint=\"ec2-imds\",verdict=\"audited\"}"
+        ) && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn each_denial_is_one_structured_log_event() {
+    privileged!(each_denial_is_one_structured_log_event);
+    let env = Env::with_agent("enforce");
+    env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
+    let line = env
+        .agent()
+        .wait_log(|v| v["verdict"] == "denied", Duration::from_secs(5))
+        .expect("denial log line");
+    assert!(line["message"].as_str().is_some_and(|m| m.contains("blocked")), "{line}");
+    assert_eq!(line["cgroup"], "pod-a", "{line}");
+    assert_eq!(line["dst"], IMDS_V4, "{line}");
+    assert_eq!(line["port"], 80, "{line}");
+    assert_eq!(line["proto"], "TCP", "{line}");
+    assert_eq!(line["endpoint"], "ec2-imds", "{line}");
+    assert_eq!(line["hook"], "connect4", "{line}");
+    assert!(line["pid"].as_u64().is_some_and(|p| p > 0), "{line}");
+    assert_eq!(line["comm"], "probe", "{line}");
+    let denials =
+        env.agent().logs().iter().filter(|l| l.contains("\"verdict\":\"denied\"")).count();
+    assert_eq!(denials, 1, "one refused connect, one event");
+}
+
+#[test]
+fn bad_policy_is_refused_and_attaches_nothing() {
+    privileged!(bad_policy_is_refused_and_attaches_nothing);
+    let env = Env::new("enforce");
+    let bad = env.policy_file.with_extension("bad.yaml");
+    std::fs::write(
+        &bad,
+        policy("enforce").replace("ports: [80], protocols: [TCP]", "ports: [70000]"),
+    )
+    .expect("bad policy");
+    let pin_root = integration_tests::agent::new_pin_root().expect("pin root");
+    let pin_dir = pin_root.join("gate");
+    let (bad_s, root_s, pin_s) = (
+        bad.to_string_lossy().into_owned(),
+        env.cg.gated().to_string_lossy().into_owned(),
+        pin_dir.to_string_lossy().into_owned(),
+    );
+    let out = env
+        .gate_agent(
+            &[
+                "run",
+                "--policy",
+                &bad_s,
+                "--cgroup-root",
+                &root_s,
+                "--pin-dir",
+                &pin_s,
+                "--listen",
+                "127.0.0.1:0",
+            ],
+            Duration::from_secs(10),
+        )
+        .expect("agent exits");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "agent accepted a bad policy");
+    assert!(stderr.contains("endpoints[0].ports"), "error does not name the field: {stderr}");
+    assert!(!pin_dir.exists(), "a refused start left pins behind");
+    env.assert_served("gated/pod-a", "tcp", IMDS_V4, "80");
+
+    let out = env.gate_agent(&["check", &bad_s], Duration::from_secs(10)).expect("check exits");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("endpoints[0].ports"));
+    let good = env.policy_file.to_string_lossy().into_owned();
+    let out = env.gate_agent(&["check", &good], Duration::from_secs(10)).expect("check exits");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    integration_tests::agent::remove_pin_root(&pin_root);
+    let _ = std::fs::remove_file(&bad);
+}

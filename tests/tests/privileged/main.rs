@@ -1,0 +1,175 @@
+//! Privileged kernel tests: real sockets in real network namespaces and cgroups, against the
+//! real gate-agent binary. Root only; run with `--test-threads=1` (`cargo xtask test` does):
+//! every test loads programs into the kernel.
+//!
+//! Every refusal is paired with proof that the token never reached the fake metadata
+//! service, and with a positive control where one makes sense, so no test passes vacuously.
+//!
+//! One binary, one module per area (test names carry it: `tc::…`, `lifecycle::…`):
+//!
+//! | module | what |
+//! |---|---|
+//! | [`enforcement`] | connect, UDP, raw, IPv4-mapped, IPv6 extension headers, neighbouring addresses, nested cgroups, audit mode, denial events, a bad policy |
+//! | [`terminate`] | connections established before the gate |
+//! | [`tc`] | AF_PACKET frames, a forwarding workload interface, the clsact fallback |
+//! | [`lifecycle`] | kill and adopt, upgrade, policy file edits, log rate limits, cleanup, ABI hand-over |
+//! | [`cluster`] | cluster mode against a Kubernetes API double |
+use std::{path::PathBuf, process::Output, time::Duration};
+
+use integration_tests::{
+    agent::Agent,
+    bins::Bins,
+    cgroups::CgroupTree,
+    imds::{FakeImds, INSTANCE_ID},
+    net::TestNet,
+    probe::{self, Held, Outcome, token},
+};
+
+/// Gate for a privileged test: returns early (skips) when it cannot run here, and fails under
+/// CI=true instead.
+macro_rules! privileged {
+    ($name:ident) => {
+        if !integration_tests::sys::require_privileges(stringify!($name)) {
+            return;
+        }
+    };
+}
+
+mod cluster;
+mod enforcement;
+mod lifecycle;
+mod tc;
+mod terminate;
+
+const EPERM: i32 = 1;
+
+fn policy(mode: &str) -> String {
+    format!(
+        r#"platform: AWS
+mode: {mode}
+endpoints:
+  - {{name: ec2-imds, cidr: 169.254.169.254/32, ports: [80], protocols: [TCP]}}
+  - {{name: ec2-imds-udp-test, cidr: 169.254.169.254/32, ports: [80], protocols: [UDP]}}
+  - {{name: ec2-imds-v6, cidr: "fd00:ec2::254/128", ports: [80]}}
+allow:
+  - {{name: cloud-agent, cgroup: "cloud-agent"}}
+"#
+    )
+}
+
+/// One test's world. Field order is drop order: the agent goes first.
+struct Env {
+    agent: Option<Agent>,
+    imds: FakeImds,
+    net: TestNet,
+    cg: CgroupTree,
+    policy_file: PathBuf,
+    /// The binaries of this build (`cargo xtask test` names them in the environment).
+    bins: Bins,
+}
+
+impl Env {
+    /// Network, fake IMDS, cgroups `gated/{pod-a,cloud-agent/nested}` and `outside`; no agent.
+    fn new(mode: &str) -> Env {
+        let net = TestNet::new().expect("test network");
+        let imds = FakeImds::start(&net).expect("fake IMDS");
+        let cg = CgroupTree::new().expect("cgroup tree");
+        for c in ["gated/pod-a", "gated/cloud-agent/nested"] {
+            cg.create(c).expect("cgroup");
+        }
+        let policy_file = cg_policy_path(&cg);
+        std::fs::write(&policy_file, policy(mode)).expect("policy file");
+        Env { agent: None, imds, net, cg, policy_file, bins: Bins::from_env() }
+    }
+
+    fn with_agent(mode: &str) -> Env {
+        let mut env = Env::new(mode);
+        env.start_agent();
+        env
+    }
+
+    fn start_agent(&mut self) {
+        self.start_agent_with(&[]);
+    }
+
+    /// Start the agent on the env's policy and gated root, with extra `run` arguments.
+    fn start_agent_with(&mut self, extra: &[&str]) {
+        let agent = Agent::start_with(&self.bins, &self.policy_file, &self.cg.gated(), extra);
+        self.agent = Some(agent.expect("agent ready"));
+    }
+
+    fn agent(&self) -> &Agent {
+        self.agent.as_ref().expect("agent started")
+    }
+
+    fn cgroup(&self, rel: &str) -> PathBuf {
+        self.cg.base.join(rel)
+    }
+
+    fn probe(&self, cgroup: &str, args: &[&str]) -> Outcome {
+        probe::run(&self.bins, &self.net, &self.cgroup(cgroup), args).expect("probe ran")
+    }
+
+    /// A probe in `cgroup` (relative to the tree's base) holding a connection (`hold-tcp`, …).
+    fn hold(&self, cgroup: &str, args: &[&str]) -> anyhow::Result<Held> {
+        Held::start(&self.bins, &self.net, &self.cgroup(cgroup), args)
+    }
+
+    /// `cmd` to addr:port from `cgroup` is refused with EPERM at `stage`, at once, and the
+    /// token never reaches the service.
+    fn assert_refused(&self, cgroup: &str, cmd: &str, addr: &str, port: &str, stage: &str) {
+        let t = token(cmd);
+        let o = self.probe(cgroup, &[cmd, addr, port, &t]);
+        assert!(!o.ok, "{cmd} {addr}:{port} from {cgroup} got through: {o:?}");
+        assert_eq!(o.errno, Some(EPERM), "{cmd} {addr}:{port} from {cgroup}: {o:?}");
+        assert_eq!(o.stage, stage, "{cmd} {addr}:{port} from {cgroup}: {o:?}");
+        // EPERM comes from the hook itself; a drop would surface as a timeout after seconds.
+        // This tells the two apart; it is not a speed assertion.
+        assert!(o.elapsed_us < 500_000, "refusal took {} us: {o:?}", o.elapsed_us);
+        assert!(!self.imds.wait_for(&t, Duration::from_millis(300)), "token {t} reached the IMDS");
+    }
+
+    /// `cmd` from `cgroup` is served and the token reaches the service.
+    fn assert_served(&self, cgroup: &str, cmd: &str, addr: &str, port: &str) {
+        let t = token(cmd);
+        let o = self.probe(cgroup, &[cmd, addr, port, &t]);
+        assert!(o.ok, "{cmd} {addr}:{port} from {cgroup} was not served: {o:?}");
+        assert!(self.imds.wait_for(&t, Duration::from_secs(2)), "token {t} never reached the IMDS");
+        if cmd == "tcp" {
+            assert!(o.reply.as_deref().is_some_and(|r| r.contains(INSTANCE_ID)), "{o:?}");
+        }
+    }
+
+    /// `gate-agent <args>` of this build, run to completion (at most `timeout`).
+    fn gate_agent(&self, args: &[&str], timeout: Duration) -> anyhow::Result<Output> {
+        integration_tests::agent::run_to_end(&self.bins.agent, args, timeout)
+    }
+
+    /// `gate-agent cleanup --pin-dir <pin>`: detach and unpin the gate.
+    fn cleanup(&self, pin: &str) -> Output {
+        self.gate_agent(&["cleanup", "--pin-dir", pin], Duration::from_secs(10)).expect("cleanup")
+    }
+}
+
+fn cg_policy_path(cg: &CgroupTree) -> PathBuf {
+    let name = cg.base.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    std::env::temp_dir().join(format!("{name}-policy.yaml"))
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.policy_file);
+    }
+}
+
+/// `gate-agent status --json` of the env's agent.
+fn status(env: &Env) -> serde_json::Value {
+    let (code, v) = env.agent().status().expect("status runs");
+    assert_eq!(code, 0, "status exit code with a gate installed: {v}");
+    v
+}
+
+/// The value of a metric line that starts with `prefix` (name and labels).
+fn metric(body: &str, prefix: &str) -> Option<f64> {
+    body.lines().find(|l| l.starts_with(prefix)).and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}

@@ -1,0 +1,38 @@
+//! `cargo xtask test`: unit and property tests, the manifest checks, the privileged kernel
+//! tests (root; under CI=true they must run, never skip) and a smoke run of the benchmarks.
+use std::process::Command;
+
+use anyhow::{Result, bail};
+use integration_tests::sys::{in_ci, is_root};
+
+use crate::util;
+
+pub fn run(filter: Option<&str>) -> Result<()> {
+    util::run(Command::new("cargo").args(["test", "-p", "gate-common", "-p", "gate-agent"]))?;
+    util::run(Command::new("cargo").args(["test", "-p", "integration-tests", "--lib"]))?;
+    crate::manifests::run()?;
+    let bins = crate::bins::build(false)?;
+    if !is_root() {
+        if in_ci() {
+            bail!("the privileged kernel tests need root, and CI=true forbids skipping them");
+        }
+        eprintln!(
+            "\n*** privileged kernel tests SKIPPED: they need root (run `sudo cargo xtask test`) ***"
+        );
+        return Ok(());
+    }
+    let mut cmd = Command::new("cargo");
+    cmd.args(["test", "-p", "integration-tests", "--test", "privileged", "--"]);
+    if let Some(f) = filter {
+        cmd.arg(f);
+    }
+    // The test process finds the binaries just built through these variables of its own.
+    cmd.arg("--test-threads=1").envs(bins.env());
+    util::run(&mut cmd)?;
+    if filter.is_none() {
+        // Smoke run of the benchmarks: every scenario and variant must run; no timing is
+        // asserted (numbers from a shared CI machine mean nothing).
+        crate::bench::run_bench(true)?;
+    }
+    Ok(())
+}
