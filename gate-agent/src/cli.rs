@@ -7,7 +7,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use crate::{
     cluster::identity::Scope,
     config::{AgentConfig, ClusterConfig, GateConfig, RunMode},
-    loader::{EgressProgram, TcConfig, TcMode},
+    loader::{EgressProgram, TcMode},
+    node::NodeConfig,
 };
 
 /// Flags that do not fit together, or a value that does not parse.
@@ -49,15 +50,29 @@ impl RunArgs {
             }
         };
         let mount_bpffs = matches!(mode, RunMode::Standalone { .. });
+        // Where every pod is gated, pod-network traffic is the gate's too: guard the
+        // workload-facing interfaces and refuse forwarded traffic at the uplinks. Standalone
+        // guards workload-facing interfaces (sockets there still tell gated from not) but
+        // leaves the host's own forwarding alone.
+        let (workload_ingress, gate_forwarded) = match &mode {
+            RunMode::Standalone { .. } => (true, false),
+            RunMode::Cluster(c) => {
+                let all = c.scope == Scope::AllPods;
+                (all, all)
+            }
+        };
         Ok(AgentConfig {
             mode,
             gate: GateConfig {
                 pin_dir: self.pin_dir,
                 mount_bpffs,
                 egress: self.egress_program.into(),
-                tc: TcConfig {
-                    egress: self.tc_interface,
-                    workload: self.tc_workload_interface,
+                node: NodeConfig {
+                    enabled: self.node_enforcement,
+                    workload_ingress,
+                    gate_forwarded,
+                    uplinks: self.tc_interface,
+                    workloads: self.tc_workload_interface,
                     netns: self.tc_netns,
                     mode: self.tc_mode.into(),
                 },
@@ -159,25 +174,38 @@ pub struct RunArgs {
     /// Log format
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
-    /// How often cgroup globs of the allow list are re-evaluated, in milliseconds
+    /// How often cgroup globs of the allow list are re-evaluated and the node-level
+    /// attachments verified (and restored if removed), in milliseconds
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     pub rescan_ms: u64,
     /// Which cgroup_skb egress program to load (auto: with pid/comm in events where the
     /// kernel allows it)
     #[arg(long, value_enum, value_name = "VARIANT", default_value_t = EgressArg::Auto)]
     pub egress_program: EgressArg,
-    /// Also guard the egress of these interfaces with a tc program (glob, repeatable): drops
-    /// packets to protected endpoints from gated sockets the cgroup hooks cannot see, such
-    /// as AF_PACKET
+    /// Node-level enforcement (default on): a tc program on the uplinks (the interfaces that
+    /// route to a protected endpoint, found by the agent) and on every workload-facing
+    /// interface as it appears, for traffic no cgroup hook judged: AF_PACKET frames, packets
+    /// rewritten after the socket hooks, traffic forwarded from pods, VMs and tunnels.
+    /// `--node-enforcement=false` leaves only the cgroup hooks, and those paths open
+    #[arg(
+        long,
+        value_name = "BOOL",
+        default_value_t = true,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub node_enforcement: bool,
+    /// More uplinks (glob, repeatable): the node-level program on their egress, besides the
+    /// interfaces the agent finds by route
     #[arg(long, value_name = "GLOB")]
     pub tc_interface: Vec<String>,
-    /// Workload-facing interfaces (pod veths, VM taps; glob, repeatable): everything that
-    /// enters through them and is bound for a protected endpoint is dropped, locally and when
-    /// forwarded
+    /// More workload-facing interfaces (glob, repeatable): the node-level program on their
+    /// ingress, also where pod-network traffic is otherwise left to the SDN
     #[arg(long, value_name = "GLOB")]
     pub tc_workload_interface: Vec<String>,
-    /// Network namespace of the --tc-* interfaces (e.g. /run/netns/NAME); default: the
-    /// agent's own
+    /// Network namespace of the node-level interfaces (e.g. /run/netns/NAME); default: the
+    /// agent's own (in a DaemonSet with hostNetwork: the node's)
     #[arg(long, value_name = "PATH")]
     pub tc_netns: Option<PathBuf>,
     /// How tc programs attach: tcx links (6.6+) or clsact filters (older kernels)

@@ -2,10 +2,7 @@
 //! [`AgentConfig`] from the flags and nothing below `main` sees clap.
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
-use crate::{
-    cluster::identity::Scope,
-    loader::{EgressProgram, TcConfig},
-};
+use crate::{cluster::identity::Scope, loader::EgressProgram, node::NodeConfig};
 
 /// Everything `run` needs.
 #[derive(Clone, Debug)]
@@ -15,7 +12,7 @@ pub struct AgentConfig {
     pub gate: GateConfig,
     /// Address for /healthz, /readyz and /metrics.
     pub listen: SocketAddr,
-    /// How often allow globs (and tc interface globs) are re-evaluated.
+    /// How often allow globs are re-evaluated and the node-level attachments verified.
     pub rescan: Duration,
 }
 
@@ -35,7 +32,8 @@ pub struct GateConfig {
     /// only; in a pod the mount would vanish with the container.
     pub mount_bpffs: bool,
     pub egress: EgressProgram,
-    pub tc: TcConfig,
+    /// The node-level program: where it goes and what it gates.
+    pub node: NodeConfig,
     /// Destroy established connections the policy denies.
     pub terminate_established: bool,
 }

@@ -6,6 +6,7 @@
 //! A policy flows downhill: the engine parses it ([`Policy`], compiled once into its image),
 //! turns it into a loader [`Install`] with the mode's allow set, and the loader writes it.
 use std::{
+    net::IpAddr,
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
@@ -22,6 +23,7 @@ use crate::{
     events::{self, CgroupNames, EventSinks},
     loader::{self, Gate, Install, Start},
     metrics::{self, AgentMetrics},
+    node::{self, NodeLevel},
     policy::Policy,
     server, terminate,
 };
@@ -33,7 +35,12 @@ pub trait AllowSource: Send {
 }
 
 /// What the loader installs for `policy` with `allow`.
-fn install<'a>(policy: &'a Policy, names: &'a [String], allow: &'a AllowSet) -> Install<'a> {
+fn install<'a>(
+    policy: &'a Policy,
+    names: &'a [String],
+    allow: &'a AllowSet,
+    node: &NodeLevel,
+) -> Install<'a> {
     Install {
         image: policy.image(),
         mode: policy.mode,
@@ -41,12 +48,24 @@ fn install<'a>(policy: &'a Policy, names: &'a [String], allow: &'a AllowSet) -> 
         hash: policy.hash(),
         platform: &policy.platform,
         allow,
+        node_flags: node.node_flags(),
     }
+}
+
+/// The addresses the node level finds uplinks for: each endpoint's network address.
+fn protected_addrs(policy: &Policy) -> Vec<IpAddr> {
+    policy.endpoints.iter().map(|e| e.cidr.network()).collect()
 }
 
 /// Load (or adopt), apply and attach. A failed fresh start removes its own pins; a failed
 /// adoption leaves the pinned gate as it was, still enforcing.
-fn bring_up(cfg: &GateConfig, policy: &Policy, root: &GatedRoot, allow: &AllowSet) -> Result<Gate> {
+fn bring_up(
+    cfg: &GateConfig,
+    node: &NodeLevel,
+    policy: &Policy,
+    root: &GatedRoot,
+    allow: &AllowSet,
+) -> Result<Gate> {
     let mut gate = Gate::open(&cfg.pin_dir, cfg.egress, cfg.mount_bpffs)
         .context("loading the eBPF programs")?;
     let start = gate.start();
@@ -62,7 +81,8 @@ fn bring_up(cfg: &GateConfig, policy: &Policy, root: &GatedRoot, allow: &AllowSe
     let result = (|| -> Result<()> {
         gate.check_root(root)?;
         let names = policy.endpoint_names();
-        gate.apply(&install(policy, &names, allow), root).context("writing the policy maps")?;
+        gate.apply(&install(policy, &names, allow, node), root)
+            .context("writing the policy maps")?;
         let changes =
             gate.attach(root).with_context(|| format!("attaching to {}", root.path.display()))?;
         for c in changes {
@@ -82,7 +102,18 @@ fn bring_up(cfg: &GateConfig, policy: &Policy, root: &GatedRoot, allow: &AllowSe
                 ),
             }
         }
-        gate.sync_tc(&cfg.tc, true).context("attaching the tc programs")?;
+        let plan = node.plan(&protected_addrs(policy)).context("planning the node level")?;
+        let report = gate.sync_tc(&plan, true).context("attaching the node-level program")?;
+        tracing::info!(
+            attachments = plan.targets.len(),
+            attached = report.attached.len(),
+            replaced_in_place = report.replaced,
+            failed = report.failed.len(),
+            "node level"
+        );
+        for (t, why) in &report.failed {
+            tracing::error!(interface = %t.name, direction = t.direction.name(), error = %why, "attaching the node-level program");
+        }
         Ok(())
     })();
     if let Err(e) = result {
@@ -123,6 +154,10 @@ pub struct Engine {
     pub ready: Arc<AtomicBool>,
     cfg: GateConfig,
     allow: Box<dyn AllowSource>,
+    node: Arc<NodeLevel>,
+    /// The live policy's protected addresses, for the node-level watcher.
+    protected: tokio::sync::watch::Sender<Vec<IpAddr>>,
+    _node_watch: AbortOnDrop,
     /// The policy text as last judged (applied or refused), so one change is judged once.
     last_text: Option<String>,
     _server: tokio::task::JoinHandle<()>,
@@ -140,7 +175,8 @@ impl Engine {
         notify: Option<tokio::sync::mpsc::UnboundedSender<events::Denied>>,
     ) -> Result<Engine> {
         let allow_set = allow.allow_set(&policy);
-        let mut gate = bring_up(&cfg.gate, &policy, &root, &allow_set)?;
+        let node = Arc::new(NodeLevel::new(cfg.gate.node.clone())?);
+        let mut gate = bring_up(&cfg.gate, &node, &policy, &root, &allow_set)?;
         let ring = gate.take_events();
         let (pinned, start, generation, egress) = (
             gate.pin_dir().to_path_buf(),
@@ -166,6 +202,13 @@ impl Engine {
                 }
             });
         }
+        let (protected, protected_rx) = tokio::sync::watch::channel(protected_addrs(&policy));
+        let node_watch = AbortOnDrop(tokio::spawn(node::watch(
+            node.clone(),
+            gate.clone(),
+            protected_rx,
+            cfg.rescan,
+        )));
         let mut engine = Engine {
             policy,
             root,
@@ -175,6 +218,9 @@ impl Engine {
             ready,
             cfg: cfg.gate.clone(),
             allow,
+            node,
+            protected,
+            _node_watch: node_watch,
             last_text: None,
             _server: server,
         };
@@ -246,7 +292,7 @@ impl Engine {
                 let allow_set = self.allow.allow_set(&candidate);
                 let names = candidate.endpoint_names();
                 let mut g = self.gate.lock().map_err(|_| anyhow::anyhow!("gate lock poisoned"))?;
-                g.apply(&install(&candidate, &names, &allow_set), &self.root)
+                g.apply(&install(&candidate, &names, &allow_set, &self.node), &self.root)
                     .context("writing the policy maps")?;
                 Ok(Some((candidate, names, allow_set, g.info().policy_generation)))
             });
@@ -270,6 +316,7 @@ impl Engine {
                     took_us = started.elapsed().as_micros() as u64,
                     "policy applied"
                 );
+                self.protected.send_replace(protected_addrs(&candidate));
                 self.policy = candidate;
                 self.metrics.reload("success");
                 if self.cfg.terminate_established {
@@ -285,8 +332,8 @@ impl Engine {
         }
     }
 
-    /// Bring the allow set and tc attachments up to date (new or vanished cgroups, pods,
-    /// interfaces).
+    /// Bring the allow set up to date (new or vanished cgroups, pods). The node level keeps
+    /// itself current (see [`node::watch`]).
     pub fn sync(&mut self) {
         let want = self.allow.allow_set(&self.policy);
         let Ok(mut g) = self.gate.lock() else { return };
@@ -296,9 +343,6 @@ impl Engine {
                 tracing::info!(added, removed, allowed_cgroups = want.len(), "allow set updated")
             }
             Err(e) => tracing::error!(error = %e, "updating the allow set"),
-        }
-        if let Err(e) = g.sync_tc(&self.cfg.tc, false) {
-            tracing::error!(error = %e, "updating the tc attachments");
         }
     }
 
@@ -311,5 +355,14 @@ impl Engine {
                 "stopping; the gate stays closed (pinned). `gate-agent cleanup` removes it"
             );
         }
+    }
+}
+
+/// A background task that ends with its owner.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }

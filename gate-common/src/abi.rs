@@ -30,8 +30,9 @@ pub mod names {
     /// The last [`RECENT_DENIALS`](super::RECENT_DENIALS) denials, a ring indexed by
     /// CONFIG[[`CONFIG_RECENT_CURSOR`](super::CONFIG_RECENT_CURSOR)], readable without the agent.
     pub const RECENT: &str = "RECENT";
-    /// ifindexes whose forwarded traffic is workload traffic (`--tc-workload-interface`).
-    pub const WORKLOAD_IFACES: &str = "WORKLOAD_IFACES";
+    /// Workload-facing interfaces (ifindex) where only an allowed gated socket passes to a
+    /// protected endpoint; elsewhere a socket outside the gated root passes too.
+    pub const STRICT_IFACES: &str = "STRICT_IFACES";
     /// User space only: tc programs attached the clsact (netlink) way on kernels without tcx.
     /// Unlike tcx links they are not pinned files, so `cleanup` finds them here.
     pub const TC_CLSACT: &str = "TC_CLSACT";
@@ -50,7 +51,7 @@ pub mod names {
         GATE_INFO,
         EP_NAMES,
         RECENT,
-        WORKLOAD_IFACES,
+        STRICT_IFACES,
         TC_CLSACT,
     ];
 }
@@ -67,14 +68,19 @@ pub const MAX_ALLOWED_CGROUPS: u32 = 65_536;
 pub const MAX_CGROUP_DEPTH: u32 = 32;
 /// Ring buffer for denial events, bytes (power of two, multiple of the page size).
 pub const EVENTS_BYTES: u32 = 256 * 1024;
-/// Interfaces in WORKLOAD_IFACES.
-pub const MAX_WORKLOAD_IFACES: u32 = 4096;
+/// clsact attachments recorded in TC_CLSACT (interfaces × directions).
+pub const MAX_TC_ATTACHMENTS: u32 = 16_384;
 /// Denials kept in the RECENT map (power of two).
 pub const RECENT_DENIALS: u32 = 16;
 /// Bytes of an endpoint name kept in EP_NAMES (longer names are cut).
 pub const ENDPOINT_NAME_BYTES: usize = 64;
 
 // ---- enumerations --------------------------------------------------------------------------
+
+/// PolicyMeta.node_flags: forwarded traffic (it entered the node on an interface and carries
+/// no socket by the time it leaves) bound for a protected endpoint is refused. Set in cluster
+/// mode with every pod gated; clear where pod-network traffic is left to the SDN.
+pub const NODE_GATE_FORWARDED: u32 = 1;
 
 pub const MODE_ENFORCE: u32 = 0;
 pub const MODE_AUDIT: u32 = 1;
@@ -87,9 +93,10 @@ pub const PROTO_ANY: u8 = 0;
 pub const PROTO_TCP: u8 = 6;
 pub const PROTO_UDP: u8 = 17;
 
-/// Endpoint index of a packet whose network header could not be read at all: decided as if
-/// it were bound for a protected address (fail closed).
-pub const ENDPOINT_UNPARSED: u32 = u32::MAX;
+/// Endpoint index of a denial that names no endpoint: a frame whose network header could not
+/// be read at all (decided as if it were bound for a protected address: fail closed), or a
+/// refused side door (setsockopt).
+pub const ENDPOINT_NONE: u32 = u32::MAX;
 
 pub const VERDICT_UNMATCHED: u32 = 0;
 pub const VERDICT_ALLOWED: u32 = 1;
@@ -105,7 +112,9 @@ pub const HOOK_EGRESS4: u32 = 4;
 pub const HOOK_EGRESS6: u32 = 5;
 pub const HOOK_TC4: u32 = 6;
 pub const HOOK_TC6: u32 = 7;
-pub const NUM_HOOKS: u32 = 8;
+/// cgroup/setsockopt: a side door around tc (PACKET_QDISC_BYPASS, AF_XDP) refused.
+pub const HOOK_SETSOCKOPT: u32 = 8;
+pub const NUM_HOOKS: u32 = 9;
 
 /// STATS slot of a (hook, verdict) pair.
 pub const fn stat_slot(hook: u32, verdict: u32) -> u32 {
@@ -139,7 +148,8 @@ pub struct PolicyMeta {
     pub root_level: u32,
     /// Number of endpoints, for status.
     pub endpoints: u32,
-    pub _pad: u32,
+    /// NODE_* bits: how the node-level (tc) programs treat traffic without a socket.
+    pub node_flags: u32,
     /// cgroup v2 id of the gated root: tc programs, which see every packet of an interface,
     /// gate only sockets whose ancestor at `root_level` is this cgroup.
     pub root_id: u64,

@@ -14,9 +14,9 @@
 #![cfg_attr(target_arch = "bpf", no_std)]
 
 pub mod abi;
-pub mod packet;
 #[cfg(not(target_arch = "bpf"))]
 pub mod compile;
+pub mod packet;
 #[cfg(feature = "user")]
 pub mod user;
 pub mod verdict;

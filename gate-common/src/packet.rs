@@ -10,7 +10,7 @@
 //!   protected address is refused whatever its port rules say.
 //! * The same for IPv4 when the transport header cannot be read, and for fragments (the
 //!   ports of a fragmented datagram are not trustworthy until it is reassembled).
-//! * A frame whose network header cannot be read at all is [`Network::Unreadable`]; the
+//! * A frame whose network header cannot be read at all is [`CARRIES_UNREADABLE`]; the
 //!   programs decide it as if it were bound for a protected address.
 use crate::{
     abi::{PORT_ANY, PROTO_TCP, PROTO_UDP},
@@ -39,36 +39,61 @@ impl Packet for [u8] {
     }
 }
 
-/// The network layer of a frame.
+/// What a frame carries, by its Ethernet type (`CARRIES_*`).
+pub type Carries = u32;
+pub const CARRIES_IPV4: Carries = 4;
+pub const CARRIES_IPV6: Carries = 6;
+/// Not IP (ARP, LLDP, …): nothing a metadata service answers.
+pub const CARRIES_OTHER: Carries = 0;
+/// More VLAN tags than we skip, or a frame too short for its Ethernet type.
+pub const CARRIES_UNREADABLE: Carries = 255;
+
+/// The network layer of a frame: what it carries and where its header starts. Plain
+/// full-width integers rather than an enum: the BPF verifier refuses code that copies the
+/// undefined payload or padding registers an enum leaves behind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Network {
-    /// IPv4 header at this offset.
-    V4(usize),
-    /// IPv6 header at this offset.
-    V6(usize),
-    /// Not IP (ARP, LLDP, …): nothing a metadata service answers.
-    Other,
-    /// More VLAN tags than we skip, or a frame too short for its Ethernet type.
-    Unreadable,
+pub struct Network {
+    pub carries: Carries,
+    /// Offset of the network header (meaningful for IPv4 and IPv6).
+    pub l3: u32,
 }
 
-/// Where the network header of an Ethernet frame starts, by the frame's own bytes.
+#[inline(always)]
+fn is_vlan(ethertype: u16) -> bool {
+    ethertype == ETH_P_8021Q || ethertype == ETH_P_8021AD
+}
+
+/// Where the network header of an Ethernet frame starts, by the frame's own bytes: the
+/// Ethernet type after at most [`MAX_VLAN_TAGS`] tags (written out, not looped: the tags are
+/// two at most).
 #[inline(always)]
 pub fn network_of_frame<P: Packet + ?Sized>(p: &P) -> Network {
-    let mut off = 12;
-    let mut i = 0;
-    while i <= MAX_VLAN_TAGS {
-        let Some(t) = p.bytes::<2>(off) else { return Network::Unreadable };
-        match u16::from_be_bytes(t) {
-            ETH_P_IP => return Network::V4(off + 2),
-            ETH_P_IPV6 => return Network::V6(off + 2),
-            ETH_P_8021Q | ETH_P_8021AD => off += 4,
-            _ => return Network::Other,
-        }
-        i += 1;
+    const UNREADABLE: Network = Network { carries: CARRIES_UNREADABLE, l3: 0 };
+    let Some(t) = p.bytes::<2>(12) else { return UNREADABLE };
+    let mut ethertype = u16::from_be_bytes(t);
+    let mut off: u32 = 12;
+    if is_vlan(ethertype) {
+        let Some(t) = p.bytes::<2>(16) else { return UNREADABLE };
+        ethertype = u16::from_be_bytes(t);
+        off = 16;
     }
-    Network::Unreadable
+    if is_vlan(ethertype) {
+        let Some(t) = p.bytes::<2>(20) else { return UNREADABLE };
+        ethertype = u16::from_be_bytes(t);
+        off = 20;
+    }
+    if ethertype == ETH_P_IP {
+        Network { carries: CARRIES_IPV4, l3: off + 2 }
+    } else if ethertype == ETH_P_IPV6 {
+        Network { carries: CARRIES_IPV6, l3: off + 2 }
+    } else if is_vlan(ethertype) {
+        UNREADABLE
+    } else {
+        Network { carries: CARRIES_OTHER, l3: 0 }
+    }
 }
+
+const _: () = assert!(MAX_VLAN_TAGS == 2, "network_of_frame skips exactly two tags");
 
 /// A packet's destination as far as it could be read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,11 +106,33 @@ pub struct Parsed {
     pub rst: bool,
     /// Whether the transport (protocol and port) is known. `false`: judge on the address.
     pub complete: bool,
+    /// Whether the network header (and with it the destination address) could be read.
+    /// `false`: decide as if the packet were bound for a protected address.
+    pub readable: bool,
 }
 
 impl Parsed {
+    /// A packet whose network header could not be read. (A value rather than `None`: every
+    /// field defined, which the BPF verifier insists on.)
+    pub const UNREADABLE: Parsed = Parsed {
+        dst: Dst { addr: Addr::V4([0; 4]), port: PORT_ANY, proto: 0 },
+        rst: false,
+        complete: false,
+        readable: false,
+    };
+
+    /// A destination known in full (the socket hooks').
+    pub const fn complete(dst: Dst) -> Parsed {
+        Parsed { dst, rst: false, complete: true, readable: true }
+    }
+
     fn address_only(addr: Addr, proto: u8) -> Parsed {
-        Parsed { dst: Dst { addr, port: PORT_ANY, proto }, rst: false, complete: false }
+        Parsed {
+            dst: Dst { addr, port: PORT_ANY, proto },
+            rst: false,
+            complete: false,
+            readable: true,
+        }
     }
 }
 
@@ -108,12 +155,13 @@ fn transport<P: Packet + ?Sized>(p: &P, proto: u8, l4: usize, end: usize) -> Opt
     Some((port, rst))
 }
 
-/// Parse the IPv4 header at `l3`. `None`: the header (with the destination) is unreadable.
+/// Parse the IPv4 header at `l3` ([`Parsed::UNREADABLE`] if the header, with the
+/// destination, cannot be read).
 #[inline(always)]
-pub fn parse_ipv4<P: Packet + ?Sized>(p: &P, l3: usize) -> Option<Parsed> {
-    let h = p.bytes::<20>(l3)?;
+pub fn parse_ipv4<P: Packet + ?Sized>(p: &P, l3: usize) -> Parsed {
+    let Some(h) = p.bytes::<20>(l3) else { return Parsed::UNREADABLE };
     if h[0] >> 4 != 4 {
-        return None;
+        return Parsed::UNREADABLE;
     }
     let addr = Addr::V4([h[16], h[17], h[18], h[19]]);
     let proto = h[9];
@@ -121,22 +169,24 @@ pub fn parse_ipv4<P: Packet + ?Sized>(p: &P, l3: usize) -> Option<Parsed> {
     let frag = u16::from_be_bytes([h[6], h[7]]);
     // MF set or a fragment offset: any fragment.
     if ihl < 20 || frag & 0x3fff != 0 {
-        return Some(Parsed::address_only(addr, proto));
+        return Parsed::address_only(addr, proto);
     }
     let end = l3 + usize::from(u16::from_be_bytes([h[2], h[3]]));
     match transport(p, proto, l3 + ihl, end) {
-        Some((port, rst)) => Some(Parsed { dst: Dst { addr, port, proto }, rst, complete: true }),
-        None => Some(Parsed::address_only(addr, proto)),
+        Some((port, rst)) => {
+            Parsed { dst: Dst { addr, port, proto }, rst, complete: true, readable: true }
+        }
+        None => Parsed::address_only(addr, proto),
     }
 }
 
-/// Parse the IPv6 header at `l3` and its extension headers. `None`: the fixed header is
-/// unreadable. IPv4-mapped destinations are read as IPv4.
+/// Parse the IPv6 header at `l3` and its extension headers ([`Parsed::UNREADABLE`] if the
+/// fixed header cannot be read). IPv4-mapped destinations are read as IPv4.
 #[inline(always)]
-pub fn parse_ipv6<P: Packet + ?Sized>(p: &P, l3: usize) -> Option<Parsed> {
-    let h = p.bytes::<40>(l3)?;
+pub fn parse_ipv6<P: Packet + ?Sized>(p: &P, l3: usize) -> Parsed {
+    let Some(h) = p.bytes::<40>(l3) else { return Parsed::UNREADABLE };
     if h[0] >> 4 != 6 {
-        return None;
+        return Parsed::UNREADABLE;
     }
     let mut a = [0u8; 16];
     a.copy_from_slice(&h[24..40]);
@@ -150,33 +200,33 @@ pub fn parse_ipv6<P: Packet + ?Sized>(p: &P, l3: usize) -> Option<Parsed> {
             // hop-by-hop, routing, destination options, mobility, HIP, shim6, experimental:
             // (length + 1) * 8 bytes
             0 | 43 | 60 | 135 | 139 | 140 | 253 | 254 => {
-                let Some(e) = p.bytes::<2>(off) else { return Some(Parsed::address_only(addr, next)) };
+                let Some(e) = p.bytes::<2>(off) else { return Parsed::address_only(addr, next) };
                 next = e[0];
                 off += (usize::from(e[1]) + 1) * 8;
             }
             // fragment: any fragment leaves the transport unknown
-            44 => return Some(Parsed::address_only(addr, next)),
+            44 => return Parsed::address_only(addr, next),
             // authentication header: (length + 2) * 4 bytes
             51 => {
-                let Some(e) = p.bytes::<2>(off) else { return Some(Parsed::address_only(addr, next)) };
+                let Some(e) = p.bytes::<2>(off) else { return Parsed::address_only(addr, next) };
                 next = e[0];
                 off += (usize::from(e[1]) + 2) * 4;
             }
             // ESP: the rest is encrypted
-            50 => return Some(Parsed::address_only(addr, next)),
+            50 => return Parsed::address_only(addr, next),
             _ => break,
         }
         i += 1;
     }
     if is_v6_extension(next) {
         // The chain goes on past what we walk.
-        return Some(Parsed::address_only(addr, next));
+        return Parsed::address_only(addr, next);
     }
     match transport(p, next, off, end) {
         Some((port, rst)) => {
-            Some(Parsed { dst: Dst { addr, port, proto: next }, rst, complete: true })
+            Parsed { dst: Dst { addr, port, proto: next }, rst, complete: true, readable: true }
         }
-        None => Some(Parsed::address_only(addr, next)),
+        None => Parsed::address_only(addr, next),
     }
 }
 
@@ -186,16 +236,17 @@ pub fn is_v6_extension(next: u8) -> bool {
     matches!(next, 0 | 43 | 44 | 50 | 51 | 60 | 135 | 139 | 140 | 253 | 254)
 }
 
-/// Parse whatever IP packet starts at `l3`, by its version nibble. `None`: unreadable.
+/// Parse whatever IP packet starts at `l3`, by its version nibble.
 #[inline(always)]
-pub fn parse_ip<P: Packet + ?Sized>(p: &P, l3: usize) -> Option<Parsed> {
-    let v = p.bytes::<1>(l3)?[0] >> 4;
+pub fn parse_ip<P: Packet + ?Sized>(p: &P, l3: usize) -> Parsed {
+    let Some(b) = p.bytes::<1>(l3) else { return Parsed::UNREADABLE };
+    let v = b[0] >> 4;
     if v == 4 {
         parse_ipv4(p, l3)
     } else if v == 6 {
         parse_ipv6(p, l3)
     } else {
-        None
+        Parsed::UNREADABLE
     }
 }
 

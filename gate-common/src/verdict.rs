@@ -122,11 +122,20 @@ pub fn match_address<T: Tables>(t: &T, generation: u32, addr: &Addr) -> Option<u
     Some(pv.endpoint)
 }
 
-/// The endpoint a parsed packet is bound for: by its full destination when the transport was
-/// read, else by its address alone (fail closed).
+/// The endpoint a readable packet is bound for: by its full destination when the transport
+/// was read, else by its address alone (fail closed). (An unreadable one is the caller's to
+/// refuse.)
 #[inline(always)]
-pub fn packet_endpoint<T: Tables>(t: &T, generation: u32, p: &crate::packet::Parsed) -> Option<u32> {
-    if p.complete { match_endpoint(t, generation, &p.dst) } else { match_address(t, generation, &p.dst.addr) }
+pub fn packet_endpoint<T: Tables>(
+    t: &T,
+    generation: u32,
+    p: &crate::packet::Parsed,
+) -> Option<u32> {
+    if p.complete {
+        match_endpoint(t, generation, &p.dst)
+    } else {
+        match_address(t, generation, &p.dst.addr)
+    }
 }
 
 /// Whether a cgroup, or one of its ancestors strictly below the gated root, is on the allow

@@ -1,15 +1,19 @@
 //! metadata-gate kernel programs.
 //!
 //! Thin by design: read the destination from the context, ask gate-common's pure functions
-//! for the verdict, count it, and report denials. All decisions live in
-//! `gate_common::verdict`, which is unit- and property-tested on the host.
+//! (`verdict`, `packet`) for the verdict, count it, and report denials. All decisions live in
+//! gate-common, which is unit- and property-tested on the host.
 //!
 //! * `cgroup/connect4|6`, `cgroup/sendmsg4|6`: refuse with EPERM at the syscall.
 //! * `cgroup_skb/egress`: drops what the socket hooks cannot see: raw sockets, sockets
 //!   connected before the gate existed, anything else that reaches the wire.
-//! * `tc` (`gate_tc`, on interfaces the operator names): frames the cgroup hooks never see,
-//!   such as AF_PACKET sends from a gated cgroup, and traffic forwarded from workload-facing
-//!   interfaces (VM-based runtimes, pod veths).
+//! * `cgroup/setsockopt`: refuses the side doors around tc (PACKET_QDISC_BYPASS, AF_XDP).
+//! * `tc` (`gate_tc`, node level): on the uplinks' egress and the workload-facing interfaces'
+//!   ingress, refuses frames the cgroup hooks never judged: AF_PACKET sends, packets
+//!   rewritten after the socket hooks, traffic forwarded from pods and VMs.
+//!
+//! Every path fails closed: a frame that cannot be read, or a map that cannot be, is decided
+//! as if it were bound for a protected endpoint.
 #![no_std]
 #![no_main]
 // The BPF target has no compare-and-swap, so `AtomicU64::fetch_add` is unavailable; the
@@ -28,21 +32,25 @@ use aya_ebpf::{
             bpf_get_current_ancestor_cgroup_id, bpf_skb_ancestor_cgroup_id, bpf_skb_cgroup_id,
         },
     },
-    macros::{cgroup_skb, cgroup_sock_addr, classifier, map},
+    macros::{cgroup_skb, cgroup_sock_addr, cgroup_sockopt, classifier, map},
     maps::{Array, HashMap, LpmTrie, PerCpuArray, RingBuf, lpm_trie::Key},
-    programs::{SkBuffContext, SockAddrContext, TcContext, sk_buff::SkBuff},
+    programs::{SkBuffContext, SockAddrContext, SockoptContext, TcContext, sk_buff::SkBuff},
 };
 use gate_common::{
     abi::{
-        AllowKey, CONFIG_ACTIVE_GEN, CONFIG_RECENT_CURSOR, DenyEvent, EVENTS_BYTES,
+        AllowKey, CONFIG_ACTIVE_GEN, CONFIG_RECENT_CURSOR, DenyEvent, ENDPOINT_NONE, EVENTS_BYTES,
         EndpointCounters, EndpointName, EpNameKey, GEN_PREFIX_BITS, GateInfo, HOOK_CONNECT4,
-        HOOK_CONNECT6, HOOK_EGRESS4, HOOK_EGRESS6, HOOK_SENDMSG4, HOOK_SENDMSG6, HOOK_TC4,
-        HOOK_TC6, MAX_ALLOWED_CGROUPS, MAX_ENDPOINTS, MAX_PORT_RULES, MAX_WORKLOAD_IFACES,
-        NUM_CONFIG, NUM_STATS, PORT_ANY, PROTO_TCP, PROTO_UDP, PolicyMeta, PortRuleKey, PrefixV4,
-        PrefixV6, PrefixValue, RECENT_DENIALS, STAT_EVENTS_LOST, TcClsact, VERDICT_ALLOWED,
-        VERDICT_AUDITED, VERDICT_DENIED, VERDICT_UNMATCHED, stat_slot,
+        HOOK_CONNECT6, HOOK_EGRESS4, HOOK_EGRESS6, HOOK_SENDMSG4, HOOK_SENDMSG6, HOOK_SETSOCKOPT,
+        HOOK_TC4, HOOK_TC6, MAX_ALLOWED_CGROUPS, MAX_ENDPOINTS, MAX_PORT_RULES, MAX_TC_ATTACHMENTS,
+        NODE_GATE_FORWARDED, NUM_CONFIG, NUM_STATS, PolicyMeta, PortRuleKey, PrefixV4, PrefixV6,
+        PrefixValue, RECENT_DENIALS, STAT_EVENTS_LOST, TcClsact, VERDICT_ALLOWED, VERDICT_DENIED,
+        VERDICT_UNMATCHED, stat_slot,
     },
-    verdict::{Addr, Dst, Tables, cgroup_allowed, decide, match_endpoint},
+    packet::{
+        self, CARRIES_IPV4, CARRIES_IPV6, CARRIES_OTHER, ETH_P_IP, ETH_P_IPV6, Packet, Parsed,
+        parse_ip, parse_ipv4, parse_ipv6,
+    },
+    verdict::{Addr, Dst, Tables, cgroup_allowed, decide, packet_endpoint},
 };
 
 // ---- maps (two generations each: see gate_common::abi) ---------------------------------------
@@ -79,15 +87,16 @@ static GATE_INFO: Array<GateInfo> = Array::with_max_entries(1, 0);
 static EP_NAMES: HashMap<EpNameKey, EndpointName> =
     HashMap::with_max_entries(2 * MAX_ENDPOINTS, BPF_F_NO_PREALLOC);
 #[map]
-static TC_CLSACT: HashMap<u64, TcClsact> =
-    HashMap::with_max_entries(MAX_WORKLOAD_IFACES, BPF_F_NO_PREALLOC);
+static STRICT_IFACES: HashMap<u32, u32> =
+    HashMap::with_max_entries(MAX_TC_ATTACHMENTS, BPF_F_NO_PREALLOC);
 #[map]
-static WORKLOAD_IFACES: HashMap<u32, u32> =
-    HashMap::with_max_entries(MAX_WORKLOAD_IFACES, BPF_F_NO_PREALLOC);
+static TC_CLSACT: HashMap<u64, TcClsact> =
+    HashMap::with_max_entries(MAX_TC_ATTACHMENTS, BPF_F_NO_PREALLOC);
 
-struct Maps;
+/// The policy maps as gate-common's [`Tables`].
+struct KernelTables;
 
-impl Tables for Maps {
+impl Tables for KernelTables {
     #[inline(always)]
     fn prefix_v4(&self, generation: u32, addr: [u8; 4]) -> Option<PrefixValue> {
         let key = Key::new(GEN_PREFIX_BITS + 32, PrefixV4::new(generation, addr));
@@ -110,11 +119,22 @@ impl Tables for Maps {
     }
     #[inline(always)]
     fn may_match(&self, generation: u32, addr: &Addr) -> bool {
+        // Unreadable: it may (fail closed).
         let Some(meta) = POLICY_META.get(generation) else { return true };
         match addr {
             Addr::V4(a) => meta.prefilter.may(false, a[0]),
             Addr::V6(a) => meta.prefilter.may(true, a[0]),
         }
+    }
+}
+
+/// The packet of an sk_buff, for gate-common's parsers.
+struct Skb<'a>(&'a SkBuff);
+
+impl Packet for Skb<'_> {
+    #[inline(always)]
+    fn bytes<const N: usize>(&self, off: usize) -> Option<[u8; N]> {
+        self.0.load::<[u8; N]>(off).ok()
     }
 }
 
@@ -141,8 +161,8 @@ fn count_endpoint(endpoint: u32, verdict: u32) {
     unsafe {
         let field = match verdict {
             VERDICT_ALLOWED => &raw mut (*c).allowed,
-            VERDICT_AUDITED => &raw mut (*c).audited,
-            _ => &raw mut (*c).denied,
+            VERDICT_DENIED => &raw mut (*c).denied,
+            _ => &raw mut (*c).audited,
         };
         atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(field, 1);
     }
@@ -155,11 +175,34 @@ struct Caller {
     task: bool,
 }
 
+/// What a denial event records as its destination: the parsed one, none (an unreadable
+/// frame), or the socket option a side door asked for.
+enum Reported<'a> {
+    Dst(&'a Dst),
+    Unparsed,
+    Sockopt { level: i32, optname: i32 },
+}
+
 #[inline(always)]
-fn report(caller: &Caller, cgroup_id: u64, verdict: u32, endpoint: u32, dst: &Dst) {
-    let (family, addr) = match dst.addr {
-        Addr::V4(a) => (4u8, [a[0], a[1], a[2], a[3], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
-        Addr::V6(a) => (6u8, a),
+fn report(caller: &Caller, cgroup_id: u64, verdict: u32, endpoint: u32, what: Reported<'_>) {
+    let mut addr = [0u8; 16];
+    let (family, port, proto) = match what {
+        Reported::Dst(dst) => match dst.addr {
+            Addr::V4(a) => {
+                addr[..4].copy_from_slice(&a);
+                (4u8, dst.port, dst.proto)
+            }
+            Addr::V6(a) => {
+                addr = a;
+                (6u8, dst.port, dst.proto)
+            }
+        },
+        Reported::Unparsed => (0, 0, 0),
+        // The option level in the address field, the option name in the port.
+        Reported::Sockopt { level, optname } => {
+            addr[..4].copy_from_slice(&level.to_ne_bytes());
+            (0, optname as u16, 0)
+        }
     };
     let (pid, comm) = if caller.task {
         ((bpf_get_current_pid_tgid() >> 32) as u32, bpf_get_current_comm().unwrap_or([0; 16]))
@@ -173,8 +216,8 @@ fn report(caller: &Caller, cgroup_id: u64, verdict: u32, endpoint: u32, dst: &Ds
         addr,
         pid,
         endpoint,
-        port: dst.port,
-        proto: dst.proto,
+        port,
+        proto,
         family,
         verdict: verdict as u8,
         hook: caller.hook as u8,
@@ -209,40 +252,72 @@ fn remember(ev: &DenyEvent) {
     }
 }
 
-/// The live generation, if a protected prefix could contain `addr`: one array read and a bit
-/// test. Packet programs call it on the destination alone, before parsing the rest.
+/// The live generation, or `None` when CONFIG cannot be read.
 #[inline(always)]
-fn may_protect(addr: &Addr) -> Option<u32> {
-    let generation = CONFIG.get(CONFIG_ACTIVE_GEN)? & 1;
-    Maps.may_match(generation, addr).then_some(generation)
+fn live_generation() -> Option<u32> {
+    CONFIG.get(CONFIG_ACTIVE_GEN).map(|g| *g & 1)
 }
 
-/// The whole decision for one destination. Returns whether the traffic may proceed.
-/// `cgroup_id` and `ancestor` are called only for traffic to a protected endpoint.
+/// Whether traffic to `addr` is surely unprotected: the live policy's prefilter says no
+/// protected prefix starts with its first byte. One array read and a bit test; packet
+/// programs call it on the destination alone, before parsing the rest.
 #[inline(always)]
-fn gate(
+fn surely_unprotected(addr: &Addr) -> bool {
+    live_generation().is_some_and(|g| !KernelTables.may_match(g, addr))
+}
+
+/// The decision for traffic that is (or, unparsed, is taken to be) bound for `endpoint`.
+/// Returns the verdict; counts it and reports anything not allowed.
+#[inline(always)]
+fn judge(
     caller: &Caller,
-    dst: &Dst,
+    generation: Option<u32>,
+    endpoint: u32,
+    what: Reported<'_>,
     cgroup_id: impl Fn() -> u64,
     ancestor: impl FnMut(u32) -> u64,
-) -> bool {
-    let Some(&active) = CONFIG.get(CONFIG_ACTIVE_GEN) else { return true };
-    let generation = active & 1;
-    // match_endpoint starts with the prefilter (Tables::may_match).
-    let Some(endpoint) = match_endpoint(&Maps, generation, dst) else {
-        count(caller.hook, VERDICT_UNMATCHED);
-        return true;
+) -> u32 {
+    // Without the generation or the policy's settings nothing can be allowed: deny.
+    let meta = generation.and_then(|g| POLICY_META.get(g).map(|m| (g, m)));
+    let verdict = match meta {
+        Some((g, meta)) => {
+            let allowed = cgroup_allowed(&KernelTables, g, meta.root_level, ancestor).is_some();
+            decide(meta.mode, allowed)
+        }
+        None => VERDICT_DENIED,
     };
-    // Only traffic to a protected endpoint needs the rest of the policy.
-    let Some(meta) = POLICY_META.get(generation) else { return true };
-    let allowed = cgroup_allowed(&Maps, generation, meta.root_level, ancestor).is_some();
-    let verdict = decide(meta.mode, allowed);
     count(caller.hook, verdict);
     count_endpoint(endpoint, verdict);
     if verdict != VERDICT_ALLOWED {
-        report(caller, cgroup_id(), verdict, endpoint, dst);
+        report(caller, cgroup_id(), verdict, endpoint, what);
     }
-    verdict != VERDICT_DENIED
+    verdict
+}
+
+/// The whole decision for one destination of a gated socket. Returns whether the traffic
+/// may proceed. An unreadable packet is decided as if bound for a protected endpoint.
+#[inline(always)]
+fn gate(
+    caller: &Caller,
+    p: &Parsed,
+    cgroup_id: impl Fn() -> u64,
+    ancestor: impl FnMut(u32) -> u64,
+) -> bool {
+    let generation = live_generation();
+    let mut endpoint = ENDPOINT_NONE;
+    if p.readable
+        && let Some(g) = generation
+    {
+        match packet_endpoint(&KernelTables, g, p) {
+            Some(e) => endpoint = e,
+            None => {
+                count(caller.hook, VERDICT_UNMATCHED);
+                return true;
+            }
+        }
+    }
+    let what = if p.readable { Reported::Dst(&p.dst) } else { Reported::Unparsed };
+    judge(caller, generation, endpoint, what, cgroup_id, ancestor) != VERDICT_DENIED
 }
 
 // ---- socket hooks ----------------------------------------------------------------------------
@@ -254,12 +329,13 @@ fn sock_addr(ctx: &SockAddrContext, hook: u32, v6: bool) -> i32 {
     let addr =
         if v6 { Addr::from_v6_words(sa.user_ip6) } else { Addr::V4(sa.user_ip4.to_ne_bytes()) };
     let dst = Dst { addr, port: u16::from_be(sa.user_port as u16), proto: sa.protocol as u8 };
+    let parsed = Parsed::complete(dst);
     let caller = Caller { hook, task: true };
     // SAFETY: helper without pointer arguments.
     let cgroup_id = || unsafe { bpf_get_current_cgroup_id() };
     // SAFETY: helper without pointer arguments; returns 0 past the task's own level.
     let ancestor = |level: u32| unsafe { bpf_get_current_ancestor_cgroup_id(level as i32) };
-    i32::from(gate(&caller, &dst, cgroup_id, ancestor))
+    i32::from(gate(&caller, &parsed, cgroup_id, ancestor))
 }
 
 #[cgroup_sock_addr(connect4)]
@@ -282,143 +358,97 @@ pub fn gate_sendmsg6(ctx: SockAddrContext) -> i32 {
     sock_addr(&ctx, HOOK_SENDMSG6, true)
 }
 
+// ---- setsockopt: side doors around tc ----------------------------------------------------------
+
+const SOL_PACKET: i32 = 263;
+const PACKET_QDISC_BYPASS: i32 = 20;
+const SOL_XDP: i32 = 283;
+/// XDP_RX_RING (2) … XDP_UMEM_COMPLETION_RING (6): what an AF_XDP socket needs before bind.
+const XDP_FIRST_SETUP_OPT: i32 = 2;
+const XDP_LAST_SETUP_OPT: i32 = 6;
+
+/// Refuses, for gated cgroups not on the allow set, the socket options that let frames skip
+/// tc egress: PACKET_QDISC_BYPASS (AF_PACKET straight to the driver) and the rings and UMEM
+/// of AF_XDP. Everything else passes untouched.
+#[cgroup_sockopt(setsockopt)]
+pub fn gate_setsockopt(ctx: SockoptContext) -> i32 {
+    // SAFETY: the context pointer is valid for the program's duration.
+    let so = unsafe { &mut *ctx.sockopt };
+    let (level, optname) = (so.level, so.optname);
+    let side_door = (level == SOL_PACKET && optname == PACKET_QDISC_BYPASS)
+        || (level == SOL_XDP && (XDP_FIRST_SETUP_OPT..=XDP_LAST_SETUP_OPT).contains(&optname));
+    // optlen 0: the kernel uses the caller's own buffer, untouched; this also keeps options
+    // longer than a page working on kernels that would otherwise refuse them.
+    so.optlen = 0;
+    if !side_door {
+        return 1;
+    }
+    let caller = Caller { hook: HOOK_SETSOCKOPT, task: true };
+    // SAFETY: helper without pointer arguments.
+    let cgroup_id = || unsafe { bpf_get_current_cgroup_id() };
+    // SAFETY: helper without pointer arguments; returns 0 past the task's own level.
+    let ancestor = |level: u32| unsafe { bpf_get_current_ancestor_cgroup_id(level as i32) };
+    let what = Reported::Sockopt { level, optname };
+    let verdict = judge(&caller, live_generation(), ENDPOINT_NONE, what, cgroup_id, ancestor);
+    i32::from(verdict != VERDICT_DENIED)
+}
+
 // ---- egress ----------------------------------------------------------------------------------
-
-const ETH_P_IP: u32 = 0x0800;
-const ETH_P_IPV6: u32 = 0x86dd;
-const MAX_V6_EXT_HEADERS: usize = 6;
-
-/// Destination port at `l4` for protocols that have one; PORT_ANY when unknown.
-#[inline(always)]
-fn l4_port(ctx: &SkBuff, proto: u8, l4: usize) -> u16 {
-    if proto == PROTO_TCP || proto == PROTO_UDP {
-        ctx.load::<u16>(l4 + 2).map(u16::from_be).unwrap_or(PORT_ANY)
-    } else {
-        PORT_ANY
-    }
-}
-
-/// Whether the segment at `l4` is a TCP reset without payload (`end`: where the IP packet
-/// ends). Such a reset conveys nothing to a metadata service, and it is what a socket
-/// destroyed by `--terminate-established` sends: it passes, unreported, instead of showing up
-/// as a denial by the agent itself.
-#[inline(always)]
-fn tcp_rst(ctx: &SkBuff, proto: u8, l4: usize, end: usize) -> bool {
-    if proto != PROTO_TCP {
-        return false;
-    }
-    let Ok(hdr) = ctx.load::<[u8; 2]>(l4 + 12) else { return false };
-    let data_offset = usize::from(hdr[0] >> 4) * 4;
-    hdr[1] & 0x04 != 0 && l4 + data_offset == end
-}
-
-/// A parsed packet: its destination, and whether it is a TCP reset.
-struct Parsed {
-    dst: Dst,
-    rst: bool,
-}
-
-#[inline(always)]
-fn parse_v4(ctx: &SkBuff, l3: usize) -> Option<Parsed> {
-    let vihl: u8 = ctx.load(l3).ok()?;
-    let frag: u16 = ctx.load::<u16>(l3 + 6).ok().map(u16::from_be)?;
-    let proto: u8 = ctx.load(l3 + 9).ok()?;
-    let daddr: [u8; 4] = ctx.load(l3 + 16).ok()?;
-    // Non-first fragments carry no ports; the first fragment (which does) decides.
-    let l4 = l3 + usize::from(vihl & 0x0f) * 4;
-    let end = l3 + usize::from(ctx.load::<u16>(l3 + 2).ok().map(u16::from_be)?);
-    let (port, rst) = if frag & 0x1fff != 0 {
-        (PORT_ANY, false)
-    } else {
-        (l4_port(ctx, proto, l4), tcp_rst(ctx, proto, l4, end))
-    };
-    Some(Parsed { dst: Dst { addr: Addr::V4(daddr), port, proto }, rst })
-}
-
-#[inline(always)]
-fn parse_v6(ctx: &SkBuff, l3: usize) -> Option<Parsed> {
-    let mut next: u8 = ctx.load(l3 + 6).ok()?;
-    let end = l3 + 40 + usize::from(ctx.load::<u16>(l3 + 4).ok().map(u16::from_be)?);
-    let daddr: [u8; 16] = ctx.load(l3 + 24).ok()?;
-    let mut off = l3 + 40;
-    let mut fragmented = false;
-    for _ in 0..MAX_V6_EXT_HEADERS {
-        match next {
-            // hop-by-hop, routing, destination options
-            0 | 43 | 60 => {
-                let hdr: [u8; 2] = ctx.load(off).ok()?;
-                next = hdr[0];
-                off += (usize::from(hdr[1]) + 1) * 8;
-            }
-            // fragment
-            44 => {
-                let hdr: [u8; 4] = ctx.load(off).ok()?;
-                next = hdr[0];
-                fragmented = u16::from_be_bytes([hdr[2], hdr[3]]) & 0xfff8 != 0;
-                off += 8;
-            }
-            // authentication header
-            51 => {
-                let hdr: [u8; 2] = ctx.load(off).ok()?;
-                next = hdr[0];
-                off += (usize::from(hdr[1]) + 2) * 4;
-            }
-            _ => break,
-        }
-    }
-    let (port, rst) = if fragmented {
-        (PORT_ANY, false)
-    } else {
-        (l4_port(ctx, next, off), tcp_rst(ctx, next, off, end))
-    };
-    // IPv4-mapped destinations never reach the wire as IPv6, but normalise anyway.
-    Some(Parsed { dst: Dst { addr: Addr::from_v6(daddr), port, proto: next }, rst })
-}
 
 /// `T` at `off` of the packet by direct packet access (no helper call), falling back to
 /// bpf_skb_load_bytes where the bytes are not in the linear area.
 #[inline(always)]
-fn head<T: Copy>(ctx: &SkBuffContext, off: usize) -> Option<T> {
+fn head<T: Copy>(skb: &SkBuff, off: usize) -> Option<T> {
     // SAFETY: reads fields of the context.
-    let (data, end) = unsafe { ((*ctx.skb.skb).data as usize, (*ctx.skb.skb).data_end as usize) };
+    let (data, end) = unsafe { ((*skb.skb).data as usize, (*skb.skb).data_end as usize) };
     if data + off + size_of::<T>() <= end {
         // SAFETY: bounds checked against data_end just above (the verifier checks it too).
         Some(unsafe { core::ptr::read_unaligned((data + off) as *const T) })
     } else {
-        ctx.load::<T>(off).ok()
+        skb.load::<T>(off).ok()
+    }
+}
+
+/// The destination address of the IP packet at `l3`, read directly, if the version nibble
+/// says which. The fast path: most packets end at the prefilter on this alone.
+#[inline(always)]
+fn ip_daddr(skb: &SkBuff, l3: usize, v6: bool) -> Option<Addr> {
+    if v6 {
+        head::<[u8; 16]>(skb, l3 + 24).map(Addr::from_v6)
+    } else {
+        head::<[u8; 4]>(skb, l3 + 16).map(Addr::V4)
     }
 }
 
 #[inline(always)]
 fn egress(ctx: &SkBuffContext, task: bool) -> i32 {
     let skb = ctx.skb.skb;
-    let proto = u32::from(u16::from_be(ctx.skb.protocol() as u16));
-    // The destination address alone first: most packets end at the prefilter, before the
-    // rest of the headers is read.
-    let daddr = match proto {
-        ETH_P_IP => head::<[u8; 4]>(ctx, 16).map(Addr::V4),
-        ETH_P_IPV6 => head::<[u8; 16]>(ctx, 24).map(Addr::from_v6),
-        _ => return 1,
+    // The first 20 bytes hold the version and, for IPv4, the destination. (A one-byte read
+    // would compile to a bounds check the verifier does not take as one.)
+    let first = head::<[u8; 20]>(&ctx.skb, 0);
+    let version = first.map(|h| h[0] >> 4);
+    let v6 = version == Some(6);
+    let fast = match (version, first) {
+        (Some(4), Some(h)) => Some(Addr::V4([h[16], h[17], h[18], h[19]])),
+        (Some(6), _) => ip_daddr(&ctx.skb, 0, true),
+        _ => None,
     };
-    if daddr.is_none_or(|a| may_protect(&a).is_none()) {
+    if fast.is_some_and(|a| surely_unprotected(&a)) {
         return 1;
     }
-    let (dst, hook) = match proto {
-        ETH_P_IP => (parse_v4(&ctx.skb, 0), HOOK_EGRESS4),
-        ETH_P_IPV6 => (parse_v6(&ctx.skb, 0), HOOK_EGRESS6),
-        _ => return 1,
-    };
-    // A packet we cannot parse has no destination we could protect.
-    let Some(Parsed { dst, rst }) = dst else { return 1 };
-    if rst {
+    let parsed = parse_ip(&Skb(&ctx.skb), 0);
+    // A TCP reset without payload conveys nothing, and is what a socket destroyed by
+    // --terminate-established sends: it passes unreported.
+    if parsed.complete && parsed.rst {
         return 1;
     }
+    let hook = if v6 { HOOK_EGRESS6 } else { HOOK_EGRESS4 };
     let caller = Caller { hook, task };
     // SAFETY: `skb` is the program's context pointer.
     let cgroup_id = || unsafe { bpf_skb_cgroup_id(skb) };
     // SAFETY: as above.
     let ancestor = |level: u32| unsafe { bpf_skb_ancestor_cgroup_id(skb, level as i32) };
-    i32::from(gate(&caller, &dst, cgroup_id, ancestor))
+    i32::from(gate(&caller, &parsed, cgroup_id, ancestor))
 }
 
 /// Egress with the sending task's pid and comm in denial events (kernels that offer
@@ -435,67 +465,94 @@ pub fn gate_egress_notask(ctx: SkBuffContext) -> i32 {
     egress(&ctx, false)
 }
 
-// ---- tc ----------------------------------------------------------------------------------------
+// ---- tc: the node level ------------------------------------------------------------------------
 
-const TC_ACT_OK: i32 = 0;
+/// Pass on to whatever else is attached (TCX_NEXT; TC_ACT_UNSPEC for clsact: the same -1).
+const TC_NEXT: i32 = -1;
 const TC_ACT_SHOT: i32 = 2;
-const ETH_HLEN: usize = 14;
 
-/// tc on Ethernet devices, ingress or egress. A packet to a protected endpoint is dropped when
-/// * its socket belongs to a gated, not allowed cgroup (AF_PACKET and other senders the cgroup
-///   hooks do not see), or
-/// * it entered the node on a workload-facing interface (WORKLOAD_IFACES) and does not come
-///   from an allowed gated socket: forwarded traffic of pods or VMs.
+/// The node-level program, on the uplinks' egress and the workload-facing interfaces'
+/// ingress. A frame bound for a protected endpoint (or that cannot be read) is refused when
+/// * its socket belongs to a gated cgroup that is not allowed (AF_PACKET and other senders
+///   the cgroup hooks do not see; the socket survives a veth hop), or
+/// * it enters on a workload-facing interface without a socket (a VM, a forwarding loop
+///   inside a pod's namespace, a decapsulated tunnel), or with a socket outside the gated
+///   root where the interface is strict (STRICT_IFACES), or
+/// * it leaves by an uplink, forwarded and without a socket, where the policy gates such
+///   traffic (NODE_GATE_FORWARDED: pod-network traffic, Service DNAT after our ingress).
 ///
-/// Everything else passes: host processes outside the gated root, replies, other addresses.
+/// Everything else goes on to the next program: host processes outside the gated root
+/// (kubelet, CRI-O, the kernel's own sockets), replies, other addresses.
 #[classifier]
 pub fn gate_tc(ctx: TcContext) -> i32 {
     let skb = ctx.skb.skb;
-    let proto = u32::from(u16::from_be(ctx.skb.protocol() as u16));
-    let daddr = match proto {
-        ETH_P_IP => ctx.load::<[u8; 4]>(ETH_HLEN + 16).ok().map(Addr::V4),
-        ETH_P_IPV6 => ctx.load::<[u8; 16]>(ETH_HLEN + 24).ok().map(Addr::from_v6),
-        _ => return TC_ACT_OK,
+    // Fast path: the Ethernet type and the destination address alone.
+    let ethertype = head::<[u8; 2]>(&ctx.skb, 12).map(u16::from_be_bytes);
+    let direct = match ethertype {
+        Some(ETH_P_IP) => ip_daddr(&ctx.skb, packet::ETH_HLEN, false),
+        Some(ETH_P_IPV6) => ip_daddr(&ctx.skb, packet::ETH_HLEN, true),
+        _ => None,
     };
-    let Some(generation) = daddr.and_then(|a| may_protect(&a)) else { return TC_ACT_OK };
-    let (dst, hook) = match proto {
-        ETH_P_IP => (parse_v4(&ctx.skb, ETH_HLEN), HOOK_TC4),
-        ETH_P_IPV6 => (parse_v6(&ctx.skb, ETH_HLEN), HOOK_TC6),
-        _ => return TC_ACT_OK,
-    };
-    let Some(Parsed { dst, rst }) = dst else { return TC_ACT_OK };
-    if rst {
-        return TC_ACT_OK;
+    if direct.is_some_and(|a| surely_unprotected(&a)) {
+        return TC_NEXT;
     }
-    let Some(endpoint) = match_endpoint(&Maps, generation, &dst) else {
-        return TC_ACT_OK;
+    let pkt = Skb(&ctx.skb);
+    let net = packet::network_of_frame(&pkt);
+    let (parsed, hook) = match net.carries {
+        CARRIES_OTHER => return TC_NEXT,
+        CARRIES_IPV4 => (parse_ipv4(&pkt, net.l3 as usize), HOOK_TC4),
+        CARRIES_IPV6 => (parse_ipv6(&pkt, net.l3 as usize), HOOK_TC6),
+        _ => (Parsed::UNREADABLE, HOOK_TC4),
     };
-    let Some(meta) = POLICY_META.get(generation) else { return TC_ACT_OK };
+    if parsed.complete && parsed.rst {
+        return TC_NEXT;
+    }
+    let generation = live_generation();
+    let mut endpoint = ENDPOINT_NONE;
+    if parsed.readable
+        && let Some(g) = generation
+    {
+        match packet_endpoint(&KernelTables, g, &parsed) {
+            Some(e) => endpoint = e,
+            None => return TC_NEXT,
+        }
+    }
+    let meta = generation.and_then(|g| POLICY_META.get(g));
     // SAFETY: `skb` is the program's context pointer.
     let cgroup_id = unsafe { bpf_skb_cgroup_id(skb) };
     // SAFETY: as above.
     let ancestor = |level: u32| unsafe { bpf_skb_ancestor_cgroup_id(skb, level as i32) };
-    // The socket (it survives a veth hop into this netns) is gated if it is at or below the
-    // gated root.
-    let gated_socket = cgroup_id != 0 && ancestor(meta.root_level) == meta.root_id;
-    // SAFETY: reads a field of the context.
-    let ifindex = unsafe { (*skb).ingress_ifindex };
-    // SAFETY: the value is not read.
-    let from_workload = ifindex != 0 && unsafe { WORKLOAD_IFACES.get(ifindex) }.is_some();
-    if !gated_socket && !from_workload {
-        return TC_ACT_OK; // a host process outside the gated root, or a reply
+    // SAFETY: reads fields of the context.
+    let (ifindex, ingress_ifindex) = unsafe { ((*skb).ifindex, (*skb).ingress_ifindex) };
+    // On ingress the frame is being received by this very interface.
+    let on_ingress = ingress_ifindex != 0 && ingress_ifindex == ifindex;
+    if cgroup_id != 0 {
+        // A socket. Outside the gated root (a host process, the kernel's own): not ours,
+        // unless it enters a strict workload-facing interface.
+        let gated = match meta {
+            Some(m) => ancestor(m.root_level) == m.root_id,
+            None => true,
+        };
+        // SAFETY: the value is not read.
+        let strict = on_ingress && unsafe { STRICT_IFACES.get(&ifindex) }.is_some();
+        if !gated && !strict {
+            return TC_NEXT;
+        }
+    } else if !on_ingress {
+        let forwarded_gated = meta.is_none_or(|m| m.node_flags & NODE_GATE_FORWARDED != 0);
+        // Made by this node without a socket (kernel replies), or forwarded traffic that this
+        // policy leaves to the pod network.
+        if ingress_ifindex == 0 || !forwarded_gated {
+            return TC_NEXT;
+        }
     }
-    // From a workload-facing interface only a gated socket on the allow set may pass; VM
-    // traffic and sockets outside the gated root never do.
-    let allowed =
-        gated_socket && cgroup_allowed(&Maps, generation, meta.root_level, ancestor).is_some();
-    let verdict = decide(meta.mode, allowed);
-    count(hook, verdict);
-    count_endpoint(endpoint, verdict);
-    if verdict != VERDICT_ALLOWED {
-        report(&Caller { hook, task: false }, cgroup_id, verdict, endpoint, &dst);
-    }
-    if verdict == VERDICT_DENIED { TC_ACT_SHOT } else { TC_ACT_OK }
+    let caller = Caller { hook, task: false };
+    let what = if parsed.readable { Reported::Dst(&parsed.dst) } else { Reported::Unparsed };
+    // A frame without a socket has no cgroup to allow: the walk finds nothing.
+    let no_socket = cgroup_id == 0;
+    let ancestor = |level: u32| if no_socket { 0 } else { ancestor(level) };
+    let verdict = judge(&caller, generation, endpoint, what, || cgroup_id, ancestor);
+    if verdict == VERDICT_DENIED { TC_ACT_SHOT } else { TC_NEXT }
 }
 
 #[cfg(not(test))]

@@ -13,7 +13,10 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{bins::Bins, sys::unique};
+use crate::{
+    bins::Bins,
+    sys::{exec_in_netns, in_netns, unique},
+};
 
 /// A command running the agent binary `bin`, which must exist.
 fn agent_command(bin: &Path) -> Result<Command> {
@@ -34,7 +37,12 @@ pub struct Agent {
     /// Parent of the pin dir; the agent mounts bpffs here.
     pin_root: PathBuf,
     pub pin_dir: PathBuf,
+    /// `--listen`, inside [`netns`](Self::netns).
     pub listen: String,
+    /// The test netns the agent runs in (`/run/netns/mg-…`), as a DaemonSet pod with
+    /// hostNetwork runs in the node's: its node-level programs go on that namespace's
+    /// interfaces, never the host's.
+    pub netns: String,
     /// What selects the mode: `--policy P --cgroup-root R`, or cluster-mode flags.
     mode_args: Vec<std::ffi::OsString>,
 }
@@ -51,32 +59,35 @@ pub fn new_pin_root() -> Result<PathBuf> {
 }
 
 impl Agent {
-    /// Start `gate-agent run` on `policy` gating `cgroup_root`, and wait until it is ready.
-    pub fn start(bins: &Bins, policy: &Path, cgroup_root: &Path) -> Result<Agent> {
-        Self::start_with(bins, policy, cgroup_root, &[])
+    /// Start `gate-agent run` in the test netns `netns` on `policy` gating `cgroup_root`, and
+    /// wait until it is ready.
+    pub fn start(bins: &Bins, netns: &str, policy: &Path, cgroup_root: &Path) -> Result<Agent> {
+        Self::start_with(bins, netns, policy, cgroup_root, &[])
     }
 
     /// [`start`](Self::start) with extra `run` arguments.
     pub fn start_with(
         bins: &Bins,
+        netns: &str,
         policy: &Path,
         cgroup_root: &Path,
         extra: &[&str],
     ) -> Result<Agent> {
         let mode =
             vec!["--policy".into(), policy.into(), "--cgroup-root".into(), cgroup_root.into()];
-        Self::start_mode(bins, mode, false, extra)
+        Self::start_mode(bins, netns, mode, false, extra)
     }
 
     /// Cluster mode: `run` with these flags (kubeconfig, node name, …) and no --policy. The
     /// harness mounts bpffs on the pin root first, as the DaemonSet's host mount does (an agent
     /// in cluster mode never mounts it itself).
-    pub fn start_cluster(bins: &Bins, flags: &[&str]) -> Result<Agent> {
-        Self::start_mode(bins, flags.iter().map(Into::into).collect(), true, &[])
+    pub fn start_cluster(bins: &Bins, netns: &str, flags: &[&str]) -> Result<Agent> {
+        Self::start_mode(bins, netns, flags.iter().map(Into::into).collect(), true, &[])
     }
 
     fn start_mode(
         bins: &Bins,
+        netns: &str,
         mode_args: Vec<std::ffi::OsString>,
         mount: bool,
         extra: &[&str],
@@ -92,6 +103,7 @@ impl Agent {
             pin_dir: pin_root.join("gate"),
             pin_root,
             listen: format!("127.0.0.1:{}", free_port()?),
+            netns: netns.to_owned(),
             mode_args,
         };
         agent.spawn(extra)?;
@@ -116,6 +128,7 @@ impl Agent {
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        exec_in_netns(&mut cmd, &self.netns)?;
         // If the test process dies (SIGKILL, abort), the agent gets SIGTERM instead of
         // running on. It is tied to the spawning thread: an Agent stays on its test's thread.
         // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
@@ -176,6 +189,7 @@ impl Agent {
         let pin = self.pin_dir.to_string_lossy().into_owned();
         let out = run_to_end(
             &self.bin,
+            &self.netns,
             &["status", "--json", "--pin-dir", &pin],
             Duration::from_secs(10),
         )?;
@@ -201,13 +215,16 @@ impl Agent {
         bail!("gate-agent not ready; its output:\n{}", self.logs().join("\n"))
     }
 
-    /// GET a path on the agent's --listen address (loopback).
+    /// GET a path on the agent's --listen address (loopback of its netns).
     pub fn http_get(&self, path: &str) -> Result<(u16, String)> {
-        let mut s = TcpStream::connect(&self.listen)?;
-        s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
-        let mut r = String::new();
-        s.read_to_string(&mut r)?;
+        let r = in_netns(&self.netns, || {
+            let mut s = TcpStream::connect(&self.listen)?;
+            s.set_read_timeout(Some(Duration::from_secs(5)))?;
+            write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+            let mut r = String::new();
+            s.read_to_string(&mut r)?;
+            Ok(r)
+        })?;
         let code = r.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
         let body = r.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
         Ok((code, body))
@@ -261,7 +278,10 @@ impl Drop for Agent {
     fn drop(&mut self) {
         self.stop();
         if let Ok(mut cmd) = agent_command(&self.bin) {
-            let _ = cmd.arg("cleanup").arg("--pin-dir").arg(&self.pin_dir).output();
+            cmd.arg("cleanup").arg("--pin-dir").arg(&self.pin_dir);
+            if exec_in_netns(&mut cmd, &self.netns).is_ok() {
+                let _ = cmd.output();
+            }
         }
         remove_pin_root(&self.pin_root);
     }
@@ -277,11 +297,13 @@ pub fn remove_pin_root(root: &Path) {
     let _ = fs::remove_dir_all(root);
 }
 
-/// Run the gate-agent binary `bin` with `args` to completion (for bad-input tests), with a
-/// timeout.
-pub fn run_to_end(bin: &Path, args: &[&str], timeout: Duration) -> Result<Output> {
-    let mut child =
-        agent_command(bin)?.args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+/// Run the gate-agent binary `bin` with `args` to completion in the test netns `netns`, with
+/// a timeout.
+pub fn run_to_end(bin: &Path, netns: &str, args: &[&str], timeout: Duration) -> Result<Output> {
+    let mut cmd = agent_command(bin)?;
+    cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    exec_in_netns(&mut cmd, netns)?;
+    let mut child = cmd.spawn()?;
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         if child.try_wait()?.is_some() {

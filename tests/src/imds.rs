@@ -2,7 +2,6 @@
 //! socket that sees every TCP segment arriving. Every probe carries a unique token; the
 //! service records what it receives so tests can prove a token never got there.
 use std::{
-    fs::File,
     io::{Read as _, Write as _},
     net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
@@ -91,14 +90,7 @@ pub fn set_rcvtimeo(fd: &impl std::os::fd::AsRawFd, t: Duration) {
     }
 }
 
-pub fn enter_netns(path: &str) -> Result<()> {
-    let f = File::open(path).with_context(|| format!("open {path}"))?;
-    // SAFETY: valid fd; affects only the calling thread.
-    if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-        bail!("setns {path}: {}", std::io::Error::last_os_error());
-    }
-    Ok(())
-}
+pub use crate::sys::enter_netns;
 
 const TICK: Duration = Duration::from_millis(100);
 

@@ -71,7 +71,17 @@ pub struct KubeApi {
 impl KubeApi {
     /// Start on a free loopback port. `token`: the bearer token required, if any.
     pub fn start(token: Option<&str>) -> Result<KubeApi> {
-        let listener = TcpListener::bind("127.0.0.1:0")?;
+        Self::serve_on(TcpListener::bind("127.0.0.1:0")?, token)
+    }
+
+    /// Start on a free loopback port of the test netns `netns`, where the agent under test
+    /// runs.
+    pub fn start_in(netns: &str, token: Option<&str>) -> Result<KubeApi> {
+        let listener = crate::sys::in_netns(netns, || Ok(TcpListener::bind("127.0.0.1:0")?))?;
+        Self::serve_on(listener, token)
+    }
+
+    fn serve_on(listener: TcpListener, token: Option<&str>) -> Result<KubeApi> {
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?.to_string();
         let state = Arc::new((

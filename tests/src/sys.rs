@@ -122,3 +122,55 @@ pub fn sweep_stale() {
         }
     }
 }
+
+/// Whether `path` names a test network namespace (`/run/netns/mg-…`): the only namespaces a
+/// harness process enters, so nothing of a test ever runs in the host's own.
+pub fn is_test_netns(path: &str) -> bool {
+    path.starts_with("/run/netns/mg-")
+}
+
+/// Move the calling thread into the network namespace at `path`.
+pub fn enter_netns(path: &str) -> Result<()> {
+    use std::os::fd::AsRawFd as _;
+    let f = fs::File::open(path).with_context(|| format!("open {path}"))?;
+    // SAFETY: valid fd; affects only the calling thread.
+    if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        bail!("setns {path}: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Run `f` on a short-lived thread inside the test network namespace `path`.
+pub fn in_netns<T: Send>(path: &str, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+    if !is_test_netns(path) {
+        bail!("{path} is not a test network namespace");
+    }
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            enter_netns(path)?;
+            f()
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("the thread in {path} panicked"))?
+    })
+}
+
+/// Make `cmd` enter the test network namespace `path` before it executes (the agent under
+/// test runs in the node netns, as a DaemonSet pod with hostNetwork runs in the node's).
+pub fn exec_in_netns(cmd: &mut Command, path: &str) -> Result<()> {
+    use std::os::{fd::AsRawFd as _, unix::process::CommandExt as _};
+    if !is_test_netns(path) {
+        bail!("{path} is not a test network namespace");
+    }
+    let f = fs::File::open(path).with_context(|| format!("open {path}"))?;
+    // SAFETY: setns is async-signal-safe; the fd stays open (owned by the closure) until exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Ok(())
+}

@@ -56,8 +56,8 @@ pub fn run() -> Result<()> {
     println!("     gated/cloud-agent   allow-listed by the policy (cgroup: \"cloud-agent\")");
 
     step(3, &format!("Starting gate-agent on the gated cgroup with {POLICY}"));
-    let agent =
-        Agent::start(&bins, &root().join(POLICY), &cg.gated()).context("starting gate-agent")?;
+    let agent = Agent::start(&bins, &net.node_path(), &root().join(POLICY), &cg.gated())
+        .context("starting gate-agent")?;
     println!(
         "   ready: programs attached with bpf_link, policy in the maps, pinned under {}",
         agent.pin_dir.display()

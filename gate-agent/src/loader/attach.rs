@@ -3,7 +3,7 @@
 use std::{fs, os::fd::AsFd as _};
 
 use aya::programs::{
-    CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, CgroupSockAddr, links::FdLink,
+    CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, CgroupSockAddr, CgroupSockopt, links::FdLink,
 };
 use gate_common::user::{AttachPoint, Program};
 
@@ -67,6 +67,23 @@ impl Gate {
                 let link = FdLink::try_from(p.take_link(id).map_err(perr)?)
                     .map_err(|source| LoaderError::Link { name, source })?;
                 (None, Some(link))
+            } else if point == AttachPoint::Setsockopt {
+                // aya's link for this type cannot be pinned: create the bpf_link directly.
+                let p: &mut CgroupSockopt = program(&mut self.ebpf, prog)?;
+                let fd = p.fd().map_err(perr)?;
+                let link =
+                    sys::link_create_cgroup(fd.as_fd(), cgroup.as_fd(), sys::BPF_CGROUP_SETSOCKOPT)
+                        .map_err(|source| LoaderError::Io {
+                            what: "attaching with a bpf_link to",
+                            path: root.path.clone(),
+                            source,
+                        })?;
+                sys::obj_pin(link.as_fd(), &link_path).map_err(|source| LoaderError::Io {
+                    what: "pinning",
+                    path: link_path.clone(),
+                    source,
+                })?;
+                (None, None)
             } else {
                 let p: &mut CgroupSockAddr = program(&mut self.ebpf, prog)?;
                 let id = p.attach(&cgroup, CgroupAttachMode::Single).map_err(perr)?;

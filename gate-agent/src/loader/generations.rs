@@ -28,6 +28,8 @@ pub struct Install<'a> {
     pub hash: PolicyHash,
     pub platform: &'a str,
     pub allow: &'a AllowSet,
+    /// `NODE_*` bits for the node-level program.
+    pub node_flags: u32,
 }
 
 /// Keys a generation holds, so that it can be emptied after the flip.
@@ -130,7 +132,7 @@ impl Gate {
             mode: install.mode.id(),
             root_level: root.level,
             endpoints,
-            _pad: 0,
+            node_flags: install.node_flags,
             root_id: root.id,
             prefilter: install.image.prefilter,
         };

@@ -25,7 +25,7 @@ pub struct Maps {
     pub recent: Array<MapData, DenyEvent>,
     pub info: Array<MapData, GateInfo>,
     pub names: HashMap<MapData, EpNameKey, EndpointName>,
-    pub workload: HashMap<MapData, u32, u32>,
+    pub strict: HashMap<MapData, u32, u32>,
     pub clsact: HashMap<MapData, u64, TcClsact>,
 }
 
@@ -69,7 +69,7 @@ macro_rules! open_all {
             recent: $f($src, names::RECENT)?,
             info: $f($src, names::GATE_INFO)?,
             names: $f($src, names::EP_NAMES)?,
-            workload: $f($src, names::WORKLOAD_IFACES)?,
+            strict: $f($src, names::STRICT_IFACES)?,
             clsact: $f($src, names::TC_CLSACT)?,
         })
     };

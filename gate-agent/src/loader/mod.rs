@@ -28,7 +28,7 @@ pub use attach::HookChange;
 use aya::{
     Ebpf, EbpfLoader,
     maps::{MapData, MapError, RingBuf},
-    programs::{CgroupSkb, CgroupSockAddr, ProgramError, links::LinkError},
+    programs::{CgroupSkb, CgroupSockAddr, CgroupSockopt, ProgramError, links::LinkError},
 };
 use gate_common::{
     abi::{GateInfo, names},
@@ -38,7 +38,7 @@ pub use generations::Install;
 pub use maps::{Maps, Stats};
 pub use pins::{Layout, cleanup};
 pub use sys::{LinkInfo, LinkTarget};
-pub use tc::{TcConfig, TcMode};
+pub use tc::{TcMode, TcPlan, TcReport, TcTarget};
 
 use crate::cgroup::GatedRoot;
 
@@ -151,6 +151,9 @@ impl Gate {
             p.load().map_err(|source| LoaderError::Program { name: prog.name(), source })?;
         }
         let egress = load_egress(&mut ebpf, egress)?;
+        let so: &mut CgroupSockopt = program(&mut ebpf, Program::Setsockopt)?;
+        so.load()
+            .map_err(|source| LoaderError::Program { name: Program::Setsockopt.name(), source })?;
         let tc: &mut aya::programs::SchedClassifier = program(&mut ebpf, Program::Tc)?;
         tc.load().map_err(|source| LoaderError::Program { name: Program::Tc.name(), source })?;
         let mut maps = Maps::take(&mut ebpf)?;

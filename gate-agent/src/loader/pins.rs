@@ -126,9 +126,11 @@ fn mount_bpffs(path: &Path) -> io::Result<()> {
     if rc != 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
 }
 
-/// Remove one versioned dir. Unpinning the links detaches them once no process holds them,
-/// which opens that version's gate.
+/// Remove one versioned dir: its clsact filters (which no pin holds), then its pins.
+/// Unpinning the links detaches them once no process holds them, which opens that version's
+/// gate.
 pub fn remove_version(dir: &Path) -> Result<(), LoaderError> {
+    super::tc::cleanup_clsact(dir);
     fs::remove_dir_all(dir).map_err(|e| LoaderError::PinDir {
         path: dir.to_path_buf(),
         reason: format!("removing: {e}"),
@@ -140,10 +142,7 @@ pub fn cleanup(pin_dir: &Path) -> Result<Vec<PathBuf>, LoaderError> {
     let mut removed = Vec::new();
     let mut dirs = other_versions(pin_dir);
     dirs.push((ABI_VERSION, Layout::new(pin_dir).dir));
-    for (abi, dir) in dirs {
-        if abi == ABI_VERSION {
-            super::tc::cleanup_clsact(&Layout::new(pin_dir));
-        }
+    for (_, dir) in dirs {
         if dir.exists() {
             remove_version(&dir)?;
             removed.push(dir);

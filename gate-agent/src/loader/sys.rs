@@ -11,7 +11,11 @@ use std::{
     path::Path,
 };
 
+const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_LINK_CREATE: libc::c_long = 28;
+/// `enum bpf_attach_type` BPF_CGROUP_SETSOCKOPT.
+pub const BPF_CGROUP_SETSOCKOPT: u32 = 22;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_LINK_UPDATE: libc::c_long = 29;
 
@@ -39,6 +43,41 @@ pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
     let fd = bpf(BPF_OBJ_GET, &mut attr)?;
     // SAFETY: BPF_OBJ_GET returned a new file descriptor we own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+#[repr(C)]
+struct LinkCreateAttr {
+    prog_fd: u32,
+    target_fd: u32,
+    attach_type: u32,
+    flags: u32,
+}
+
+/// Attach a program to a cgroup with a bpf_link (5.7+): for program types whose aya link
+/// cannot be pinned.
+pub fn link_create_cgroup(
+    prog: BorrowedFd<'_>,
+    cgroup: BorrowedFd<'_>,
+    attach_type: u32,
+) -> io::Result<OwnedFd> {
+    let mut attr = LinkCreateAttr {
+        prog_fd: prog.as_raw_fd() as u32,
+        target_fd: cgroup.as_raw_fd() as u32,
+        attach_type,
+        flags: 0,
+    };
+    let fd = bpf(BPF_LINK_CREATE, &mut attr)?;
+    // SAFETY: BPF_LINK_CREATE returned a new file descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Pin a bpf object (link, program, map) at `path` on bpffs.
+pub fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
+    let mut attr =
+        ObjGetAttr { pathname: c.as_ptr() as u64, bpf_fd: fd.as_raw_fd() as u32, file_flags: 0 };
+    bpf(BPF_OBJ_PIN, &mut attr).map(drop)
 }
 
 #[repr(C)]

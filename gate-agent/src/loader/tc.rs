@@ -1,14 +1,20 @@
-//! tc programs on named interfaces (`--tc-interface`, `--tc-workload-interface`): defense in
-//! depth for frames the cgroup hooks never see (AF_PACKET) and for forwarded traffic of pods
-//! and VM-based runtimes.
+//! The node-level program (`gate_tc`) on interfaces: attaching it where a [`TcPlan`] says,
+//! swapping it in place on upgrade, re-attaching what someone removed, and detaching it from
+//! interfaces the plan no longer names. Which interfaces those are is decided above, by
+//! [`crate::node`]; this room only makes the kernel match the plan.
 //!
 //! * **tcx** (kernel 6.6+): links pinned under `links/tc-<dir>-<iface>` like the cgroup links,
-//!   so they outlive the agent and are swapped in place (BPF_LINK_UPDATE) on upgrade.
+//!   so they outlive the agent and are swapped in place (BPF_LINK_UPDATE) on upgrade. New
+//!   links go first in the interface's tcx order, ahead of CNI programs that might redirect
+//!   a frame past us; a link keeps its place when its program is swapped.
 //! * **clsact** (older kernels, RHEL 9): a cls_bpf filter with our fixed priority and handle.
 //!   The kernel keeps it after the agent exits; a new agent replaces it in place (netlink
 //!   replace of the same priority/handle). Filters are recorded in the TC_CLSACT map so that
 //!   `cleanup` can find and remove them.
-use std::{collections::BTreeSet, ffi::CStr, os::fd::AsFd as _, path::PathBuf};
+//!
+//! What the program does not drop goes on to whatever else is attached (TCX_NEXT /
+//! TC_ACT_UNSPEC), so it shares interfaces with the CNI.
+use std::{collections::BTreeSet, os::fd::AsFd as _, path::PathBuf};
 
 use aya::{
     programs::{
@@ -20,26 +26,14 @@ use aya::{
 };
 use gate_common::{
     abi::{TcClsact, fixed_str, fixed_str_value, names},
-    user::{AttachPoint, Program, TcDirection},
+    user::{AttachPoint, Program, TcDirection, bytes_of},
 };
-use globset::{Glob, GlobSet, GlobSetBuilder};
 
-use super::{Gate, HookChange, LinkTarget, LoaderError, map_err, sys};
-use crate::netns::{self, Netns};
-
-/// Interfaces to guard, as globs over interface names.
-#[derive(Clone, Debug, Default)]
-pub struct TcConfig {
-    /// Egress of these interfaces (uplinks): drop gated sockets' packets to protected endpoints.
-    pub egress: Vec<String>,
-    /// Ingress of these interfaces (pod veths, VM taps: workload-facing): drop everything to
-    /// protected endpoints; forwarded packets from them are also dropped at egress.
-    pub workload: Vec<String>,
-    /// Network namespace of the interfaces (a /run/netns/ or /proc/PID/ns/net path); default
-    /// the agent's own.
-    pub netns: Option<PathBuf>,
-    pub mode: TcMode,
-}
+use super::{Gate, LinkTarget, LoaderError, map_err, sys};
+use crate::{
+    netlink::{NlSocket, read},
+    netns::{self, Netns},
+};
 
 /// How tc programs are attached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -51,8 +45,43 @@ pub enum TcMode {
     Clsact,
 }
 
+/// One interface and direction the program belongs on.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TcTarget {
+    pub ifindex: u32,
+    pub name: String,
+    pub direction: TcDirection,
+}
+
+/// Where the program should be attached: every target, in one network namespace.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TcPlan {
+    pub targets: BTreeSet<TcTarget>,
+    /// Workload-facing interfaces (ifindex) where only an allowed gated socket passes.
+    pub strict: BTreeSet<u32>,
+    /// Network namespace of the interfaces (a /run/netns/ or /proc/PID/ns/net path); default
+    /// the agent's own.
+    pub netns: Option<PathBuf>,
+    pub mode: TcMode,
+}
+
+/// What one [`Gate::sync_tc`] changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TcReport {
+    /// Newly attached (including re-attached after someone removed ours).
+    pub attached: Vec<TcTarget>,
+    /// Attachments that had gone missing (detached link, deleted filter) and were restored.
+    pub repaired: Vec<TcTarget>,
+    /// Programs swapped in place (agent start).
+    pub replaced: usize,
+    /// Pin names or `<dir> <iface>` of attachments removed because the plan dropped them.
+    pub removed: Vec<String>,
+    /// Targets that could not be attached, with the reason; the others were.
+    pub failed: Vec<(TcTarget, String)>,
+}
+
 /// Priority and handle of our clsact filters: fixed, so that a new agent replaces the old
-/// agent's filter in place.
+/// agent's filter in place and keeps its place among the interface's filters.
 const CLSACT_PRIORITY: u16 = 0x4d47;
 const CLSACT_HANDLE: TcHandle = TcHandle::new(0, 0x4d47);
 
@@ -64,187 +93,168 @@ fn use_tcx(mode: TcMode) -> bool {
     }
 }
 
-impl TcConfig {
-    pub fn is_empty(&self) -> bool {
-        self.egress.is_empty() && self.workload.is_empty()
+fn attach_type(dir: TcDirection) -> TcAttachType {
+    match dir {
+        TcDirection::Ingress => TcAttachType::Ingress,
+        TcDirection::Egress => TcAttachType::Egress,
     }
-}
-
-fn globset(patterns: &[String]) -> Result<GlobSet, LoaderError> {
-    let mut b = GlobSetBuilder::new();
-    for p in patterns {
-        b.add(Glob::new(p).map_err(|e| LoaderError::Tc(format!("interface glob {p:?}: {e}")))?);
-    }
-    b.build().map_err(|e| LoaderError::Tc(e.to_string()))
-}
-
-/// (ifindex, name) of every interface of the current thread's network namespace.
-fn interfaces() -> Vec<(u32, String)> {
-    let mut out = Vec::new();
-    // SAFETY: if_nameindex returns a list terminated by a zero entry, freed below.
-    unsafe {
-        let list = libc::if_nameindex();
-        if list.is_null() {
-            return out;
-        }
-        let mut p = list;
-        while (*p).if_index != 0 && !(*p).if_name.is_null() {
-            let name = CStr::from_ptr((*p).if_name).to_string_lossy().into_owned();
-            out.push(((*p).if_index, name));
-            p = p.add(1);
-        }
-        libc::if_freenameindex(list);
-    }
-    out
 }
 
 impl Gate {
-    /// Attach the tc program to every interface the config matches that has none yet, swap the
-    /// program of already pinned tc links when `update` (agent start), and unpin tc links of
-    /// interfaces no longer matched or gone. Keeps WORKLOAD_IFACES in step.
-    pub fn sync_tc(
-        &mut self,
-        cfg: &TcConfig,
-        update: bool,
-    ) -> Result<Vec<HookChange>, LoaderError> {
-        let egress = globset(&cfg.egress)?;
-        let workload = globset(&cfg.workload)?;
+    /// Make the tc attachments match `plan`: attach where missing, restore what was removed,
+    /// swap the program of existing attachments when `update` (agent start), and detach from
+    /// interfaces the plan no longer names. A target that fails is reported and the rest go
+    /// on; an error means the namespace could not be entered, and nothing was changed.
+    pub fn sync_tc(&mut self, plan: &TcPlan, update: bool) -> Result<TcReport, LoaderError> {
         let layout = self.layout.clone();
-        let prog_name = Program::Tc.name();
         let ebpf = &mut self.ebpf;
-        let workload_map = &mut self.maps.workload;
         let clsact_map = &mut self.maps.clsact;
+        let strict_map = &mut self.maps.strict;
         let clsact_done = &mut self.clsact_done;
-        let tcx = use_tcx(cfg.mode);
+        let tcx = use_tcx(plan.mode);
         let netns_str =
-            cfg.netns.as_deref().map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
-        let target = cfg.netns.as_deref().map_or(Netns::Current, Netns::Path);
+            plan.netns.as_deref().map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
+        let target = plan.netns.as_deref().map_or(Netns::Current, Netns::Path);
         netns::run_in(target, "mg-tc", move || {
             let prog: &mut SchedClassifier = super::program(ebpf, Program::Tc)?;
-            let perr = |source| LoaderError::Program { name: prog_name, source };
+            let mut report = TcReport::default();
+            // Strict interfaces first, so a newly attached one is strict from its first frame.
+            let present: BTreeSet<u32> = strict_map.keys().flatten().collect();
+            for i in plan.strict.difference(&present) {
+                strict_map.insert(*i, 1, 0).map_err(map_err(names::STRICT_IFACES))?;
+            }
+            for i in present.difference(&plan.strict) {
+                let _ = strict_map.remove(i);
+            }
+            if tcx {
+                let mut wanted = BTreeSet::new();
+                for t in &plan.targets {
+                    let pin = AttachPoint::tc_pin_name(t.direction, &t.name);
+                    wanted.insert(pin.clone());
+                    match sync_tcx(prog, &layout, t, &pin, update) {
+                        Ok(Tcx::Kept) => {}
+                        Ok(Tcx::Replaced) => report.replaced += 1,
+                        Ok(Tcx::Attached) => report.attached.push(t.clone()),
+                        Ok(Tcx::Repaired) => {
+                            report.attached.push(t.clone());
+                            report.repaired.push(t.clone());
+                        }
+                        Err(e) => report.failed.push((t.clone(), e.to_string())),
+                    }
+                }
+                for pin in layout.links().into_iter().filter(|h| h.starts_with("tc-")) {
+                    if !wanted.contains(&pin) {
+                        let _ = std::fs::remove_file(layout.link(&pin));
+                        report.removed.push(pin);
+                    }
+                }
+                return Ok(report);
+            }
+            let mut rtnl = NlSocket::open(libc::NETLINK_ROUTE, std::time::Duration::from_secs(5))
+                .map_err(|e| LoaderError::Tc(format!("rtnetlink socket: {e}")))?;
             let mut wanted = BTreeSet::new();
-            let mut wanted_clsact = BTreeSet::new();
-            let mut changes = Vec::new();
-            let mut workload_ifindexes = BTreeSet::new();
-            for (ifindex, name) in interfaces() {
-                let mut targets = Vec::new();
-                if egress.is_match(&name) || workload.is_match(&name) {
-                    targets.push(TcDirection::Egress);
+            for t in &plan.targets {
+                let key = t.direction.clsact_key(t.ifindex);
+                wanted.insert(key);
+                let present = clsact_present(&mut rtnl, t.ifindex, t.direction).unwrap_or(false);
+                if present && !update {
+                    clsact_done.insert(key);
+                    continue;
                 }
-                if workload.is_match(&name) {
-                    targets.push(TcDirection::Ingress);
-                    workload_ifindexes.insert(ifindex);
-                }
-                for dir in targets {
-                    let attach_type = attach_type(dir);
-                    let hook = AttachPoint::tc_pin_name(dir, &name);
-                    if !tcx {
-                        let key = dir.clsact_key(ifindex);
-                        wanted_clsact.insert(key);
-                        if update || !clsact_done.contains(&key) {
-                            attach_clsact(prog, &name, attach_type)?;
-                            let rec =
-                                TcClsact { ifname: fixed_str(&name), netns: fixed_str(&netns_str) };
-                            clsact_map.insert(key, rec, 0).map_err(map_err(names::TC_CLSACT))?;
-                            clsact_done.insert(key);
-                            tracing::info!(interface = %name, direction = dir.name(), mode = "clsact", "tc program attached");
-                            changes.push(HookChange {
-                                point: AttachPoint::Tc,
-                                program: Program::Tc,
-                                old_prog_id: None,
-                                new_prog_id: 0,
-                            });
-                        }
-                        continue;
-                    }
-                    let path = layout.link(&hook);
-                    wanted.insert(hook.clone());
-                    let pinned = if path.exists() {
-                        let fd = sys::obj_get(&path).map_err(|source| LoaderError::Io {
-                            what: "opening pinned link",
-                            path: path.clone(),
-                            source,
-                        })?;
-                        match sys::link_info(fd.as_fd()) {
-                            // Still attached to this very interface.
-                            Ok(info) if info.target == LinkTarget::Ifindex(ifindex) => {
-                                Some((fd, info.prog_id))
+                match attach_clsact(prog, &t.name, attach_type(t.direction)) {
+                    Ok(()) => {
+                        let rec =
+                            TcClsact { ifname: fixed_str(&t.name), netns: fixed_str(&netns_str) };
+                        clsact_map.insert(key, rec, 0).map_err(map_err(names::TC_CLSACT))?;
+                        if present {
+                            report.replaced += 1;
+                        } else {
+                            if clsact_done.contains(&key) {
+                                report.repaired.push(t.clone());
                             }
-                            _ => {
-                                let _ = std::fs::remove_file(&path);
-                                None
-                            }
+                            report.attached.push(t.clone());
                         }
-                    } else {
-                        None
-                    };
-                    let prog_fd = prog.fd().map_err(perr)?;
-                    match pinned {
-                        Some((fd, old)) if update => {
-                            sys::link_update(fd.as_fd(), prog_fd.as_fd()).map_err(|source| {
-                                LoaderError::Io {
-                                    what: "replacing the program of link",
-                                    path: path.clone(),
-                                    source,
-                                }
-                            })?;
-                            changes.push(HookChange {
-                                point: AttachPoint::Tc,
-                                program: Program::Tc,
-                                old_prog_id: Some(old),
-                                new_prog_id: 0,
-                            });
-                        }
-                        Some(_) => {}
-                        None => {
-                            let id = prog
-                                .attach_with_options(&name, attach_type, TcAttachOptions::TcxOrder(LinkOrder::default()))
-                                .map_err(|e| LoaderError::Tc(format!(
-                                    "attaching to {dir} of {name} (tcx needs kernel 6.6+; --tc-mode clsact for older kernels): {e}"
-                                )))?;
-                            let link = FdLink::try_from(prog.take_link(id).map_err(perr)?)
-                                .map_err(|source| LoaderError::Link { name: prog_name, source })?;
-                            link.pin(&path).map_err(|source| LoaderError::Pin {
-                                path: path.clone(),
-                                source,
-                            })?;
-                            tracing::info!(interface = %name, direction = dir.name(), mode = "tcx", "tc program attached");
-                            changes.push(HookChange {
-                                point: AttachPoint::Tc,
-                                program: Program::Tc,
-                                old_prog_id: None,
-                                new_prog_id: 0,
-                            });
-                        }
+                        clsact_done.insert(key);
                     }
+                    Err(e) => report.failed.push((t.clone(), e.to_string())),
                 }
             }
-            // clsact filters of interfaces that went away or are no longer named.
             let recorded: Vec<(u64, TcClsact)> = clsact_map.iter().flatten().collect();
             for (key, rec) in recorded {
-                if !wanted_clsact.contains(&key) {
-                    detach_clsact(&rec, TcDirection::of_clsact_key(key));
+                if !wanted.contains(&key) {
+                    let dir = TcDirection::of_clsact_key(key);
+                    detach_clsact(&rec, dir);
                     let _ = clsact_map.remove(&key);
                     clsact_done.remove(&key);
+                    report.removed.push(format!("{} {}", dir.name(), fixed_str_value(&rec.ifname)));
                 }
             }
-            // Interfaces that went away or are no longer named: their links go.
-            for hook in layout.links().into_iter().filter(|h| h.starts_with("tc-")) {
-                if !wanted.contains(&hook) {
-                    let _ = std::fs::remove_file(layout.link(&hook));
-                    tracing::info!(link = %hook, "tc link removed (interface gone or no longer matched)");
-                }
-            }
-            let present: BTreeSet<u32> = workload_map.keys().flatten().collect();
-            for i in workload_ifindexes.difference(&present) {
-                workload_map.insert(*i, 1, 0).map_err(map_err(names::WORKLOAD_IFACES))?;
-            }
-            for i in present.difference(&workload_ifindexes) {
-                let _ = workload_map.remove(i);
-            }
-            Ok(changes)
+            Ok(report)
         })?
     }
+}
+
+/// What [`sync_tcx`] did for one target.
+enum Tcx {
+    Kept,
+    Replaced,
+    Attached,
+    /// The pinned link had been detached (interface recreated, someone detached it).
+    Repaired,
+}
+
+fn sync_tcx(
+    prog: &mut SchedClassifier,
+    layout: &super::Layout,
+    t: &TcTarget,
+    pin: &str,
+    update: bool,
+) -> Result<Tcx, LoaderError> {
+    let path = layout.link(pin);
+    let mut was_pinned = false;
+    if path.exists() {
+        was_pinned = true;
+        let fd = sys::obj_get(&path).map_err(|source| LoaderError::Io {
+            what: "opening pinned link",
+            path: path.clone(),
+            source,
+        })?;
+        match sys::link_info(fd.as_fd()) {
+            // Still attached to this very interface.
+            Ok(info) if info.target == LinkTarget::Ifindex(t.ifindex) => {
+                if !update {
+                    return Ok(Tcx::Kept);
+                }
+                let prog_fd = prog
+                    .fd()
+                    .map_err(|source| LoaderError::Program { name: Program::Tc.name(), source })?;
+                sys::link_update(fd.as_fd(), prog_fd.as_fd()).map_err(|source| {
+                    LoaderError::Io {
+                        what: "replacing the program of link",
+                        path: path.clone(),
+                        source,
+                    }
+                })?;
+                return Ok(Tcx::Replaced);
+            }
+            _ => {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+    let perr = |source| LoaderError::Program { name: Program::Tc.name(), source };
+    let id = prog
+        .attach_with_options(&t.name, attach_type(t.direction), TcAttachOptions::TcxOrder(LinkOrder::first()))
+        .map_err(|e| {
+            LoaderError::Tc(format!(
+                "attaching to {} of {} (tcx needs kernel 6.6+; --tc-mode clsact for older kernels): {e}",
+                t.direction, t.name
+            ))
+        })?;
+    let link = FdLink::try_from(prog.take_link(id).map_err(perr)?)
+        .map_err(|source| LoaderError::Link { name: Program::Tc.name(), source })?;
+    link.pin(&path).map_err(|source| LoaderError::Pin { path: path.clone(), source })?;
+    Ok(if was_pinned && !update { Tcx::Repaired } else { Tcx::Attached })
 }
 
 /// Attach (or replace in place) our clsact filter on `iface` and leave it in the kernel.
@@ -285,10 +295,47 @@ fn attach_clsact(
     Ok(())
 }
 
-fn attach_type(dir: TcDirection) -> TcAttachType {
-    match dir {
-        TcDirection::Ingress => TcAttachType::Ingress,
-        TcDirection::Egress => TcAttachType::Egress,
+/// `struct tcmsg`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct TcMsg {
+    family: u8,
+    pad1: u8,
+    pad2: u16,
+    ifindex: i32,
+    handle: u32,
+    parent: u32,
+    info: u32,
+}
+const _: () = assert!(size_of::<TcMsg>() == 20);
+// SAFETY: integers only, no padding (size asserted above).
+unsafe impl aya::Pod for TcMsg {}
+
+const RTM_NEWTFILTER: u16 = 44;
+const RTM_GETTFILTER: u16 = 46;
+
+/// Whether our clsact filter (our priority and handle) is on `ifindex` in `dir`.
+fn clsact_present(
+    sock: &mut NlSocket,
+    ifindex: u32,
+    dir: TcDirection,
+) -> Result<bool, crate::netlink::NetlinkError> {
+    // TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_INGRESS / TC_H_MIN_EGRESS)
+    let parent = match dir {
+        TcDirection::Ingress => 0xffff_fff2,
+        TcDirection::Egress => 0xffff_fff3,
+    };
+    let req = TcMsg { ifindex: ifindex as i32, parent, ..Default::default() };
+    let ours = |p: &Vec<u8>| {
+        read::<TcMsg>(p, "tcmsg").is_ok_and(|m| {
+            m.handle == u32::from(CLSACT_HANDLE) && (m.info >> 16) as u16 == CLSACT_PRIORITY
+        })
+    };
+    match sock.dump(RTM_GETTFILTER, &[bytes_of(&req)], RTM_NEWTFILTER) {
+        Ok(filters) => Ok(filters.iter().any(ours)),
+        // No clsact qdisc on the interface (EINVAL / ENOENT): no filter either.
+        Err(crate::netlink::NetlinkError::Kernel(libc::EINVAL | libc::ENOENT)) => Ok(false),
+        Err(e) => Err(e),
     }
 }
 
@@ -310,9 +357,11 @@ fn detach_clsact(rec: &TcClsact, dir: TcDirection) {
     }
 }
 
-/// Remove every clsact filter recorded under the pin dir (part of `cleanup`).
-pub fn cleanup_clsact(layout: &super::Layout) {
-    let Ok(data) = aya::maps::MapData::from_pin(layout.map(names::TC_CLSACT)) else { return };
+/// Remove every clsact filter recorded in the pinned TC_CLSACT map of `version_dir` (part of
+/// `cleanup`, and of retiring another ABI version).
+pub fn cleanup_clsact(version_dir: &std::path::Path) {
+    let path = version_dir.join("maps").join(names::TC_CLSACT);
+    let Ok(data) = aya::maps::MapData::from_pin(path) else { return };
     let Ok(map) = aya::maps::Map::from_map_data(data) else { return };
     let Ok(map) = aya::maps::HashMap::<_, u64, TcClsact>::try_from(map) else { return };
     for (key, rec) in map.iter().flatten() {

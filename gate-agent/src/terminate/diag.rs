@@ -3,26 +3,22 @@
 //! the probe that asks the kernel whether it can destroy sockets at all. [`Diag`] is the part a
 //! scan uses (a fake in the unit tests).
 //!
-//! The socket is bound to the network namespace of the thread that opens it.
+//! The socket is bound to the network namespace of the thread that opens it; the framing
+//! is [`crate::netlink`]'s.
 use std::{
     io,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
-    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
     time::Duration,
 };
 
-use gate_common::verdict::Addr;
+use gate_common::{user::bytes_of, verdict::Addr};
 
 use super::TerminateError;
-
-/// Malformed netlink data.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum WireError {
-    #[error("truncated {what}: {len} bytes")]
-    Truncated { what: &'static str, len: usize },
-    #[error("{what} length {len} outside the {avail} bytes left")]
-    BadLength { what: &'static str, len: usize, avail: usize },
-}
+pub use crate::netlink::WireError;
+use crate::netlink::{
+    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NlSocket, attrs, errno_of,
+    message, messages, read,
+};
 
 /// Why a sock_diag request failed.
 #[derive(Debug)]
@@ -60,26 +56,9 @@ pub(super) trait Diag {
     fn destroy(&mut self, s: &DiagSock, proto: u8) -> Result<(), DiagError>;
 }
 
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
 const SOCK_DESTROY: u16 = 21;
 const INET_DIAG_CGROUP_ID: u16 = 21;
-const NLA_TYPE_MASK: u16 = 0x3fff;
-const NLM_F_REQUEST: u16 = 0x01;
-const NLM_F_ACK: u16 = 0x04;
-const NLM_F_DUMP: u16 = 0x300;
-
-/// `struct nlmsghdr`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct NlMsgHdr {
-    len: u32,
-    ty: u16,
-    flags: u16,
-    seq: u32,
-    pid: u32,
-}
 
 /// `struct inet_diag_sockid`; ports and addresses in network order.
 #[repr(C)]
@@ -121,78 +100,25 @@ struct InetDiagMsg {
     inode: u32,
 }
 
-const HDR_LEN: usize = size_of::<NlMsgHdr>();
 const REQ_LEN: usize = size_of::<InetDiagReqV2>();
 const MSG_LEN: usize = size_of::<InetDiagMsg>();
 
 const _: () = {
-    assert!(HDR_LEN == 16);
     assert!(size_of::<InetDiagSockId>() == 48);
     assert!(REQ_LEN == 56);
     assert!(MSG_LEN == 72);
 };
 
-/// Plain-integer `#[repr(C)]` types without padding (the size asserts above check that the
-/// fields fill them), so any byte pattern is a valid value and every byte is initialised.
-///
-/// # Safety
-/// Only for such types.
-unsafe trait Pod: Copy {}
 // SAFETY: see the size asserts: integers and integer arrays only, no padding.
-unsafe impl Pod for NlMsgHdr {}
+unsafe impl aya::Pod for InetDiagSockId {}
 // SAFETY: as above.
-unsafe impl Pod for InetDiagReqV2 {}
+unsafe impl aya::Pod for InetDiagReqV2 {}
 // SAFETY: as above.
-unsafe impl Pod for InetDiagMsg {}
-
-fn bytes_of<T: Pod>(v: &T) -> &[u8] {
-    // SAFETY: T is Pod: size_of::<T>() initialised bytes.
-    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }
-}
-
-fn read<T: Pod>(b: &[u8], what: &'static str) -> Result<T, WireError> {
-    if b.len() < size_of::<T>() {
-        return Err(WireError::Truncated { what, len: b.len() });
-    }
-    // SAFETY: length checked; T is Pod, so any bytes are a valid T; unaligned read.
-    Ok(unsafe { std::ptr::read_unaligned(b.as_ptr().cast::<T>()) })
-}
-
-const fn align4(n: usize) -> usize {
-    (n + 3) & !3
-}
+unsafe impl aya::Pod for InetDiagMsg {}
 
 /// A request message: header + `inet_diag_req_v2`.
 fn request(ty: u16, flags: u16, seq: u32, req: &InetDiagReqV2) -> Vec<u8> {
-    let hdr = NlMsgHdr { len: (HDR_LEN + REQ_LEN) as u32, ty, flags, seq, pid: 0 };
-    let mut out = Vec::with_capacity(HDR_LEN + REQ_LEN);
-    out.extend_from_slice(bytes_of(&hdr));
-    out.extend_from_slice(bytes_of(req));
-    out
-}
-
-/// The netlink messages in one datagram: (header, payload).
-fn messages(mut buf: &[u8]) -> Result<Vec<(NlMsgHdr, &[u8])>, WireError> {
-    let mut out = Vec::new();
-    while !buf.is_empty() {
-        let hdr: NlMsgHdr = read(buf, "netlink header")?;
-        let len = hdr.len as usize;
-        if len < HDR_LEN || len > buf.len() {
-            return Err(WireError::BadLength { what: "netlink message", len, avail: buf.len() });
-        }
-        out.push((hdr, &buf[HDR_LEN..len]));
-        buf = &buf[align4(len).min(buf.len())..];
-    }
-    Ok(out)
-}
-
-/// The errno of an `NLMSG_ERROR` / `NLMSG_DONE` payload (0 = success / ack).
-fn errno_of(payload: &[u8]) -> Result<i32, WireError> {
-    let b: [u8; 4] = payload
-        .get(..4)
-        .and_then(|b| b.try_into().ok())
-        .ok_or(WireError::Truncated { what: "netlink error", len: payload.len() })?;
-    Ok(i32::from_ne_bytes(b).saturating_neg())
+    message(ty, flags, seq, &[bytes_of(req)])
 }
 
 /// One socket of a dump.
@@ -207,27 +133,16 @@ pub(super) struct DiagSock {
 impl DiagSock {
     fn parse(payload: &[u8]) -> Result<DiagSock, WireError> {
         let msg: InetDiagMsg = read(payload, "inet_diag_msg")?;
-        let mut attrs = &payload[MSG_LEN..];
         let mut cgroup_id = None;
-        while attrs.len() >= 4 {
-            let len = usize::from(u16::from_ne_bytes([attrs[0], attrs[1]]));
-            let ty = u16::from_ne_bytes([attrs[2], attrs[3]]) & NLA_TYPE_MASK;
-            if len < 4 || len > attrs.len() {
-                return Err(WireError::BadLength {
-                    what: "netlink attribute",
-                    len,
-                    avail: attrs.len(),
-                });
-            }
+        for (ty, data) in attrs(&payload[MSG_LEN..])? {
             if ty == INET_DIAG_CGROUP_ID {
-                let v: [u8; 8] = attrs[4..len].try_into().map_err(|_| WireError::BadLength {
+                let v: [u8; 8] = data.try_into().map_err(|_| WireError::BadLength {
                     what: "INET_DIAG_CGROUP_ID",
-                    len,
+                    len: data.len() + 4,
                     avail: 12,
                 })?;
                 cgroup_id = Some(u64::from_ne_bytes(v));
             }
-            attrs = &attrs[align4(len).min(attrs.len())..];
         }
         Ok(DiagSock { family: msg.family, state: msg.state, id: msg.id, cgroup_id })
     }
@@ -327,109 +242,25 @@ fn parse_ack(buf: &[u8], seq: u32) -> Result<Option<i32>, WireError> {
 }
 
 /// A NETLINK_SOCK_DIAG socket, bound to the namespace of the thread that opened it.
-pub(super) struct DiagSocket {
-    fd: OwnedFd,
-    seq: u32,
-    buf: Vec<u8>,
-}
+pub(super) struct DiagSocket(NlSocket);
 
 /// A reply that takes longer than this means something is badly wrong.
 const RECV_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl DiagSocket {
     pub(super) fn open() -> io::Result<DiagSocket> {
-        // SAFETY: plain socket(2).
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                libc::NETLINK_SOCK_DIAG,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fresh fd we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let tv = libc::timeval { tv_sec: RECV_TIMEOUT.as_secs() as libc::time_t, tv_usec: 0 };
-        // SAFETY: valid fd and option value of the right size.
-        let rc = unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                (&tv as *const libc::timeval).cast(),
-                size_of::<libc::timeval>() as libc::socklen_t,
-            )
-        };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(DiagSocket { fd, seq: 0, buf: vec![0; 64 * 1024] })
-    }
-
-    fn next_seq(&mut self) -> u32 {
-        self.seq = self.seq.wrapping_add(1);
-        self.seq
-    }
-
-    fn send(&self, msg: &[u8]) -> io::Result<()> {
-        // SAFETY: sockaddr_nl is plain integers.
-        let mut to: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        to.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-        // SAFETY: valid fd, buffer and address of the given sizes.
-        let n = unsafe {
-            libc::sendto(
-                self.fd.as_raw_fd(),
-                msg.as_ptr().cast(),
-                msg.len(),
-                0,
-                (&to as *const libc::sockaddr_nl).cast(),
-                size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-            )
-        };
-        if n < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
-    }
-
-    /// One datagram from the kernel (others are ignored); its length in `self.buf`.
-    fn recv(&mut self) -> io::Result<usize> {
-        loop {
-            // SAFETY: sockaddr_nl is plain integers.
-            let mut from: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-            let mut from_len = size_of::<libc::sockaddr_nl>() as libc::socklen_t;
-            // SAFETY: valid fd; buffer and address valid for their lengths.
-            let n = unsafe {
-                libc::recvfrom(
-                    self.fd.as_raw_fd(),
-                    self.buf.as_mut_ptr().cast(),
-                    self.buf.len(),
-                    0,
-                    (&mut from as *mut libc::sockaddr_nl).cast(),
-                    &mut from_len,
-                )
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
-            }
-            if from.nl_pid == 0 {
-                return Ok(n as usize);
-            }
-        }
+        NlSocket::open(libc::NETLINK_SOCK_DIAG, RECV_TIMEOUT).map(DiagSocket)
     }
 }
 
 impl Diag for DiagSocket {
     fn dump(&mut self, family: u8, proto: u8, states: u32) -> Result<Vec<DiagSock>, DiagError> {
-        let seq = self.next_seq();
-        self.send(&dump_request(seq, family, proto, states)).map_err(DiagError::Io)?;
+        let seq = self.0.next_seq();
+        self.0.send(&dump_request(seq, family, proto, states)).map_err(DiagError::Io)?;
         let mut socks = Vec::new();
         loop {
-            let n = self.recv().map_err(DiagError::Io)?;
-            let part = parse_dump(&self.buf[..n], seq).map_err(DiagError::Wire)?;
+            let buf = self.0.recv().map_err(DiagError::Io)?;
+            let part = parse_dump(buf, seq).map_err(DiagError::Wire)?;
             socks.extend(part.socks);
             if let Some(e) = part.error {
                 return Err(DiagError::Kernel(e));
@@ -441,11 +272,11 @@ impl Diag for DiagSocket {
     }
 
     fn destroy(&mut self, s: &DiagSock, proto: u8) -> Result<(), DiagError> {
-        let seq = self.next_seq();
-        self.send(&destroy_request(seq, s, proto)).map_err(DiagError::Io)?;
+        let seq = self.0.next_seq();
+        self.0.send(&destroy_request(seq, s, proto)).map_err(DiagError::Io)?;
         loop {
-            let n = self.recv().map_err(DiagError::Io)?;
-            match parse_ack(&self.buf[..n], seq).map_err(DiagError::Wire)? {
+            let buf = self.0.recv().map_err(DiagError::Io)?;
+            match parse_ack(buf, seq).map_err(DiagError::Wire)? {
                 Some(0) => return Ok(()),
                 Some(e) => return Err(DiagError::Kernel(e)),
                 None => continue,

@@ -81,27 +81,40 @@ fn eth(tags: &[u16], ethertype: u16, payload: &[u8]) -> Vec<u8> {
 }
 
 fn parse_frame(f: &[u8]) -> Option<Parsed> {
-    match network_of_frame(f) {
-        Network::V4(l3) => parse_ipv4(f, l3),
-        Network::V6(l3) => parse_ipv6(f, l3),
-        Network::Other | Network::Unreadable => None,
-    }
+    let n = network_of_frame(f);
+    let p = match n.carries {
+        CARRIES_IPV4 => parse_ipv4(f, n.l3 as usize),
+        CARRIES_IPV6 => parse_ipv6(f, n.l3 as usize),
+        _ => return None,
+    };
+    p.readable.then_some(p)
+}
+
+fn v4(f: &[u8]) -> Option<Parsed> {
+    let p = parse_ipv4(f, 0);
+    p.readable.then_some(p)
+}
+
+fn v6(f: &[u8]) -> Option<Parsed> {
+    let p = parse_ipv6(f, 0);
+    p.readable.then_some(p)
 }
 
 #[test]
 fn ethertype_comes_from_the_frame_after_vlan_tags() {
     let ip = ipv4(IMDS, PROTO_TCP, 0, 0, &tcp(80, 0x02, b""));
-    assert_eq!(network_of_frame(&eth(&[], ETH_P_IP, &ip)[..]), Network::V4(14));
-    assert_eq!(network_of_frame(&eth(&[ETH_P_8021Q], ETH_P_IP, &ip)[..]), Network::V4(18));
-    assert_eq!(
-        network_of_frame(&eth(&[ETH_P_8021AD, ETH_P_8021Q], ETH_P_IPV6, &ip)[..]),
-        Network::V6(22)
-    );
+    let net = |f: &[u8]| {
+        let n = network_of_frame(f);
+        (n.carries, n.l3)
+    };
+    assert_eq!(net(&eth(&[], ETH_P_IP, &ip)), (CARRIES_IPV4, 14));
+    assert_eq!(net(&eth(&[ETH_P_8021Q], ETH_P_IP, &ip)), (CARRIES_IPV4, 18));
+    assert_eq!(net(&eth(&[ETH_P_8021AD, ETH_P_8021Q], ETH_P_IPV6, &ip)), (CARRIES_IPV6, 22));
     // Three tags: more than we skip, so unreadable (the programs fail closed on it).
     let three = eth(&[ETH_P_8021AD, ETH_P_8021Q, ETH_P_8021Q], ETH_P_IP, &ip);
-    assert_eq!(network_of_frame(&three[..]), Network::Unreadable);
-    assert_eq!(network_of_frame(&eth(&[], 0x0806, b"arp")[..]), Network::Other);
-    assert_eq!(network_of_frame(&[0u8; 13][..]), Network::Unreadable);
+    assert_eq!(net(&three).0, CARRIES_UNREADABLE);
+    assert_eq!(net(&eth(&[], 0x0806, b"arp")).0, CARRIES_OTHER);
+    assert_eq!(net(&[0u8; 13]).0, CARRIES_UNREADABLE);
     let p = parse_frame(&eth(&[ETH_P_8021Q], ETH_P_IP, &ip)).unwrap();
     assert_eq!(p.dst, Dst { addr: Addr::V4(IMDS), port: 80, proto: PROTO_TCP });
     assert!(p.complete && !p.rst);
@@ -110,31 +123,31 @@ fn ethertype_comes_from_the_frame_after_vlan_tags() {
 #[test]
 fn ipv4_fragments_options_and_truncation() {
     let seg = tcp(80, 0x02, b"GET");
-    let p = parse_ipv4(&ipv4(IMDS, PROTO_TCP, 3, 0, &seg)[..], 0).unwrap();
+    let p = v4(&ipv4(IMDS, PROTO_TCP, 3, 0, &seg)[..]).unwrap();
     assert_eq!((p.dst.port, p.complete), (80, true));
     // MF set (first fragment) and a later fragment: address only.
     for frag in [0x2000u16, 0x0010] {
-        let p = parse_ipv4(&ipv4(IMDS, PROTO_TCP, 0, frag, &seg)[..], 0).unwrap();
+        let p = v4(&ipv4(IMDS, PROTO_TCP, 0, frag, &seg)[..]).unwrap();
         assert!(!p.complete, "fragment {frag:#x}");
     }
     // The transport header cut off: address only.
-    let p = parse_ipv4(&ipv4(IMDS, PROTO_TCP, 0, 0, &seg[..2])[..], 0).unwrap();
+    let p = v4(&ipv4(IMDS, PROTO_TCP, 0, 0, &seg[..2])[..]).unwrap();
     assert!(!p.complete);
     // The IP header itself cut off, or not IPv4 at all: unreadable.
-    assert_eq!(parse_ipv4(&ipv4(IMDS, PROTO_TCP, 0, 0, &seg)[..19], 0), None);
+    assert_eq!(v4(&ipv4(IMDS, PROTO_TCP, 0, 0, &seg)[..19]), None);
     let mut v6 = ipv4(IMDS, PROTO_TCP, 0, 0, &seg);
     v6[0] = 0x65;
-    assert_eq!(parse_ipv4(&v6[..], 0), None);
+    assert_eq!(v4(&v6[..]), None);
     // ICMP has no port: complete, port 0.
-    let p = parse_ipv4(&ipv4(IMDS, 1, 0, 0, b"ping")[..], 0).unwrap();
+    let p = v4(&ipv4(IMDS, 1, 0, 0, b"ping")[..]).unwrap();
     assert_eq!((p.dst.port, p.dst.proto, p.complete), (0, 1, true));
 }
 
 #[test]
 fn tcp_reset_without_payload() {
-    let p = parse_ipv4(&ipv4(IMDS, PROTO_TCP, 0, 0, &tcp(80, 0x04, b""))[..], 0).unwrap();
+    let p = v4(&ipv4(IMDS, PROTO_TCP, 0, 0, &tcp(80, 0x04, b""))[..]).unwrap();
     assert!(p.rst);
-    let p = parse_ipv4(&ipv4(IMDS, PROTO_TCP, 0, 0, &tcp(80, 0x04, b"x"))[..], 0).unwrap();
+    let p = v4(&ipv4(IMDS, PROTO_TCP, 0, 0, &tcp(80, 0x04, b"x"))[..]).unwrap();
     assert!(!p.rst, "a reset carrying data is not bare");
 }
 
@@ -143,30 +156,30 @@ fn ipv6_extension_chains() {
     let seg = udp(80, b"x");
     for n in 0..=MAX_V6_EXT_HEADERS {
         let chain = vec![(60u8, 0u8); n];
-        let p = parse_ipv6(&ipv6(IMDS6, &chain, PROTO_UDP, &seg)[..], 0).unwrap();
+        let p = v6(&ipv6(IMDS6, &chain, PROTO_UDP, &seg)[..]).unwrap();
         assert_eq!((p.dst.port, p.dst.proto, p.complete), (80, PROTO_UDP, true), "{n} headers");
     }
     // The most we walk is still read; one more, and 30, leave the transport unknown.
     let chain = vec![(60u8, 0u8); MAX_V6_EXT_HEADERS];
-    assert!(parse_ipv6(&ipv6(IMDS6, &chain, PROTO_UDP, &seg)[..], 0).unwrap().complete);
+    assert!(v6(&ipv6(IMDS6, &chain, PROTO_UDP, &seg)[..]).unwrap().complete);
     for n in [MAX_V6_EXT_HEADERS + 1, 30] {
         let chain = vec![(60u8, 0u8); n];
-        let p = parse_ipv6(&ipv6(IMDS6, &chain, PROTO_UDP, &seg)[..], 0).unwrap();
+        let p = v6(&ipv6(IMDS6, &chain, PROTO_UDP, &seg)[..]).unwrap();
         assert!(!p.complete, "{n} headers");
         assert_eq!(p.dst.addr, Addr::V6(IMDS6));
     }
     // A fragment header: address only.
-    let p = parse_ipv6(&ipv6(IMDS6, &[(44, 0)], PROTO_UDP, &seg)[..], 0).unwrap();
+    let p = v6(&ipv6(IMDS6, &[(44, 0)], PROTO_UDP, &seg)[..]).unwrap();
     assert!(!p.complete);
     // An extension header running off the end.
     let mut cut = ipv6(IMDS6, &[(0, 4)], PROTO_TCP, &tcp(80, 2, b""));
     cut.truncate(44);
-    assert!(!parse_ipv6(&cut[..], 0).unwrap().complete);
+    assert!(!v6(&cut[..]).unwrap().complete);
     // IPv4-mapped destinations read as IPv4.
     let mut mapped = [0u8; 16];
     mapped[10..12].copy_from_slice(&[0xff, 0xff]);
     mapped[12..].copy_from_slice(&IMDS);
-    let p = parse_ipv6(&ipv6(mapped, &[], PROTO_TCP, &tcp(80, 2, b""))[..], 0).unwrap();
+    let p = v6(&ipv6(mapped, &[], PROTO_TCP, &tcp(80, 2, b""))[..]).unwrap();
     assert_eq!(p.dst.addr, Addr::V4(IMDS));
 }
 
@@ -174,7 +187,11 @@ fn ipv6_extension_chains() {
 /// protocol on port 80 of the IPv6 one; port 53 stays open.
 fn tables() -> HostTables {
     let eps = [
-        EndpointSpec { net: Net::V4 { addr: IMDS, len: 32 }, ports: vec![80], protos: vec![PROTO_TCP] },
+        EndpointSpec {
+            net: Net::V4 { addr: IMDS, len: 32 },
+            ports: vec![80],
+            protos: vec![PROTO_TCP],
+        },
         EndpointSpec { net: Net::V6 { addr: IMDS6, len: 128 }, ports: vec![80], protos: vec![] },
     ];
     let mut t = HostTables::default();
@@ -199,7 +216,10 @@ fn arb_sent() -> impl Strategy<Value = Sent> {
         any::<bool>(),
         prop_oneof![Just(PROTO_TCP), Just(PROTO_UDP), Just(1u8), Just(58u8), any::<u8>()],
         prop_oneof![Just(80u16), Just(53), any::<u16>()],
-        proptest::collection::vec(prop_oneof![Just(0u8), Just(43), Just(60), Just(44), Just(51), Just(135)], 0..34),
+        proptest::collection::vec(
+            prop_oneof![Just(0u8), Just(43), Just(60), Just(44), Just(51), Just(135)],
+            0..34,
+        ),
         0usize..11,
         prop_oneof![Just(0u16), Just(0x2000), Just(0x0001), any::<u16>()],
         proptest::collection::vec(prop_oneof![Just(ETH_P_8021Q), Just(ETH_P_8021AD)], 0..4),

@@ -67,6 +67,7 @@ named_enum! {
         Egress6 = (abi::HOOK_EGRESS6, "egress6"),
         Tc4 = (abi::HOOK_TC4, "tc4"),
         Tc6 = (abi::HOOK_TC6, "tc6"),
+        Setsockopt = (abi::HOOK_SETSOCKOPT, "setsockopt"),
     }
 }
 
@@ -116,6 +117,7 @@ named_enum! {
         /// The same without the current-task helpers, for kernels that refuse them.
         EgressNotask = (5, "gate_egress_notask"),
         Tc = (6, "gate_tc"),
+        Setsockopt = (7, "gate_setsockopt"),
     }
 }
 
@@ -170,6 +172,7 @@ impl Program {
             Program::Sendmsg6 => AttachPoint::Sendmsg6,
             Program::Egress | Program::EgressNotask => AttachPoint::Egress,
             Program::Tc => AttachPoint::Tc,
+            Program::Setsockopt => AttachPoint::Setsockopt,
         }
     }
 }
@@ -183,17 +186,19 @@ pub enum AttachPoint {
     Sendmsg4,
     Sendmsg6,
     Egress,
+    Setsockopt,
     Tc,
 }
 
 impl AttachPoint {
     /// The attach points on the gated cgroup, in attach order.
-    pub const CGROUP: [AttachPoint; 5] = [
+    pub const CGROUP: [AttachPoint; 6] = [
         AttachPoint::Connect4,
         AttachPoint::Connect6,
         AttachPoint::Sendmsg4,
         AttachPoint::Sendmsg6,
         AttachPoint::Egress,
+        AttachPoint::Setsockopt,
     ];
 
     /// Name of the pinned link and program (`links/<name>`, `progs/<name>`); for tc the
@@ -205,6 +210,7 @@ impl AttachPoint {
             AttachPoint::Sendmsg4 => "sendmsg4",
             AttachPoint::Sendmsg6 => "sendmsg6",
             AttachPoint::Egress => "egress",
+            AttachPoint::Setsockopt => "setsockopt",
             AttachPoint::Tc => "tc",
         }
     }
@@ -217,6 +223,7 @@ impl AttachPoint {
             AttachPoint::Sendmsg4 => Program::Sendmsg4,
             AttachPoint::Sendmsg6 => Program::Sendmsg6,
             AttachPoint::Egress => Program::Egress,
+            AttachPoint::Setsockopt => Program::Setsockopt,
             AttachPoint::Tc => Program::Tc,
         }
     }

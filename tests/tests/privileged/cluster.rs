@@ -54,7 +54,7 @@ struct Cluster {
 
 fn cluster() -> Cluster {
     let env = Env::new("enforce");
-    let api = KubeApi::start(Some("s3cret")).expect("API double");
+    let api = KubeApi::start_in(&env.net.node_path(), Some("s3cret")).expect("API double");
     api.put(INFRASTRUCTURES, kubeapi::infrastructure("AWS"));
     api.put(NODES, kubeapi::node(NODE, "aws:///us-east-1a/i-0123"));
     api.put(CONFIGMAPS, kubeapi::configmap(NS, "metadata-gate-policy-aws", &policy("")));
@@ -122,7 +122,8 @@ impl Cluster {
         ];
         flags.extend_from_slice(extra);
         self.env.agent = Some(
-            Agent::start_cluster(&self.env.bins, &flags).expect("agent ready in cluster mode"),
+            Agent::start_cluster(&self.env.bins, &self.env.net.node_path(), &flags)
+                .expect("agent ready in cluster mode"),
         );
         let _ = std::fs::remove_file(kubeconfig);
     }

@@ -94,7 +94,9 @@ impl Env {
 
     /// Start the agent on the env's policy and gated root, with extra `run` arguments.
     fn start_agent_with(&mut self, extra: &[&str]) {
-        let agent = Agent::start_with(&self.bins, &self.policy_file, &self.cg.gated(), extra);
+        let netns = self.net.node_path();
+        let agent =
+            Agent::start_with(&self.bins, &netns, &self.policy_file, &self.cg.gated(), extra);
         self.agent = Some(agent.expect("agent ready"));
     }
 
@@ -142,7 +144,7 @@ impl Env {
 
     /// `gate-agent <args>` of this build, run to completion (at most `timeout`).
     fn gate_agent(&self, args: &[&str], timeout: Duration) -> anyhow::Result<Output> {
-        integration_tests::agent::run_to_end(&self.bins.agent, args, timeout)
+        integration_tests::agent::run_to_end(&self.bins.agent, &self.net.node_path(), args, timeout)
     }
 
     /// `gate-agent cleanup --pin-dir <pin>`: detach and unpin the gate.

@@ -97,7 +97,8 @@ fn established_connections_are_terminated_when_the_gate_comes_up() {
     let summary =
         agent.find(|v| v["message"] == "established connections checked").expect("summary event");
     assert_eq!(summary["destroyed"], 5, "{summary}");
-    assert!(summary["netns"].as_u64().is_some_and(|n| n >= 2), "agent's and the node's: {summary}");
+    // The agent runs in the node's namespace (as a hostNetwork DaemonSet pod does).
+    assert!(summary["netns"].as_u64().is_some_and(|n| n >= 1), "the node's: {summary}");
     // The resets of destroyed sockets carry nothing and pass: no denial is blamed on the agent.
     std::thread::sleep(Duration::from_millis(300));
     let agent_pid = u64::from(agent.pid().expect("agent runs"));

@@ -147,7 +147,8 @@ pub fn apply(v: Variant, world: &World, policy: &Path, bins: &Bins) -> Result<Ac
     let active = match v {
         Variant::None => Active::None,
         Variant::Gate => Active::Gate(Box::new(
-            Agent::start(bins, policy, &world.cg.gated()).context("starting gate-agent")?,
+            Agent::start(bins, &world.net.node_path(), policy, &world.cg.gated())
+                .context("starting gate-agent")?,
         )),
         Variant::Nft | Variant::NftDrop => {
             let verdict = if v == Variant::Nft { "reject with tcp reset" } else { "drop" };

@@ -3,17 +3,10 @@
 use gate_common::abi::{PROTO_TCP, PROTO_UDP};
 
 use super::*;
+use crate::netlink::{HDR_LEN, NlMsgHdr, attr};
 
 fn hdr(len: usize, ty: u16, flags: u16, seq: u32) -> Vec<u8> {
     bytes_of(&NlMsgHdr { len: len as u32, ty, flags, seq, pid: 0 }).to_vec()
-}
-
-fn attr(ty: u16, data: &[u8]) -> Vec<u8> {
-    let mut v = ((4 + data.len()) as u16).to_ne_bytes().to_vec();
-    v.extend_from_slice(&ty.to_ne_bytes());
-    v.extend_from_slice(data);
-    v.resize(align4(v.len()), 0);
-    v
 }
 
 pub(in crate::terminate) fn sockid(

@@ -1,0 +1,220 @@
+//! Which interfaces the node-level program belongs on, from the namespace's interfaces and
+//! routes: pure, so every rule is unit-tested.
+//!
+//! * **Uplinks** (egress): every interface a route to a protected address leaves by, in any
+//!   routing table (pods may be routed by policy, e.g. one table per ENI); and, where that
+//!   interface is a bridge or a port of a bridge or an Open vSwitch datapath (OVN-Kubernetes'
+//!   `br-ex`), every port of it — bridged and OVS-switched frames leave by a port without
+//!   passing the bridge device's own egress.
+//! * **Workload-facing** (ingress): every other interface but loopback — pod veths, VM taps,
+//!   tunnels, OVS internal ports such as OVN-Kubernetes' management port: whatever a frame
+//!   can enter the node by, other than the uplinks themselves. Not used where pod-network
+//!   traffic is left to the SDN (`--gate-scope host-network-only`).
+//! * Flags add interfaces to either role (`--tc-interface`, `--tc-workload-interface`).
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
+
+use gate_common::user::TcDirection;
+use globset::{Glob, GlobSet, GlobSetBuilder};
+
+use super::rtnl::{Link, Route};
+use crate::loader::TcTarget;
+
+/// Interface-name globs that are not valid.
+#[derive(Debug, thiserror::Error)]
+#[error("interface glob {pattern:?}: {reason}")]
+pub struct GlobError {
+    pub pattern: String,
+    pub reason: String,
+}
+
+/// The rules the classification follows besides the namespace itself.
+#[derive(Clone, Debug)]
+pub struct Rules {
+    /// Find workload-facing interfaces (all but uplinks and loopback).
+    pub workload_ingress: bool,
+    /// Whether the interfaces found that way are strict (only an allowed gated socket
+    /// passes), or let sockets outside the gated root through (standalone). Interfaces named
+    /// by flag are always strict.
+    pub strict_found: bool,
+    /// Extra uplinks (egress).
+    pub uplinks: GlobSet,
+    /// Extra workload-facing interfaces (ingress).
+    pub workloads: GlobSet,
+}
+
+impl Rules {
+    pub fn new(
+        workload_ingress: bool,
+        strict_found: bool,
+        uplinks: &[String],
+        workloads: &[String],
+    ) -> Result<Rules, GlobError> {
+        Ok(Rules {
+            workload_ingress,
+            strict_found,
+            uplinks: globset(uplinks)?,
+            workloads: globset(workloads)?,
+        })
+    }
+}
+
+fn globset(patterns: &[String]) -> Result<GlobSet, GlobError> {
+    let mut b = GlobSetBuilder::new();
+    for p in patterns {
+        let glob = Glob::new(p)
+            .map_err(|e| GlobError { pattern: p.clone(), reason: e.kind().to_string() })?;
+        b.add(glob);
+    }
+    b.build().map_err(|e| GlobError { pattern: patterns.join(","), reason: e.to_string() })
+}
+
+/// Where the program goes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Classified {
+    /// (ifindex, name, direction) of every attachment.
+    pub targets: BTreeSet<TcTarget>,
+    /// Workload-facing interfaces where only an allowed gated socket passes.
+    pub strict: BTreeSet<u32>,
+}
+
+/// Where the program goes, by the rules above.
+pub fn classify(
+    links: &[Link],
+    routes: &[Route],
+    protected: &[IpAddr],
+    rules: &Rules,
+) -> Classified {
+    let by_index: BTreeMap<u32, &Link> = links.iter().map(|l| (l.ifindex, l)).collect();
+    let route_oifs: BTreeSet<u32> = routes
+        .iter()
+        .filter(|r| protected.iter().any(|a| r.covers(*a)))
+        .flat_map(|r| r.oifs.iter().copied())
+        .filter(|i| by_index.contains_key(i))
+        .collect();
+    // Bridges whose ports carry the uplink's traffic: the uplink itself if it is a bridge,
+    // and the master of an uplink that is a port (an OVS internal port's datapath).
+    let mut switches: BTreeSet<u32> = route_oifs.clone();
+    switches.extend(route_oifs.iter().filter_map(|i| by_index.get(i)?.master));
+    let mut out = Classified::default();
+    let mut add = |l: &Link, direction: TcDirection, strict: bool| {
+        if !l.loopback {
+            out.targets.insert(TcTarget { ifindex: l.ifindex, name: l.name.clone(), direction });
+            if strict {
+                out.strict.insert(l.ifindex);
+            }
+        }
+    };
+    for l in links {
+        let uplink = route_oifs.contains(&l.ifindex)
+            || l.master.is_some_and(|m| switches.contains(&m))
+            || rules.uplinks.is_match(&l.name);
+        if uplink {
+            add(l, TcDirection::Egress, false);
+        }
+        let named = rules.workloads.is_match(&l.name);
+        let found = rules.workload_ingress && !route_oifs.contains(&l.ifindex);
+        if named || found {
+            add(l, TcDirection::Ingress, named || rules.strict_found);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link(ifindex: u32, name: &str, kind: Option<&str>, master: Option<u32>) -> Link {
+        Link { ifindex, name: name.into(), kind: kind.map(Into::into), master, loopback: false }
+    }
+
+    fn route(dst: &str, len: u8, table: u32, oifs: &[u32]) -> Route {
+        Route { dst: dst.parse().unwrap(), dst_len: len, table, oifs: oifs.to_vec() }
+    }
+
+    fn names(c: &Classified, dir: TcDirection) -> Vec<&str> {
+        c.targets.iter().filter(|t| t.direction == dir).map(|t| t.name.as_str()).collect()
+    }
+
+    fn imds() -> Vec<IpAddr> {
+        vec!["169.254.169.254".parse().unwrap(), "fd00:ec2::254".parse().unwrap()]
+    }
+
+    #[test]
+    fn plain_veth_cni() {
+        let mut lo = link(1, "lo", None, None);
+        lo.loopback = true;
+        let links = vec![
+            lo,
+            link(2, "eth0", None, None),
+            link(3, "veth1a", Some("veth"), None),
+            link(4, "tap0", Some("tun"), None),
+            link(5, "eth1", None, None),
+        ];
+        // Main table via eth0; a per-ENI table routes pods by eth1.
+        let routes = vec![
+            route("0.0.0.0", 0, 254, &[2]),
+            route("0.0.0.0", 0, 2, &[5]),
+            route("10.0.0.0", 24, 254, &[3]),
+            route("fd00::", 8, 254, &[9]), // an interface that does not exist
+        ];
+        let rules = Rules::new(true, false, &[], &[]).unwrap();
+        let t = classify(&links, &routes, &imds(), &rules);
+        assert_eq!(names(&t, TcDirection::Egress), vec!["eth0", "eth1"]);
+        assert_eq!(names(&t, TcDirection::Ingress), vec!["veth1a", "tap0"]);
+        assert!(t.strict.is_empty(), "found interfaces are lenient unless the rules say");
+        let rules = Rules::new(true, true, &[], &[]).unwrap();
+        assert_eq!(classify(&links, &routes, &imds(), &rules).strict, [3, 4].into());
+        // Pod-network traffic left to the SDN: no ingress but what a flag names, strict.
+        let rules = Rules::new(false, false, &[], &["tap*".into()]).unwrap();
+        let t = classify(&links, &routes, &imds(), &rules);
+        assert_eq!(names(&t, TcDirection::Ingress), vec!["tap0"]);
+        assert_eq!(t.strict, [4].into());
+    }
+
+    #[test]
+    fn bridges_and_ovs_add_their_ports_as_uplinks() {
+        // Linux bridge holding the address, with the NIC and a pod veth as ports.
+        let links = vec![
+            link(2, "eth0", None, Some(10)),
+            link(3, "vethpod", Some("veth"), Some(10)),
+            link(10, "br0", Some("bridge"), None),
+        ];
+        let routes = vec![route("169.254.0.0", 16, 254, &[10])];
+        let rules = Rules::new(true, false, &[], &[]).unwrap();
+        let t = classify(&links, &routes, &imds(), &rules);
+        assert_eq!(names(&t, TcDirection::Egress), vec!["eth0", "vethpod", "br0"]);
+        assert_eq!(names(&t, TcDirection::Ingress), vec!["eth0", "vethpod"]);
+
+        // OVN-Kubernetes: br-ex is an OVS internal port; the NIC and pod veths are ports
+        // of the ovs-system datapath; the management port is internal too.
+        let links = vec![
+            link(2, "ens3", None, Some(20)),
+            link(20, "ovs-system", Some("openvswitch"), None),
+            link(21, "br-ex", Some("openvswitch"), Some(20)),
+            link(22, "ovn-k8s-mp0", Some("openvswitch"), Some(20)),
+            link(30, "0a1b2c3d4e5f", Some("veth"), Some(20)),
+            link(31, "genev_sys_6081", Some("geneve"), Some(20)),
+        ];
+        let routes = vec![route("0.0.0.0", 0, 254, &[21])];
+        let t = classify(&links, &routes, &imds(), &rules);
+        assert!(names(&t, TcDirection::Egress).contains(&"ens3"));
+        assert!(names(&t, TcDirection::Egress).contains(&"br-ex"));
+        let ingress = names(&t, TcDirection::Ingress);
+        assert!(ingress.contains(&"0a1b2c3d4e5f") && ingress.contains(&"ovn-k8s-mp0"));
+        assert!(!ingress.contains(&"br-ex"), "the uplink itself takes no ingress program");
+    }
+
+    #[test]
+    fn routes_elsewhere_make_no_uplink_and_globs_add() {
+        let links = vec![link(2, "eth0", None, None), link(3, "wg0", Some("wireguard"), None)];
+        let routes = vec![route("10.0.0.0", 8, 254, &[2])];
+        let rules = Rules::new(true, false, &["eth*".into()], &[]).unwrap();
+        let t = classify(&links, &routes, &imds(), &rules);
+        assert_eq!(names(&t, TcDirection::Egress), vec!["eth0"]);
+        assert!(Rules::new(true, false, &["[".into()], &[]).is_err());
+    }
+}

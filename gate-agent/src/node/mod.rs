@@ -1,0 +1,248 @@
+//! Node-level enforcement: the tc program on the interfaces where traffic leaves the node
+//! toward a protected endpoint (uplinks, egress) and where it enters the node from pods, VMs
+//! and tunnels (workload-facing, ingress) — what no cgroup hook judged. On by default.
+//!
+//! [`rtnl`] reads the namespace's interfaces and routes; [`classify`] decides, purely, where
+//! the program belongs; [`NodeLevel::plan`] turns that into a loader [`TcPlan`]; [`watch`]
+//! keeps the kernel in step: on every link or route change (rtnetlink events, so a pod's
+//! interface is guarded as it appears, not at the next rescan) and every verify period,
+//! which also restores an attachment someone removed. A listing that fails changes nothing:
+//! what is attached stays attached.
+pub mod classify;
+pub mod rtnl;
+
+use std::{
+    net::IpAddr,
+    os::fd::AsRawFd as _,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use gate_common::abi::NODE_GATE_FORWARDED;
+use tokio::{io::unix::AsyncFd, sync::watch as channel};
+
+use crate::{
+    loader::{Gate, LoaderError, TcMode, TcPlan, TcReport},
+    netlink::{NetlinkError, NlSocket},
+    netns::{self, Netns, NetnsError},
+};
+
+/// How the node level is set up.
+#[derive(Clone, Debug, Default)]
+pub struct NodeConfig {
+    /// `--node-enforcement`: off leaves only the cgroup hooks (and opens the paths they
+    /// cannot see).
+    pub enabled: bool,
+    /// Guard every interface but the uplinks and loopback on ingress.
+    pub workload_ingress: bool,
+    /// Refuse forwarded traffic without a socket at the uplinks, and let only allowed gated
+    /// sockets through the workload-facing interfaces found (cluster mode, every pod gated:
+    /// pod-network traffic, Service DNAT, decapsulated tunnels). Standalone leaves the
+    /// host's forwarding and sockets outside the gated root alone.
+    pub gate_forwarded: bool,
+    /// `--tc-interface`: more uplinks.
+    pub uplinks: Vec<String>,
+    /// `--tc-workload-interface`: more workload-facing interfaces.
+    pub workloads: Vec<String>,
+    /// `--tc-netns`: the namespace of the interfaces; default the agent's own.
+    pub netns: Option<PathBuf>,
+    pub mode: TcMode,
+}
+
+/// What keeps the node level from being planned.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error(transparent)]
+    Glob(#[from] classify::GlobError),
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
+    #[error("listing interfaces and routes: {0}")]
+    Rtnl(#[from] NetlinkError),
+    #[error(transparent)]
+    Loader(#[from] LoaderError),
+}
+
+/// The node level's configuration, compiled.
+#[derive(Debug)]
+pub struct NodeLevel {
+    cfg: NodeConfig,
+    rules: classify::Rules,
+}
+
+impl NodeLevel {
+    pub fn new(cfg: NodeConfig) -> Result<NodeLevel, NodeError> {
+        let rules = classify::Rules::new(
+            cfg.workload_ingress,
+            cfg.gate_forwarded,
+            &cfg.uplinks,
+            &cfg.workloads,
+        )?;
+        Ok(NodeLevel { cfg, rules })
+    }
+
+    /// The `NODE_*` bits the policy maps carry for the program.
+    pub fn node_flags(&self) -> u32 {
+        if self.cfg.gate_forwarded { NODE_GATE_FORWARDED } else { 0 }
+    }
+
+    fn netns(&self) -> Netns<'_> {
+        self.cfg.netns.as_deref().map_or(Netns::Current, Netns::Path)
+    }
+
+    /// Where the program belongs now, for these protected addresses. An error means the
+    /// namespace could not be listed: then nothing may be detached.
+    pub fn plan(&self, protected: &[IpAddr]) -> Result<TcPlan, NodeError> {
+        let mut plan = TcPlan {
+            targets: Default::default(),
+            strict: Default::default(),
+            netns: self.cfg.netns.clone(),
+            mode: self.cfg.mode,
+        };
+        if !self.cfg.enabled {
+            return Ok(plan);
+        }
+        let (links, routes) = netns::run_in(self.netns(), "mg-rtnl", || {
+            let mut s = rtnl::open().map_err(NetlinkError::Io)?;
+            Ok::<_, NetlinkError>((rtnl::links(&mut s)?, rtnl::routes(&mut s)?))
+        })??;
+        let c = classify::classify(&links, &routes, protected, &self.rules);
+        (plan.targets, plan.strict) = (c.targets, c.strict);
+        Ok(plan)
+    }
+
+    /// Plan and make the kernel match; `update` swaps the program of existing attachments
+    /// (agent start). Logs what changed.
+    pub fn sync(
+        &self,
+        gate: &Mutex<Gate>,
+        protected: &[IpAddr],
+        update: bool,
+    ) -> Result<TcReport, NodeError> {
+        let plan = self.plan(protected)?;
+        let mut g = gate.lock().map_err(|_| LoaderError::Tc("gate lock poisoned".into()))?;
+        let report = g.sync_tc(&plan, update)?;
+        log(&report);
+        Ok(report)
+    }
+
+    /// A socket on the namespace's link and route events.
+    fn events(&self) -> Result<NlSocket, NodeError> {
+        let groups = rtnl::RTMGRP_LINK | rtnl::RTMGRP_IPV4_ROUTE | rtnl::RTMGRP_IPV6_ROUTE;
+        let sock = netns::run_in(self.netns(), "mg-rtnl", || {
+            NlSocket::subscribe(libc::NETLINK_ROUTE, groups)
+        })?;
+        Ok(sock.map_err(NetlinkError::Io)?)
+    }
+}
+
+fn log(r: &TcReport) {
+    for t in &r.repaired {
+        tracing::warn!(interface = %t.name, direction = t.direction.name(), "tc attachment was missing; restored");
+    }
+    for t in r.attached.iter().filter(|t| !r.repaired.contains(t)) {
+        tracing::info!(interface = %t.name, direction = t.direction.name(), "node-level program attached");
+    }
+    for removed in &r.removed {
+        tracing::info!(attachment = %removed, "node-level program detached (interface gone or no longer guarded)");
+    }
+    for (t, why) in &r.failed {
+        tracing::error!(interface = %t.name, direction = t.direction.name(), error = %why, "attaching the node-level program");
+    }
+}
+
+struct EventFd(NlSocket);
+
+impl std::os::fd::AsRawFd for EventFd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.0.fd().as_raw_fd()
+    }
+}
+
+/// Keep the attachments in step with the namespace until the task is dropped: on link and
+/// route events (debounced by `settle`), when the protected addresses change, and every
+/// `verify`.
+pub async fn watch(
+    node: Arc<NodeLevel>,
+    gate: Arc<Mutex<Gate>>,
+    mut protected: channel::Receiver<Vec<IpAddr>>,
+    verify: Duration,
+) {
+    if !node.cfg.enabled {
+        return;
+    }
+    let registered = node.events().and_then(|s| {
+        // SAFETY: the socket owns its fd, which stays open and unchanged for as long as the
+        // AsyncFd owns the socket.
+        unsafe { AsyncFd::register(EventFd(s)) }
+            .map_err(|e| NodeError::Rtnl(NetlinkError::Io(std::io::Error::from(e))))
+    });
+    let events = match registered {
+        Ok(fd) => Some(fd),
+        Err(e) => {
+            tracing::error!(error = %e, "watching link and route events; relying on the periodic check");
+            None
+        }
+    };
+    let mut tick = tokio::time::interval(verify);
+    let settle = Duration::from_millis(5);
+    loop {
+        tokio::select! {
+            ready = async {
+                match &events {
+                    Some(fd) => fd.readable().await.map(Some),
+                    None => std::future::pending().await,
+                }
+            } => {
+                if let Ok(Some(mut guard)) = ready {
+                    // Drain what is queued; a burst of events is one sync.
+                    let _ = guard.try_io(|fd| {
+                        let mut sock = &fd.get_ref().0;
+                        drain(&mut sock)
+                    });
+                    guard.clear_ready();
+                    tokio::time::sleep(settle).await;
+                }
+            }
+            changed = protected.changed() => {
+                if changed.is_err() {
+                    return; // the engine is gone
+                }
+            }
+            _ = tick.tick() => {}
+        }
+        let addrs = protected.borrow().clone();
+        let (node, gate) = (node.clone(), gate.clone());
+        let r = tokio::task::spawn_blocking(move || node.sync(&gate, &addrs, false)).await;
+        match r {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "node level: nothing detached, will retry"),
+            Err(e) => tracing::error!(error = %e, "node level sync task failed"),
+        }
+    }
+}
+
+/// Read and discard every queued event datagram (the sync re-reads the state).
+fn drain(sock: &mut &NlSocket) -> std::io::Result<()> {
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        // SAFETY: valid fd; buffer valid for its length.
+        let n = unsafe {
+            libc::recv(
+                sock.fd().as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            match e.raw_os_error() {
+                // Events were lost (queue overflow): nothing to do, the sync re-reads all.
+                Some(libc::ENOBUFS) | Some(libc::EINTR) => continue,
+                _ if e.kind() == std::io::ErrorKind::WouldBlock => return Err(e),
+                _ => return Ok(()),
+            }
+        }
+    }
+}
