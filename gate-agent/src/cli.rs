@@ -182,11 +182,12 @@ pub struct RunArgs {
     /// kernel allows it)
     #[arg(long, value_enum, value_name = "VARIANT", default_value_t = EgressArg::Auto)]
     pub egress_program: EgressArg,
-    /// Node-level enforcement (default on): a tc program on the uplinks (the interfaces that
-    /// route to a protected endpoint, found by the agent) and on every workload-facing
-    /// interface as it appears, for traffic no cgroup hook judged: AF_PACKET frames, packets
-    /// rewritten after the socket hooks, traffic forwarded from pods, VMs and tunnels.
-    /// `--node-enforcement=false` leaves only the cgroup hooks, and those paths open
+    /// Node-level enforcement (default on): a tc program on every interface's egress and on
+    /// every workload-facing interface's ingress (all but loopback and the uplinks, the
+    /// interfaces that route to a protected endpoint), attached as interfaces appear, for
+    /// traffic no cgroup hook judged: AF_PACKET frames, packets rewritten after the socket
+    /// hooks, traffic forwarded from pods, VMs and tunnels. `--node-enforcement=false` leaves
+    /// only the cgroup hooks (and the --tc-* interfaces), and those paths open
     #[arg(
         long,
         value_name = "BOOL",
@@ -196,8 +197,9 @@ pub struct RunArgs {
         action = clap::ArgAction::Set
     )]
     pub node_enforcement: bool,
-    /// More uplinks (glob, repeatable): the node-level program on their egress, besides the
-    /// interfaces the agent finds by route
+    /// Guard the egress of these interfaces (glob, repeatable); node-level enforcement
+    /// already guards every interface's egress, so this matters with
+    /// --node-enforcement=false
     #[arg(long, value_name = "GLOB")]
     pub tc_interface: Vec<String>,
     /// More workload-facing interfaces (glob, repeatable): the node-level program on their

@@ -114,6 +114,26 @@ enum Input {
     Ended(&'static str),
 }
 
+impl Input {
+    fn name(&self) -> &'static str {
+        match self {
+            Input::Stop => "stop",
+            Input::Policy(e) => match **e {
+                Event::Apply(_) => "policy apply",
+                Event::InitApply(_) => "policy init-apply",
+                Event::Delete(_) => "policy delete",
+                Event::Init => "policy init",
+                Event::InitDone => "policy init-done",
+            },
+            Input::Pods(_) => "pods",
+            Input::Infrastructure(_) => "infrastructure",
+            Input::Denied(_) => "denied",
+            Input::Tick => "tick",
+            Input::Ended(_) => "ended",
+        }
+    }
+}
+
 /// The sources of [`Input`].
 struct Inputs {
     configmap: BoxStream<'static, Event<ConfigMap>>,
@@ -330,8 +350,10 @@ pub async fn run(cfg: &AgentConfig, args: &ClusterConfig) -> Result<()> {
     let mut pending: Option<Policy> = None;
     let mut root = Some(root);
     loop {
+        // Both taken only once both are there (a `take` in a failed match would lose them).
         if engine.is_none()
             && st.pods_listed
+            && pending.is_some()
             && let (Some(policy), Some(root)) = (pending.take(), root.take())
         {
             let allow = Box::new(PodAllow {
@@ -347,7 +369,9 @@ pub async fn run(cfg: &AgentConfig, args: &ClusterConfig) -> Result<()> {
                 Engine::start(cfg, policy, root, allow, names, Some(denied_tx.clone())).await?,
             );
         }
-        match inputs.next(engine.is_some()).await {
+        let input = inputs.next(engine.is_some()).await;
+        tracing::debug!(input = input.name(), "input");
+        match input {
             Input::Stop => break,
             Input::Ended(what) => bail!("the {what} watch ended"),
             Input::Policy(ev) => match *ev {

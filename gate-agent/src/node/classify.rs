@@ -1,20 +1,21 @@
 //! Which interfaces the node-level program belongs on, from the namespace's interfaces and
 //! routes: pure, so every rule is unit-tested.
 //!
-//! * **Uplinks** (egress): every interface a route to a protected address leaves by, in any
-//!   routing table (pods may be routed by policy, e.g. one table per ENI); and, where that
-//!   interface is a bridge or a port of a bridge or an Open vSwitch datapath (OVN-Kubernetes'
-//!   `br-ex`), every port of it — bridged and OVS-switched frames leave by a port without
-//!   passing the bridge device's own egress.
+//! * **Egress, on every interface but loopback.** A gated socket with CAP_NET_RAW can send
+//!   an AF_PACKET frame on any interface that reaches the metadata service's segment — the
+//!   uplink, a second NIC, the parent of a VLAN uplink, a bridge port — and forwarded traffic
+//!   leaves by whichever interface the route (in any table: pods may be routed by policy)
+//!   or the bridge or Open vSwitch datapath picks. The program's common case is two loads and
+//!   a bit test, so guarding every egress costs less than guessing which ones matter.
+//! * **Uplinks**: the interfaces a route to a protected address leaves by, in any routing
+//!   table. They take no ingress program: what enters there comes from outside the node.
 //! * **Workload-facing** (ingress): every other interface but loopback — pod veths, VM taps,
 //!   tunnels, OVS internal ports such as OVN-Kubernetes' management port: whatever a frame
-//!   can enter the node by, other than the uplinks themselves. Not used where pod-network
-//!   traffic is left to the SDN (`--gate-scope host-network-only`).
-//! * Flags add interfaces to either role (`--tc-interface`, `--tc-workload-interface`).
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    net::IpAddr,
-};
+//!   can enter the node by from a workload. Not used where pod-network traffic is left to
+//!   the SDN (`--gate-scope host-network-only`).
+//! * Flags add interfaces to either role (`--tc-interface`, `--tc-workload-interface`), also
+//!   with node-level discovery off; the ones `--tc-workload-interface` names are strict.
+use std::{collections::BTreeSet, net::IpAddr};
 
 use gate_common::user::TcDirection;
 use globset::{Glob, GlobSet, GlobSetBuilder};
@@ -33,6 +34,9 @@ pub struct GlobError {
 /// The rules the classification follows besides the namespace itself.
 #[derive(Clone, Debug)]
 pub struct Rules {
+    /// Node-level discovery on: egress on every interface, ingress per `workload_ingress`.
+    /// Off: only what the flags name.
+    pub discover: bool,
     /// Find workload-facing interfaces (all but uplinks and loopback).
     pub workload_ingress: bool,
     /// Whether the interfaces found that way are strict (only an allowed gated socket
@@ -47,12 +51,14 @@ pub struct Rules {
 
 impl Rules {
     pub fn new(
+        discover: bool,
         workload_ingress: bool,
         strict_found: bool,
         uplinks: &[String],
         workloads: &[String],
     ) -> Result<Rules, GlobError> {
         Ok(Rules {
+            discover,
             workload_ingress,
             strict_found,
             uplinks: globset(uplinks)?,
@@ -78,6 +84,8 @@ pub struct Classified {
     pub targets: BTreeSet<TcTarget>,
     /// Workload-facing interfaces where only an allowed gated socket passes.
     pub strict: BTreeSet<u32>,
+    /// The interfaces a route to a protected address leaves by.
+    pub uplinks: BTreeSet<u32>,
 }
 
 /// Where the program goes, by the rules above.
@@ -87,37 +95,28 @@ pub fn classify(
     protected: &[IpAddr],
     rules: &Rules,
 ) -> Classified {
-    let by_index: BTreeMap<u32, &Link> = links.iter().map(|l| (l.ifindex, l)).collect();
-    let route_oifs: BTreeSet<u32> = routes
+    let exists: BTreeSet<u32> = links.iter().map(|l| l.ifindex).collect();
+    let uplinks: BTreeSet<u32> = routes
         .iter()
         .filter(|r| protected.iter().any(|a| r.covers(*a)))
         .flat_map(|r| r.oifs.iter().copied())
-        .filter(|i| by_index.contains_key(i))
+        .filter(|i| exists.contains(i))
         .collect();
-    // Bridges whose ports carry the uplink's traffic: the uplink itself if it is a bridge,
-    // and the master of an uplink that is a port (an OVS internal port's datapath).
-    let mut switches: BTreeSet<u32> = route_oifs.clone();
-    switches.extend(route_oifs.iter().filter_map(|i| by_index.get(i)?.master));
-    let mut out = Classified::default();
-    let mut add = |l: &Link, direction: TcDirection, strict: bool| {
-        if !l.loopback {
+    let mut out = Classified { uplinks: uplinks.clone(), ..Classified::default() };
+    for l in links.iter().filter(|l| !l.loopback) {
+        let mut add = |direction| {
             out.targets.insert(TcTarget { ifindex: l.ifindex, name: l.name.clone(), direction });
-            if strict {
-                out.strict.insert(l.ifindex);
-            }
-        }
-    };
-    for l in links {
-        let uplink = route_oifs.contains(&l.ifindex)
-            || l.master.is_some_and(|m| switches.contains(&m))
-            || rules.uplinks.is_match(&l.name);
-        if uplink {
-            add(l, TcDirection::Egress, false);
+        };
+        if rules.discover || rules.uplinks.is_match(&l.name) {
+            add(TcDirection::Egress);
         }
         let named = rules.workloads.is_match(&l.name);
-        let found = rules.workload_ingress && !route_oifs.contains(&l.ifindex);
+        let found = rules.discover && rules.workload_ingress && !uplinks.contains(&l.ifindex);
         if named || found {
-            add(l, TcDirection::Ingress, named || rules.strict_found);
+            add(TcDirection::Ingress);
+            if named || rules.strict_found {
+                out.strict.insert(l.ifindex);
+            }
         }
     }
     out
@@ -144,7 +143,7 @@ mod tests {
     }
 
     #[test]
-    fn plain_veth_cni() {
+    fn every_egress_and_every_ingress_but_the_uplinks() {
         let mut lo = link(1, "lo", None, None);
         lo.loopback = true;
         let links = vec![
@@ -161,30 +160,37 @@ mod tests {
             route("10.0.0.0", 24, 254, &[3]),
             route("fd00::", 8, 254, &[9]), // an interface that does not exist
         ];
-        let rules = Rules::new(true, false, &[], &[]).unwrap();
+        let rules = Rules::new(true, true, false, &[], &[]).unwrap();
         let t = classify(&links, &routes, &imds(), &rules);
-        assert_eq!(names(&t, TcDirection::Egress), vec!["eth0", "eth1"]);
+        assert_eq!(t.uplinks, [2, 5].into());
+        assert_eq!(names(&t, TcDirection::Egress), vec!["eth0", "veth1a", "tap0", "eth1"]);
         assert_eq!(names(&t, TcDirection::Ingress), vec!["veth1a", "tap0"]);
         assert!(t.strict.is_empty(), "found interfaces are lenient unless the rules say");
-        let rules = Rules::new(true, true, &[], &[]).unwrap();
+        let rules = Rules::new(true, true, true, &[], &[]).unwrap();
         assert_eq!(classify(&links, &routes, &imds(), &rules).strict, [3, 4].into());
         // Pod-network traffic left to the SDN: no ingress but what a flag names, strict.
-        let rules = Rules::new(false, false, &[], &["tap*".into()]).unwrap();
+        let rules = Rules::new(true, false, false, &[], &["tap*".into()]).unwrap();
         let t = classify(&links, &routes, &imds(), &rules);
         assert_eq!(names(&t, TcDirection::Ingress), vec!["tap0"]);
         assert_eq!(t.strict, [4].into());
+        // Discovery off: only what the flags name.
+        let rules = Rules::new(false, true, true, &["eth1".into()], &[]).unwrap();
+        let t = classify(&links, &routes, &imds(), &rules);
+        assert_eq!(names(&t, TcDirection::Egress), vec!["eth1"]);
+        assert!(names(&t, TcDirection::Ingress).is_empty());
     }
 
     #[test]
-    fn bridges_and_ovs_add_their_ports_as_uplinks() {
-        // Linux bridge holding the address, with the NIC and a pod veth as ports.
+    fn bridges_and_ovs() {
+        // Linux bridge holding the address, with the NIC and a pod veth as ports: the NIC
+        // and the pod veth take ingress (frames can enter there), the bridge does not.
         let links = vec![
             link(2, "eth0", None, Some(10)),
             link(3, "vethpod", Some("veth"), Some(10)),
             link(10, "br0", Some("bridge"), None),
         ];
         let routes = vec![route("169.254.0.0", 16, 254, &[10])];
-        let rules = Rules::new(true, false, &[], &[]).unwrap();
+        let rules = Rules::new(true, true, false, &[], &[]).unwrap();
         let t = classify(&links, &routes, &imds(), &rules);
         assert_eq!(names(&t, TcDirection::Egress), vec!["eth0", "vethpod", "br0"]);
         assert_eq!(names(&t, TcDirection::Ingress), vec!["eth0", "vethpod"]);
@@ -201,20 +207,11 @@ mod tests {
         ];
         let routes = vec![route("0.0.0.0", 0, 254, &[21])];
         let t = classify(&links, &routes, &imds(), &rules);
+        assert_eq!(t.uplinks, [21].into());
         assert!(names(&t, TcDirection::Egress).contains(&"ens3"));
-        assert!(names(&t, TcDirection::Egress).contains(&"br-ex"));
         let ingress = names(&t, TcDirection::Ingress);
         assert!(ingress.contains(&"0a1b2c3d4e5f") && ingress.contains(&"ovn-k8s-mp0"));
         assert!(!ingress.contains(&"br-ex"), "the uplink itself takes no ingress program");
-    }
-
-    #[test]
-    fn routes_elsewhere_make_no_uplink_and_globs_add() {
-        let links = vec![link(2, "eth0", None, None), link(3, "wg0", Some("wireguard"), None)];
-        let routes = vec![route("10.0.0.0", 8, 254, &[2])];
-        let rules = Rules::new(true, false, &["eth*".into()], &[]).unwrap();
-        let t = classify(&links, &routes, &imds(), &rules);
-        assert_eq!(names(&t, TcDirection::Egress), vec!["eth0"]);
-        assert!(Rules::new(true, false, &["[".into()], &[]).is_err());
+        assert!(Rules::new(true, true, false, &["[".into()], &[]).is_err());
     }
 }

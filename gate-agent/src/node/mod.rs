@@ -31,8 +31,8 @@ use crate::{
 /// How the node level is set up.
 #[derive(Clone, Debug, Default)]
 pub struct NodeConfig {
-    /// `--node-enforcement`: off leaves only the cgroup hooks (and opens the paths they
-    /// cannot see).
+    /// `--node-enforcement`: off leaves only the cgroup hooks and what the flags below name
+    /// (and opens the paths the cgroup hooks cannot see).
     pub enabled: bool,
     /// Guard every interface but the uplinks and loopback on ingress.
     pub workload_ingress: bool,
@@ -73,6 +73,7 @@ pub struct NodeLevel {
 impl NodeLevel {
     pub fn new(cfg: NodeConfig) -> Result<NodeLevel, NodeError> {
         let rules = classify::Rules::new(
+            cfg.enabled,
             cfg.workload_ingress,
             cfg.gate_forwarded,
             &cfg.uplinks,
@@ -99,7 +100,7 @@ impl NodeLevel {
             netns: self.cfg.netns.clone(),
             mode: self.cfg.mode,
         };
-        if !self.cfg.enabled {
+        if !self.cfg.enabled && self.cfg.uplinks.is_empty() && self.cfg.workloads.is_empty() {
             return Ok(plan);
         }
         let (links, routes) = netns::run_in(self.netns(), "mg-rtnl", || {
@@ -168,7 +169,7 @@ pub async fn watch(
     mut protected: channel::Receiver<Vec<IpAddr>>,
     verify: Duration,
 ) {
-    if !node.cfg.enabled {
+    if !node.cfg.enabled && node.cfg.uplinks.is_empty() && node.cfg.workloads.is_empty() {
         return;
     }
     let registered = node.events().and_then(|s| {
