@@ -126,10 +126,15 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Detach and unpin everything under the pin dir: this opens the gate
+    /// Detach and unpin everything under the pin dir: this opens the gate. Refused while an
+    /// agent runs on the pin dir (stop it first: a running agent repairs what it finds
+    /// missing)
     Cleanup {
         #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
         pin_dir: PathBuf,
+        /// Clean up even while an agent holds the pin dir (it will put back what it can)
+        #[arg(long)]
+        force: bool,
     },
 }
 

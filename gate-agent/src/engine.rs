@@ -158,8 +158,11 @@ pub struct Engine {
     /// The live policy's protected addresses, for the node-level watcher.
     protected: tokio::sync::watch::Sender<Vec<IpAddr>>,
     _node_watch: AbortOnDrop,
-    /// The policy text as last judged (applied or refused), so one change is judged once.
+    /// The policy text last judged for good: applied, or refused as invalid. One change is
+    /// judged once; a text that failed to *apply* is not recorded here but retried.
     last_text: Option<String>,
+    /// A valid policy whose apply failed: retried with backoff by [`Engine::sync`].
+    retry: Option<Retry>,
     _server: tokio::task::JoinHandle<()>,
 }
 
@@ -208,6 +211,7 @@ impl Engine {
             gate.clone(),
             protected_rx,
             cfg.rescan,
+            agent_metrics.clone(),
         )));
         let mut engine = Engine {
             policy,
@@ -222,6 +226,7 @@ impl Engine {
             protected,
             _node_watch: node_watch,
             last_text: None,
+            retry: None,
             _server: server,
         };
         // The gate is attached: connections opened before it are cut before we report ready.
@@ -276,6 +281,9 @@ impl Engine {
     }
 
     /// Judge a policy text from `source` and, if it is good and new, swap it in atomically.
+    /// The text counts as judged only once it is in force or refused as invalid: an apply
+    /// that fails (a map the kernel would not write) leaves the last good policy in force and
+    /// is retried with backoff.
     pub async fn offer(&mut self, source: &str, text: &str, trigger: &str) -> Offer {
         let started = Instant::now();
         if self.last_text.as_deref() == Some(text) {
@@ -283,58 +291,88 @@ impl Engine {
             self.metrics.reload("unchanged");
             return Offer::Unchanged;
         }
-        self.last_text = Some(text.to_owned());
-        let result =
-            Policy::parse(source, text).map_err(anyhow::Error::from).and_then(|candidate| {
-                if candidate.hash() == self.policy.hash() {
-                    return Ok(None);
-                }
-                let allow_set = self.allow.allow_set(&candidate);
-                let names = candidate.endpoint_names();
-                let mut g = self.gate.lock().map_err(|_| anyhow::anyhow!("gate lock poisoned"))?;
+        let candidate = match Policy::parse(source, text) {
+            Ok(c) => c,
+            Err(e) => {
+                self.last_text = Some(text.to_owned());
+                self.retry = None;
+                let msg = e.to_string();
+                self.refuse(source, trigger, &msg);
+                return Offer::Rejected(msg);
+            }
+        };
+        if candidate.hash() == self.policy.hash() {
+            self.last_text = Some(text.to_owned());
+            self.retry = None;
+            self.metrics.reload("unchanged");
+            return Offer::Unchanged;
+        }
+        let allow_set = self.allow.allow_set(&candidate);
+        let names = candidate.endpoint_names();
+        let applied = self.gate.lock().map_err(|_| anyhow::anyhow!("gate lock poisoned")).and_then(
+            |mut g| {
                 g.apply(&install(&candidate, &names, &allow_set, &self.node), &self.root)
                     .context("writing the policy maps")?;
-                Ok(Some((candidate, names, allow_set, g.info().policy_generation)))
-            });
-        match result {
-            Ok(None) => {
-                self.metrics.reload("unchanged");
-                Offer::Unchanged
-            }
-            Ok(Some((candidate, names, allow_set, generation))) => {
-                if let Ok(mut n) = self.sinks.endpoints.write() {
-                    *n = names;
-                }
-                tracing::info!(
-                    trigger,
-                    generation,
-                    policy = %source,
-                    policy_hash = %candidate.hash(),
-                    mode = %candidate.mode,
-                    endpoints = candidate.endpoints.len(),
-                    allowed_cgroups = allow_set.len(),
-                    took_us = started.elapsed().as_micros() as u64,
-                    "policy applied"
-                );
-                self.protected.send_replace(protected_addrs(&candidate));
-                self.policy = candidate;
-                self.metrics.reload("success");
-                if self.cfg.terminate_established {
-                    self.terminate_established(allow_set).await;
-                }
-                Offer::Applied { generation }
-            }
+                Ok(g.info().policy_generation)
+            },
+        );
+        let generation = match applied {
+            Ok(g) => g,
             Err(e) => {
                 let msg = format!("{e:#}");
                 self.refuse(source, trigger, &msg);
-                Offer::Rejected(msg)
+                let backoff = self.retry.as_ref().map_or(Retry::FIRST, |r| r.backoff * 2);
+                let backoff = backoff.min(Retry::MAX);
+                tracing::warn!(
+                    retry_in_ms = backoff.as_millis() as u64,
+                    "will retry applying this policy"
+                );
+                self.retry = Some(Retry {
+                    source: source.to_owned(),
+                    text: text.to_owned(),
+                    at: Instant::now() + backoff,
+                    backoff,
+                });
+                return Offer::Rejected(msg);
             }
+        };
+        self.last_text = Some(text.to_owned());
+        self.retry = None;
+        if let Ok(mut n) = self.sinks.endpoints.write() {
+            *n = names;
         }
+        tracing::info!(
+            trigger,
+            generation,
+            policy = %source,
+            policy_hash = %candidate.hash(),
+            mode = %candidate.mode,
+            endpoints = candidate.endpoints.len(),
+            allowed_cgroups = allow_set.len(),
+            took_us = started.elapsed().as_micros() as u64,
+            "policy applied"
+        );
+        self.protected.send_replace(protected_addrs(&candidate));
+        self.policy = candidate;
+        self.metrics.reload("success");
+        if self.cfg.terminate_established {
+            self.terminate_established(allow_set).await;
+        }
+        Offer::Applied { generation }
     }
 
-    /// Bring the allow set up to date (new or vanished cgroups, pods). The node level keeps
-    /// itself current (see [`node::watch`]).
-    pub fn sync(&mut self) {
+    /// Retry a policy whose apply failed, once its backoff has passed.
+    async fn retry_due(&mut self) {
+        let Some(r) = self.retry.as_ref().filter(|r| Instant::now() >= r.at) else { return };
+        let (source, text) = (r.source.clone(), r.text.clone());
+        self.offer(&source, &text, "retry").await;
+    }
+
+    /// Bring the allow set up to date (new or vanished cgroups, pods) and retry a failed
+    /// apply whose time has come. The node level keeps itself current (see [`node::watch`]).
+    pub async fn sync(&mut self) {
+        self.retry_due().await;
+        self.verify();
         let want = self.allow.allow_set(&self.policy);
         let Ok(mut g) = self.gate.lock() else { return };
         match g.sync_allow(&want) {
@@ -343,6 +381,79 @@ impl Engine {
                 tracing::info!(added, removed, allowed_cgroups = want.len(), "allow set updated")
             }
             Err(e) => tracing::error!(error = %e, "updating the allow set"),
+        }
+    }
+
+    /// Check that the gate is whole — the gated root is the cgroup the programs are on, every
+    /// link attached, every pin in place — and put back what is missing. `/readyz` answers
+    /// ready only while it is whole.
+    fn verify(&mut self) {
+        let mut whole = true;
+        let mut repaired: Vec<String> = Vec::new();
+        match GatedRoot::open(&self.root.path) {
+            Ok(now) if now.id != self.root.id => {
+                // Recreated under the same path: the live policy goes onto the new cgroup.
+                let allow = self.allow.allow_set(&self.policy);
+                let names = self.policy.endpoint_names();
+                let applied =
+                    self.gate.lock().map_err(|_| anyhow::anyhow!("gate lock poisoned")).and_then(
+                        |mut g| {
+                            g.apply(&install(&self.policy, &names, &allow, &self.node), &now)
+                                .context("writing the policy maps for the recreated root")?;
+                            Ok(())
+                        },
+                    );
+                match applied {
+                    Ok(()) => {
+                        repaired.push(format!("root (cgroup id {} -> {})", self.root.id, now.id));
+                        self.metrics.repaired("root");
+                        self.root = now;
+                    }
+                    Err(e) => {
+                        whole = false;
+                        tracing::error!(
+                            error = format!("{e:#}"),
+                            "taking over the recreated gated root"
+                        );
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                whole = false;
+                if self.ready.load(Ordering::Acquire) {
+                    tracing::error!(error = %e, "the gated root is gone; not ready until it is back");
+                }
+            }
+        }
+        if whole {
+            let result = self
+                .gate
+                .lock()
+                .map_err(|_| anyhow::anyhow!("gate lock poisoned"))
+                .and_then(|mut g| Ok(g.repair(&self.root)?));
+            match result {
+                Ok(r) => {
+                    for what in &r {
+                        self.metrics.repaired(what.what());
+                    }
+                    repaired.extend(r.iter().map(ToString::to_string));
+                }
+                Err(e) => {
+                    whole = false;
+                    tracing::error!(
+                        error = format!("{e:#}"),
+                        "repairing the gate; not ready until it is whole"
+                    );
+                }
+            }
+        }
+        if !repaired.is_empty() {
+            tracing::warn!(what = repaired.join(", "), "gate repaired");
+        }
+        let was = self.ready.swap(whole, Ordering::AcqRel);
+        if !was && whole {
+            tracing::info!("the gate is whole again; ready");
         }
     }
 
@@ -356,6 +467,19 @@ impl Engine {
             );
         }
     }
+}
+
+/// A valid policy text whose apply failed.
+struct Retry {
+    source: String,
+    text: String,
+    at: Instant,
+    backoff: std::time::Duration,
+}
+
+impl Retry {
+    const FIRST: std::time::Duration = std::time::Duration::from_millis(500);
+    const MAX: std::time::Duration = std::time::Duration::from_secs(30);
 }
 
 /// A background task that ends with its owner.

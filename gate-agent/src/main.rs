@@ -44,6 +44,26 @@ fn check(files: &[std::path::PathBuf]) -> ExitCode {
     if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
 
+fn cleanup(pin_dir: &std::path::Path) -> ExitCode {
+    match loader::cleanup(pin_dir) {
+        Ok(removed) if removed.is_empty() => {
+            println!("nothing pinned under {}", pin_dir.display());
+            ExitCode::SUCCESS
+        }
+        Ok(removed) => {
+            for dir in removed {
+                println!("removed the gate pinned under {}", dir.display());
+            }
+            println!("the gate is open");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -69,23 +89,20 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Cleanup { pin_dir } => match loader::cleanup(&pin_dir) {
-            Ok(removed) if removed.is_empty() => {
-                println!("nothing pinned under {}", pin_dir.display());
-                ExitCode::SUCCESS
-            }
-            Ok(removed) => {
-                for dir in removed {
-                    println!("removed the gate pinned under {}", dir.display());
+        Command::Cleanup { pin_dir, force } => {
+            if let Some(pid) = loader::lock::running_agent(&pin_dir) {
+                if !force {
+                    eprintln!(
+                        "error: a gate-agent (pid {pid}) runs on {}: stop it first (it would \
+                         repair the gate), or pass --force",
+                        pin_dir.display()
+                    );
+                    return ExitCode::FAILURE;
                 }
-                println!("the gate is open");
-                ExitCode::SUCCESS
+                eprintln!("warning: --force: cleaning up under a running gate-agent (pid {pid})");
             }
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::FAILURE
-            }
-        },
+            cleanup(&pin_dir)
+        }
         Command::Run(args) => {
             let args = *args;
             init_logging(args.log_format);

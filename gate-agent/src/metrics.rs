@@ -25,11 +25,22 @@ pub struct ReloadLabels {
 #[derive(Clone, Default)]
 pub struct AgentMetrics {
     pub reloads: Family<ReloadLabels, Counter>,
+    pub repairs: Family<RepairLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RepairLabels {
+    /// `root`, `link`, `map-pin`, `program-pin` or `tc`.
+    pub what: &'static str,
 }
 
 impl AgentMetrics {
     pub fn reload(&self, result: &'static str) {
         self.reloads.get_or_create(&ReloadLabels { result }).inc();
+    }
+
+    pub fn repaired(&self, what: &'static str) {
+        self.repairs.get_or_create(&RepairLabels { what }).inc();
     }
 }
 
@@ -150,6 +161,11 @@ pub fn registry(shared: Shared, agent: &AgentMetrics) -> Registry {
         "metadata_gate_policy_reloads",
         "Policy reloads by result (failure: refused, the last good policy stays)",
         agent.reloads.clone(),
+    );
+    r.register(
+        "metadata_gate_repairs",
+        "Parts of the gate found missing and put back by the running agent, by what",
+        agent.repairs.clone(),
     );
     r.register_collector(Box::new(GateCollector(shared)));
     r

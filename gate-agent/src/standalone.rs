@@ -60,7 +60,7 @@ pub async fn run(cfg: &AgentConfig, policy_path: &Path, cgroup_root: &Path) -> R
                     Err(e) => engine.refuse(&source, trigger.as_str(), &format!("{e:#}")),
                 }
             }
-            _ = tick.tick() => engine.sync(),
+            _ = tick.tick() => engine.sync().await,
         }
     }
     engine.stop();

@@ -413,14 +413,14 @@ pub async fn run(cfg: &AgentConfig, args: &ClusterConfig) -> Result<()> {
                 if st.on_pod(*ev)
                     && let Some(engine) = &mut engine
                 {
-                    engine.sync();
+                    engine.sync().await;
                 }
             }
             Input::Infrastructure(ev) => st.on_infrastructure(*ev, &mut inputs),
             Input::Denied(d) => st.on_denied(d).await,
             Input::Tick => {
                 if let Some(engine) = &mut engine {
-                    engine.sync();
+                    engine.sync().await;
                 }
             }
         }

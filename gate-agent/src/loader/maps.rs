@@ -2,7 +2,7 @@
 //! (`gate-agent status`, which must work while no agent runs).
 use aya::{
     Ebpf,
-    maps::{Array, HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray},
+    maps::{Array, HashMap, IterableMap as _, LpmTrie, Map, MapData, MapError, PerCpuArray},
 };
 use gate_common::abi::{
     AllowKey, CONFIG_ACTIVE_GEN, CONFIG_RECENT_CURSOR, DenyEvent, EndpointCounters, EndpointName,
@@ -76,6 +76,26 @@ macro_rules! open_all {
 }
 
 impl Maps {
+    /// The map of a name, untyped (to pin it again).
+    pub fn data(&self, name: &str) -> Option<&MapData> {
+        Some(match name {
+            names::CONFIG => self.config.map(),
+            names::POLICY_META => self.meta.map(),
+            names::PREFIX_V4 => self.v4.map(),
+            names::PREFIX_V6 => self.v6.map(),
+            names::PORT_RULES => self.rules.map(),
+            names::ALLOWED => self.allowed.map(),
+            names::EP_COUNTERS => self.ep_counters.map(),
+            names::STATS => self.stats.map(),
+            names::RECENT => self.recent.map(),
+            names::GATE_INFO => self.info.map(),
+            names::EP_NAMES => self.names.map(),
+            names::STRICT_IFACES => self.strict.map(),
+            names::TC_CLSACT => self.clsact.map(),
+            _ => return None,
+        })
+    }
+
     pub fn take(ebpf: &mut Ebpf) -> Result<Maps, LoaderError> {
         open_all!(take, ebpf)
     }

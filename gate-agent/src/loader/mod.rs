@@ -17,6 +17,7 @@
 //! aya lacks.
 mod attach;
 mod generations;
+pub mod lock;
 mod maps;
 pub mod pins;
 mod sys;
@@ -24,7 +25,7 @@ mod tc;
 
 use std::path::{Path, PathBuf};
 
-pub use attach::HookChange;
+pub use attach::{HookChange, Repair};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{MapData, MapError, RingBuf},
@@ -74,6 +75,11 @@ pub enum LoaderError {
          run `gate-agent cleanup --pin-dir {pin_dir}` first, or keep --cgroup-root"
     )]
     RootMismatch { pin_dir: PathBuf, pinned: String, pinned_id: u64, wanted: PathBuf },
+    #[error(
+        "another gate-agent (pid {holder}) holds {pin_dir}: one agent per gate. Stop it first \
+         (a DaemonSet update replaces the pod; it never runs two)"
+    )]
+    Locked { pin_dir: PathBuf, holder: String },
 }
 
 fn map_err(name: &'static str) -> impl FnOnce(MapError) -> LoaderError {
@@ -107,6 +113,9 @@ pub struct Gate {
     layout: Layout,
     maps: Maps,
     events: Option<RingBuf<MapData>>,
+    /// The event ring buffer opened once more, so that its pin can be put back while the
+    /// reader owns the first.
+    events_pin: Option<MapData>,
     gens: generations::Generations,
     info: GateInfo,
     start: Start,
@@ -114,6 +123,8 @@ pub struct Gate {
     egress: Program,
     /// clsact filters attached by this agent (TC_CLSACT keys).
     clsact_done: std::collections::BTreeSet<u64>,
+    /// Held for the agent's life: one agent per gate.
+    _lock: lock::PinLock,
 }
 
 /// A program of the object, as its concrete type.
@@ -139,6 +150,7 @@ impl Gate {
         may_mount: bool,
     ) -> Result<Gate, LoaderError> {
         let layout = pins::prepare(pin_dir, may_mount)?;
+        let lock = lock::lock(pin_dir)?;
         let start = if layout.links().is_empty() { Start::Fresh } else { Start::Adopted };
         let mut loader = EbpfLoader::new();
         for name in names::ALL {
@@ -163,6 +175,7 @@ impl Gate {
                 .try_into()
                 .map_err(map_err(names::EVENTS))?,
         );
+        let events_pin = MapData::from_pin(layout.map(names::EVENTS)).ok();
         let info = maps.info()?;
         let gens = generations::Generations::scan(&mut maps, &info)?;
         Ok(Gate {
@@ -170,11 +183,13 @@ impl Gate {
             layout,
             maps,
             events,
+            events_pin,
             gens,
             info,
             start,
             egress,
             clsact_done: Default::default(),
+            _lock: lock,
         })
     }
 
@@ -188,9 +203,14 @@ impl Gate {
     }
 
     /// Refuse to adopt a gate that protects another cgroup: enforcing elsewhere would open it.
+    /// A gate pinned for the same path whose cgroup was recreated (a new id: a kubelet that
+    /// restarted its slices, a node that rebooted with pins kept) is taken over: its links
+    /// are re-attached to the cgroup that is there now.
     pub fn check_root(&self, root: &GatedRoot) -> Result<(), LoaderError> {
         let pinned = self.info.root_cgroup_id;
-        if self.start == Start::Adopted && pinned != 0 && pinned != root.id {
+        let pinned_path = gate_common::abi::fixed_str_value(&self.info.root_path);
+        let same_path = Path::new(pinned_path) == root.path;
+        if self.start == Start::Adopted && pinned != 0 && pinned != root.id && !same_path {
             return Err(LoaderError::RootMismatch {
                 pin_dir: self.layout.dir.parent().map(Path::to_path_buf).unwrap_or_default(),
                 pinned: gate_common::abi::fixed_str_value(&self.info.root_path).to_owned(),

@@ -175,3 +175,12 @@ impl LinkTarget {
 }
 
 const _: () = assert!(size_of::<RawLinkInfo>() == 32);
+
+/// Wait for an RCU grace period: every BPF program that was running when this is called has
+/// finished when it returns (`membarrier(MEMBARRIER_CMD_GLOBAL)` is `synchronize_rcu()`).
+/// Fails on kernels that refuse the command (nohz_full CPUs).
+pub fn rcu_grace_period() -> io::Result<()> {
+    // SAFETY: membarrier takes plain integers.
+    let rc = unsafe { libc::syscall(libc::SYS_membarrier, libc::MEMBARRIER_CMD_GLOBAL, 0, 0) };
+    if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}

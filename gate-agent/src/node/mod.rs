@@ -168,6 +168,7 @@ pub async fn watch(
     gate: Arc<Mutex<Gate>>,
     mut protected: channel::Receiver<Vec<IpAddr>>,
     verify: Duration,
+    metrics: crate::metrics::AgentMetrics,
 ) {
     if !node.cfg.enabled && node.cfg.uplinks.is_empty() && node.cfg.workloads.is_empty() {
         return;
@@ -216,7 +217,11 @@ pub async fn watch(
         let (node, gate) = (node.clone(), gate.clone());
         let r = tokio::task::spawn_blocking(move || node.sync(&gate, &addrs, false)).await;
         match r {
-            Ok(Ok(_)) => {}
+            Ok(Ok(report)) => {
+                for _ in &report.repaired {
+                    metrics.repaired("tc");
+                }
+            }
             Ok(Err(e)) => tracing::error!(error = %e, "node level: nothing detached, will retry"),
             Err(e) => tracing::error!(error = %e, "node level sync task failed"),
         }
