@@ -81,7 +81,11 @@ impl PolicyWatch {
     pub async fn next(&mut self) -> Option<Trigger> {
         loop {
             if let Some((trigger, at)) = self.pending {
-                tokio::time::sleep_until(at).await;
+                // SIGHUP means now: it cuts a file change's debounce short.
+                let trigger = tokio::select! {
+                    _ = tokio::time::sleep_until(at) => trigger,
+                    _ = self.hup.recv() => Trigger::Sighup,
+                };
                 self.pending = None;
                 // Coalesce what arrived meanwhile.
                 while self.rx.try_recv().is_ok() {}

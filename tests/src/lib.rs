@@ -15,6 +15,7 @@
 pub mod agent;
 pub mod bench;
 pub mod bins;
+pub mod bpfmap;
 pub mod cgroups;
 pub mod imds;
 pub mod kubeapi;

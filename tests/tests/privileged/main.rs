@@ -13,6 +13,7 @@
 //! | [`terminate`] | connections established before the gate |
 //! | [`tc`] | AF_PACKET frames, a forwarding workload interface, the clsact fallback |
 //! | [`lifecycle`] | kill and adopt, upgrade, policy file edits, log rate limits, cleanup, ABI hand-over |
+//! | [`resilience`] | one agent per gate, repairs, a recreated root, retried applies, policy flips under load |
 //! | [`cluster`] | cluster mode against a Kubernetes API double |
 use std::{path::PathBuf, process::Output, time::Duration};
 
@@ -38,6 +39,7 @@ macro_rules! privileged {
 mod cluster;
 mod enforcement;
 mod lifecycle;
+mod resilience;
 mod tc;
 mod terminate;
 
