@@ -250,10 +250,15 @@ impl GatedRoot {
     }
 
     /// Path relative to the root of the cgroup with id `id` (`.` for the root itself), or
-    /// `None` if no cgroup below the root has it (any more).
+    /// `None` if no cgroup below the root has it (any more). By file handle where the agent
+    /// may open one (O(1)), else by walking the tree.
     pub fn path_of(&self, id: u64) -> Option<PathBuf> {
         if id == self.id {
             return Some(PathBuf::from("."));
+        }
+        match self.path_by_handle(id) {
+            Ok(found) => return found,
+            Err(_) => {} // not permitted (no CAP_DAC_READ_SEARCH) or not supported: walk
         }
         let mut found = None;
         self.visit(|rel, ino| {
@@ -263,6 +268,48 @@ impl GatedRoot {
             found.is_some()
         });
         found
+    }
+}
+
+impl GatedRoot {
+    /// The cgroup with id `id` by file handle: cgroup2 hands out handles of type
+    /// FILEID_KERNFS whose 8 bytes are the cgroup id, so `open_by_handle_at` on the mount
+    /// finds it without a walk. Needs CAP_DAC_READ_SEARCH. `Ok(None)`: no such cgroup, or
+    /// not below the root; `Err`: the lookup itself is not possible here.
+    pub fn path_by_handle(&self, id: u64) -> io::Result<Option<PathBuf>> {
+        use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+        /// `struct file_handle` with room for one kernfs id.
+        #[repr(C)]
+        struct Handle {
+            bytes: u32,
+            ty: i32,
+            id: [u8; 8],
+        }
+        const FILEID_KERNFS: i32 = 0xfe;
+        let mount = std::fs::File::open(&self.mount)?;
+        let mut h = Handle { bytes: 8, ty: FILEID_KERNFS, id: id.to_ne_bytes() };
+        // SAFETY: a valid mount fd and handle; the kernel writes nothing back.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_open_by_handle_at,
+                mount.as_raw_fd(),
+                &mut h as *mut Handle,
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            let e = io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::ESTALE | libc::ENOENT) => Ok(None),
+                _ => Err(e),
+            };
+        }
+        // SAFETY: a new fd we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        let path = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+        Ok(path.strip_prefix(&self.path).ok().map(|rel| {
+            if rel.as_os_str().is_empty() { PathBuf::from(".") } else { rel.to_path_buf() }
+        }))
     }
 }
 

@@ -197,10 +197,10 @@ impl Engine {
             server::serve(cfg.listen, ready.clone(), metrics::registry(shared, &agent_metrics))
                 .await
                 .with_context(|| format!("listening on {}", cfg.listen))?;
-        if let Some(ring) = ring {
+        if let Some((ring, tally)) = ring {
             let sinks = sinks.clone();
             tokio::spawn(async move {
-                if let Err(e) = events::run(ring, sinks, names).await {
+                if let Err(e) = events::run(ring, tally, sinks, names).await {
                     tracing::error!(error = %e, "event reader stopped");
                 }
             });

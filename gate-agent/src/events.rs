@@ -1,14 +1,13 @@
 //! Denial events: ring buffer → one structured log event per denial.
 use std::{
-    collections::HashMap,
     path::PathBuf,
     sync::{Arc, Mutex, RwLock},
     time::{Duration, Instant},
 };
 
-use aya::maps::{MapData, RingBuf};
+use aya::maps::{HashMap, MapData, RingBuf};
 use gate_common::{
-    abi::DenyEvent,
+    abi::{DenyEvent, DenyRate, ENDPOINT_NONE},
     user::{Verdict, read_pod},
 };
 use tokio::io::unix::AsyncFd;
@@ -27,31 +26,54 @@ pub type Namer = std::sync::Arc<dyn Fn(&std::path::Path) -> Option<String> + Sen
 /// first denial is named from then on.
 pub struct CgroupNames {
     root: GatedRoot,
-    cache: HashMap<u64, PathBuf>,
+    cache: std::collections::HashMap<u64, PathBuf>,
     namer: Option<Namer>,
+    /// When the tree was last walked to index every cgroup (where ids cannot be opened by
+    /// handle): at most one walk per [`WALK_EVERY`], however many new ids arrive.
+    walked: Option<Instant>,
 }
+
+/// The least time between two walks of the cgroup tree for names.
+const WALK_EVERY: Duration = Duration::from_millis(200);
+/// Paths cached at most.
+const NAME_CACHE: usize = 65_536;
 
 impl CgroupNames {
     pub fn new(root: GatedRoot) -> Self {
-        Self { root, cache: HashMap::new(), namer: None }
+        Self { root, cache: Default::default(), namer: None, walked: None }
     }
 
     pub fn with_namer(root: GatedRoot, namer: Namer) -> Self {
-        Self { root, cache: HashMap::new(), namer: Some(namer) }
+        Self { root, cache: Default::default(), namer: Some(namer), walked: None }
     }
 
-    /// The cgroup's path relative to the gated root, if it still exists.
+    /// The cgroup's path relative to the gated root, if it still exists: from the cache, by
+    /// file handle, or from a walk that indexes the whole tree at once (at most one per
+    /// [`WALK_EVERY`], so a thousand new cgroups cost a walk, not a thousand).
     pub fn path(&mut self, id: u64) -> Option<PathBuf> {
+        if id == 0 {
+            return None;
+        }
         if let Some(p) = self.cache.get(&id) {
             return Some(p.clone());
         }
-        // Gone already (short-lived cgroup) or not under the root: None.
-        let p = self.root.path_of(id)?;
-        if self.cache.len() > 65_536 {
+        if self.cache.len() > NAME_CACHE {
             self.cache.clear();
         }
-        self.cache.insert(id, p.clone());
-        Some(p)
+        match self.root.path_by_handle(id) {
+            // Gone already (a short-lived cgroup) or not under the root.
+            Ok(None) => return None,
+            Ok(Some(p)) => {
+                self.cache.insert(id, p.clone());
+                return Some(p);
+            }
+            Err(_) => {}
+        }
+        if self.walked.is_none_or(|t| t.elapsed() >= WALK_EVERY) {
+            self.walked = Some(Instant::now());
+            self.cache.extend(self.root.walk().into_iter().map(|(rel, id)| (id, rel)));
+        }
+        self.cache.get(&id).cloned()
     }
 
     pub fn name(&mut self, id: u64) -> String {
@@ -59,6 +81,7 @@ impl CgroupNames {
             Some(p) => {
                 self.namer.as_ref().and_then(|n| n(&p)).unwrap_or_else(|| p.display().to_string())
             }
+            None if id == 0 => "(no socket)".into(),
             None => format!("cgroup-id:{id}"),
         }
     }
@@ -74,21 +97,30 @@ pub struct Denied {
     pub endpoint: String,
 }
 
+/// The name of the endpoint an event names: the policy's, or what stands for none.
+pub fn endpoint_name(ev: &DenyEvent, endpoints: &[String]) -> String {
+    if ev.endpoint == ENDPOINT_NONE {
+        return if ev.sockopt().is_some() { "(side door)" } else { "(unreadable frame)" }.into();
+    }
+    endpoints.get(ev.endpoint as usize).cloned().unwrap_or_else(|| "?".into())
+}
+
 /// Log one event. `endpoints` maps endpoint index to its policy name.
 pub fn log_event(ev: &DenyEvent, cgroup: &str, endpoints: &[String]) {
-    let endpoint = endpoints.get(ev.endpoint as usize).map(String::as_str).unwrap_or("?");
-    let dst = ev.dst();
+    let endpoint = endpoint_name(ev, endpoints);
+    let dst = ev.dst_text();
     let proto = ev.proto_name();
     let comm = ev.comm();
     let hook = ev.hook_name();
+    let sockopt = ev.sockopt();
     if ev.verdict() == Verdict::Audited {
         tracing::info!(
-            cgroup, %dst, port = ev.port, proto, pid = ev.pid, comm, endpoint, verdict = "audited", hook,
+            cgroup, %dst, port = ev.port, proto, pid = ev.pid, comm, endpoint, sockopt, verdict = "audited", hook,
             "would be blocked (audit mode: allowed through)"
         );
     } else {
         tracing::warn!(
-            cgroup, %dst, port = ev.port, proto, pid = ev.pid, comm, endpoint, verdict = "denied", hook,
+            cgroup, %dst, port = ev.port, proto, pid = ev.pid, comm, endpoint, sockopt, verdict = "denied", hook,
             "blocked"
         );
     }
@@ -121,10 +153,15 @@ impl EventSinks {
     }
 }
 
-/// Read events until the task is dropped: count each by workload, log it unless its
-/// workload is over the rate limit, and log a summary of what was suppressed.
+/// Read events until the task is dropped: log each unless its workload is over the log
+/// rate limit, and every second harvest the kernel's per-cgroup tally (DENY_RATE) into the
+/// per-workload counters and the limiter, so that counters miss nothing and the summaries
+/// report every denial that was not logged — also those the kernel counted without sending
+/// an event (it sends at most EVENT_BURST per cgroup and second, so that a hammering
+/// workload cannot crowd a quiet one out of the ring buffer).
 pub async fn run(
     ring: RingBuf<MapData>,
+    tally: HashMap<MapData, u64, DenyRate>,
     sinks: EventSinks,
     mut names: CgroupNames,
 ) -> std::io::Result<()> {
@@ -132,6 +169,7 @@ pub async fn run(
     // the AsyncFd owns the ring buffer.
     let mut fd = unsafe { AsyncFd::register(ring) }.map_err(std::io::Error::from)?;
     let mut limiter = RateLimiter::new(LOG_BURST, LOG_WINDOW, 4096);
+    let mut harvest = Harvest::default();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {
@@ -142,16 +180,12 @@ pub async fn run(
                 while let Some(item) = ring.next() {
                     let Some(ev) = read_pod::<DenyEvent>(&item) else { continue };
                     let cgroup = names.name(ev.cgroup_id);
-                    if let Ok(mut c) = sinks.by_workload.lock() {
-                        c.add(&cgroup);
-                    }
                     if limiter.admit(&cgroup, now) == Admit::Log
                         && let Ok(eps) = sinks.endpoints.read()
                     {
                         log_event(&ev, &cgroup, &eps);
                         if let Some(tx) = &sinks.notify {
-                            let endpoint =
-                                eps.get(ev.endpoint as usize).cloned().unwrap_or_else(|| "?".into());
+                            let endpoint = endpoint_name(&ev, &eps);
                             let _ = tx.send(Denied {
                                 cgroup: names.path(ev.cgroup_id),
                                 workload: cgroup.clone(),
@@ -164,7 +198,15 @@ pub async fn run(
                 guard.clear_ready();
             }
             _ = tick.tick() => {
-                for (cgroup, suppressed) in limiter.flush(Instant::now()) {
+                let now = Instant::now();
+                for (id, n) in harvest.deltas(&tally) {
+                    let workload = names.name(id);
+                    if let Ok(mut c) = sinks.by_workload.lock() {
+                        c.add_n(&workload, n);
+                    }
+                    limiter.tally(&workload, n, now);
+                }
+                for (cgroup, suppressed) in limiter.flush(now) {
                     tracing::warn!(
                         cgroup, suppressed, window_s = LOG_WINDOW.as_secs(),
                         "blocked more often than logged: suppressed denial events"
@@ -172,5 +214,30 @@ pub async fn run(
                 }
             }
         }
+    }
+}
+
+/// The kernel's per-cgroup totals as last read, to turn them into increments.
+#[derive(Default)]
+struct Harvest {
+    last: std::collections::HashMap<u64, u64>,
+}
+
+impl Harvest {
+    /// (cgroup id, denials since the last read) of every cgroup that has new ones. A total
+    /// below the last one means the entry was evicted and counted afresh.
+    fn deltas(&mut self, tally: &HashMap<MapData, u64, DenyRate>) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for (id, rate) in tally.iter().flatten() {
+            seen.insert(id);
+            let last = self.last.insert(id, rate.total).unwrap_or(0);
+            let delta = if rate.total >= last { rate.total - last } else { rate.total };
+            if delta > 0 {
+                out.push((id, delta));
+            }
+        }
+        self.last.retain(|id, _| seen.contains(id));
+        out
     }
 }

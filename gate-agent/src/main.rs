@@ -113,7 +113,12 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            // Two workers: /readyz and /metrics answer while denials are being processed.
+            let rt = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+            {
                 Ok(rt) => rt,
                 Err(e) => {
                     eprintln!("error: starting the runtime: {e}");

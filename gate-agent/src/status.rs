@@ -189,12 +189,12 @@ impl Status {
             .map(|ev| Denial {
                 age_s: now.saturating_sub(ev.ts_ns) as f64 / 1e9,
                 cgroup_id: ev.cgroup_id,
-                dst: ev.dst().to_string(),
+                dst: ev.dst_text(),
                 port: ev.port,
                 proto: ev.proto_name(),
                 pid: ev.pid,
                 comm: ev.comm(),
-                endpoint: names.get(ev.endpoint as usize).cloned().unwrap_or_else(|| "?".into()),
+                endpoint: crate::events::endpoint_name(ev, &names),
                 verdict: Verdict::of_event(ev.verdict).name(),
                 hook: Hook::of_event(ev.hook).map_or("unknown", Hook::name),
             })

@@ -30,6 +30,10 @@ pub mod names {
     /// The last [`RECENT_DENIALS`](super::RECENT_DENIALS) denials, a ring indexed by
     /// CONFIG[[`CONFIG_RECENT_CURSOR`](super::CONFIG_RECENT_CURSOR)], readable without the agent.
     pub const RECENT: &str = "RECENT";
+    /// Per-cgroup denial bookkeeping (cgroup id → [`DenyRate`]): every denial counted, and
+    /// events to the ring buffer capped per cgroup, so one hammering workload cannot crowd
+    /// out another's.
+    pub const DENY_RATE: &str = "DENY_RATE";
     /// Workload-facing interfaces (ifindex) where only an allowed gated socket passes to a
     /// protected endpoint; elsewhere a socket outside the gated root passes too.
     pub const STRICT_IFACES: &str = "STRICT_IFACES";
@@ -38,7 +42,7 @@ pub mod names {
     pub const TC_CLSACT: &str = "TC_CLSACT";
 
     /// Every map of the object, in pin order.
-    pub const ALL: [&str; 14] = [
+    pub const ALL: [&str; 15] = [
         CONFIG,
         POLICY_META,
         PREFIX_V4,
@@ -51,6 +55,7 @@ pub mod names {
         GATE_INFO,
         EP_NAMES,
         RECENT,
+        DENY_RATE,
         STRICT_IFACES,
         TC_CLSACT,
     ];
@@ -70,6 +75,12 @@ pub const MAX_CGROUP_DEPTH: u32 = 32;
 pub const EVENTS_BYTES: u32 = 256 * 1024;
 /// clsact attachments recorded in TC_CLSACT (interfaces × directions).
 pub const MAX_TC_ATTACHMENTS: u32 = 16_384;
+/// Cgroups DENY_RATE tracks (LRU: the least recently denied go first).
+pub const MAX_RATE_CGROUPS: u32 = 65_536;
+/// Events one cgroup may put on the ring buffer per [`EVENT_WINDOW_NS`]; its further denials
+/// are counted in DENY_RATE, not sent.
+pub const EVENT_BURST: u32 = 16;
+pub const EVENT_WINDOW_NS: u64 = 1_000_000_000;
 /// Denials kept in the RECENT map (power of two).
 pub const RECENT_DENIALS: u32 = 16;
 /// Bytes of an endpoint name kept in EP_NAMES (longer names are cut).
@@ -301,6 +312,19 @@ pub struct DenyEvent {
     pub comm: [u8; 16],
 }
 
+/// DENY_RATE value: one cgroup's denials (and, in audit mode, would-be denials).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DenyRate {
+    /// Every denial of the cgroup since it was first seen (atomic adds).
+    pub total: u64,
+    /// Start of the current event window (bpf_ktime_get_ns).
+    pub window_start_ns: u64,
+    /// Events sent in the current window.
+    pub sent: u32,
+    pub _pad: u32,
+}
+
 /// TERMINATE_* values of [`GateInfo::terminate`].
 pub const TERMINATE_UNKNOWN: u32 = 0;
 /// Established connections to protected endpoints are destroyed when a policy takes effect.
@@ -411,6 +435,7 @@ const _: () = {
     assert!(size_of::<AllowKey>() == 16);
     assert!(size_of::<EndpointCounters>() == 24);
     assert!(size_of::<DenyEvent>() == 64);
+    assert!(size_of::<DenyRate>() == 24);
     assert!(EVENTS_BYTES.is_power_of_two());
 };
 

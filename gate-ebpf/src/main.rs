@@ -33,17 +33,18 @@ use aya_ebpf::{
         },
     },
     macros::{cgroup_skb, cgroup_sock_addr, cgroup_sockopt, classifier, map},
-    maps::{Array, HashMap, LpmTrie, PerCpuArray, RingBuf, lpm_trie::Key},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf, lpm_trie::Key},
     programs::{SkBuffContext, SockAddrContext, SockoptContext, TcContext, sk_buff::SkBuff},
 };
 use gate_common::{
     abi::{
-        AllowKey, CONFIG_ACTIVE_GEN, CONFIG_RECENT_CURSOR, DenyEvent, ENDPOINT_NONE, EVENTS_BYTES,
-        EndpointCounters, EndpointName, EpNameKey, GEN_PREFIX_BITS, GateInfo, HOOK_CONNECT4,
-        HOOK_CONNECT6, HOOK_EGRESS4, HOOK_EGRESS6, HOOK_SENDMSG4, HOOK_SENDMSG6, HOOK_SETSOCKOPT,
-        HOOK_TC4, HOOK_TC6, MAX_ALLOWED_CGROUPS, MAX_ENDPOINTS, MAX_PORT_RULES, MAX_TC_ATTACHMENTS,
-        NODE_GATE_FORWARDED, NUM_CONFIG, NUM_STATS, PolicyMeta, PortRuleKey, PrefixV4, PrefixV6,
-        PrefixValue, RECENT_DENIALS, STAT_EVENTS_LOST, TcClsact, VERDICT_ALLOWED, VERDICT_DENIED,
+        AllowKey, CONFIG_ACTIVE_GEN, CONFIG_RECENT_CURSOR, DenyEvent, DenyRate, ENDPOINT_NONE,
+        EVENT_BURST, EVENT_WINDOW_NS, EVENTS_BYTES, EndpointCounters, EndpointName, EpNameKey,
+        GEN_PREFIX_BITS, GateInfo, HOOK_CONNECT4, HOOK_CONNECT6, HOOK_EGRESS4, HOOK_EGRESS6,
+        HOOK_SENDMSG4, HOOK_SENDMSG6, HOOK_SETSOCKOPT, HOOK_TC4, HOOK_TC6, MAX_ALLOWED_CGROUPS,
+        MAX_ENDPOINTS, MAX_PORT_RULES, MAX_RATE_CGROUPS, MAX_TC_ATTACHMENTS, NODE_GATE_FORWARDED,
+        NUM_CONFIG, NUM_STATS, PolicyMeta, PortRuleKey, PrefixV4, PrefixV6, PrefixValue,
+        RECENT_DENIALS, STAT_EVENTS_LOST, TcClsact, VERDICT_ALLOWED, VERDICT_DENIED,
         VERDICT_UNMATCHED, stat_slot,
     },
     packet::{
@@ -86,6 +87,8 @@ static GATE_INFO: Array<GateInfo> = Array::with_max_entries(1, 0);
 #[map]
 static EP_NAMES: HashMap<EpNameKey, EndpointName> =
     HashMap::with_max_entries(2 * MAX_ENDPOINTS, BPF_F_NO_PREALLOC);
+#[map]
+static DENY_RATE: LruHashMap<u64, DenyRate> = LruHashMap::with_max_entries(MAX_RATE_CGROUPS, 0);
 #[map]
 static STRICT_IFACES: HashMap<u32, u32> =
     HashMap::with_max_entries(MAX_TC_ATTACHMENTS, BPF_F_NO_PREALLOC);
@@ -225,6 +228,9 @@ fn report(caller: &Caller, cgroup_id: u64, verdict: u32, endpoint: u32, what: Re
         comm,
     };
     remember(&ev);
+    if !within_event_budget(cgroup_id, ev.ts_ns) {
+        return;
+    }
     match EVENTS.reserve::<DenyEvent>(0) {
         Some(mut entry) => {
             entry.write(ev);
@@ -232,6 +238,34 @@ fn report(caller: &Caller, cgroup_id: u64, verdict: u32, endpoint: u32, what: Re
         }
         None => bump(STAT_EVENTS_LOST),
     }
+}
+
+/// Count the denial for its cgroup, and whether its event may go on the ring buffer: at most
+/// EVENT_BURST per cgroup and window. The total is exact (atomic); the window bookkeeping
+/// races harmlessly between CPUs (a few events more or fewer in a window).
+#[inline(always)]
+fn within_event_budget(cgroup_id: u64, now: u64) -> bool {
+    let Some(st) = DENY_RATE.get_ptr_mut(&cgroup_id) else {
+        let fresh = DenyRate { total: 1, window_start_ns: now, sent: 1, _pad: 0 };
+        // A full LRU map evicts its least recently used entry; an insert that still fails
+        // loses the count, not the event.
+        let _ = DENY_RATE.insert(&cgroup_id, &fresh, 0);
+        return true;
+    };
+    // SAFETY: `st` points into the map's value; the counter is shared by all CPUs, hence the
+    // atomic add; the window fields are plain stores (see above).
+    unsafe {
+        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*st).total, 1);
+        if now.wrapping_sub((*st).window_start_ns) >= EVENT_WINDOW_NS {
+            (*st).window_start_ns = now;
+            (*st).sent = 0;
+        }
+        if (*st).sent >= EVENT_BURST {
+            return false;
+        }
+        (*st).sent += 1;
+    }
+    true
 }
 
 /// Keep the event in the RECENT ring, which `gate-agent status` reads without the agent.

@@ -293,7 +293,7 @@ impl State {
             "{}{} to {}:{}/{} ({}) refused: cloud instance metadata is not for workloads",
             container.map(|c| format!("container {c}: ")).unwrap_or_default(),
             d.event.comm(),
-            d.event.dst(),
+            d.event.dst_text(),
             d.event.port,
             d.event.proto_name(),
             d.endpoint,

@@ -238,9 +238,16 @@ impl Gate {
         removed
     }
 
-    /// The denial event ring buffer (taken once, by the event reader).
-    pub fn take_events(&mut self) -> Option<RingBuf<MapData>> {
-        self.events.take()
+    /// What the event reader reads (taken once): the denial event ring buffer, and the
+    /// per-cgroup tally (DENY_RATE, opened again so that the reader needs no lock).
+    pub fn take_events(
+        &mut self,
+    ) -> Option<(RingBuf<MapData>, aya::maps::HashMap<MapData, u64, gate_common::abi::DenyRate>)>
+    {
+        let ring = self.events.take()?;
+        let data = MapData::from_pin(self.layout.map(names::DENY_RATE)).ok()?;
+        let tally = aya::maps::Map::from_map_data(data).ok()?.try_into().ok()?;
+        Some((ring, tally))
     }
 
     pub fn maps(&self) -> &Maps {
