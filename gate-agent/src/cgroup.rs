@@ -256,9 +256,9 @@ impl GatedRoot {
         if id == self.id {
             return Some(PathBuf::from("."));
         }
-        match self.path_by_handle(id) {
-            Ok(found) => return found,
-            Err(_) => {} // not permitted (no CAP_DAC_READ_SEARCH) or not supported: walk
+        // Not permitted (no CAP_DAC_READ_SEARCH) or not supported: walk.
+        if let Ok(found) = self.path_by_handle(id) {
+            return found;
         }
         let mut found = None;
         self.visit(|rel, ino| {
@@ -286,6 +286,9 @@ impl GatedRoot {
             id: [u8; 8],
         }
         const FILEID_KERNFS: i32 = 0xfe;
+        if fs_type(&self.mount)? != CGROUP2_SUPER_MAGIC {
+            return Err(io::Error::from(io::ErrorKind::Unsupported));
+        }
         let mount = std::fs::File::open(&self.mount)?;
         let mut h = Handle { bytes: 8, ty: FILEID_KERNFS, id: id.to_ne_bytes() };
         // SAFETY: a valid mount fd and handle; the kernel writes nothing back.
