@@ -255,17 +255,17 @@ impl Engine {
     /// Destroy established connections the live policy denies (`--terminate-established`)
     /// and record in the pinned gate whether the kernel can.
     async fn terminate_established(&mut self, allow: AllowSet) {
-        let state = if !self.cfg.terminate_established {
-            TerminateState::Off
+        let (state, netns, hidden) = if !self.cfg.terminate_established {
+            (TerminateState::Off, 0, 0)
         } else {
             match terminate::after_policy_change(&self.root, &self.policy, allow).await {
-                Some(r) if r.unsupported.is_some() => TerminateState::Unsupported,
-                Some(_) => TerminateState::On,
-                None => TerminateState::Unknown,
+                Some(r) if r.unsupported.is_some() => (TerminateState::Unsupported, r.netns, r.hidden),
+                Some(r) => (TerminateState::On, r.netns, r.hidden),
+                None => (TerminateState::Unknown, 0, 0),
             }
         };
         if let Ok(mut g) = self.gate.lock()
-            && let Err(e) = g.set_terminate(state)
+            && let Err(e) = g.set_terminate(state, netns, hidden)
         {
             tracing::warn!(error = %e, "recording the terminate-established state");
         }

@@ -33,6 +33,18 @@ pub struct Status {
     pub events_lost: u64,
     pub recent_denials: Vec<Denial>,
     pub terminate_established: &'static str,
+    /// What the last terminate-established scan could see.
+    pub terminate_scan: TerminateScan,
+}
+
+/// What the last terminate-established scan could see.
+#[derive(Debug, Default, Serialize)]
+pub struct TerminateScan {
+    /// Network namespaces scanned.
+    pub netns: u32,
+    /// Gated processes whose network namespace the agent could not open (a pod without
+    /// hostPID): their connections were not checked.
+    pub hidden_processes: u32,
 }
 
 #[derive(Debug, Serialize)]
@@ -121,6 +133,7 @@ impl Status {
             events_lost: 0,
             recent_denials: Vec::new(),
             terminate_established: "unknown",
+            terminate_scan: TerminateScan::default(),
         };
         if !layout.dir.join("maps").exists() {
             return Ok(status);
@@ -143,6 +156,10 @@ impl Status {
         status.cgroup_root = fixed_str_value(&info.root_path).to_owned();
         status.cgroup_root_id = info.root_cgroup_id;
         status.terminate_established = TerminateState::from_kernel(info.terminate).name();
+        status.terminate_scan = TerminateScan {
+            netns: info.terminate_netns,
+            hidden_processes: info.terminate_hidden,
+        };
         let generation = maps.active()?;
         let meta = maps.policy_meta(generation)?;
         let names = maps.endpoint_names(generation, meta.endpoints);
@@ -267,7 +284,19 @@ impl Status {
                 let _ = writeln!(o, "policy: none applied");
             }
         }
-        let _ = writeln!(o, "terminate-established: {}", self.terminate_established);
+        let _ = write!(o, "terminate-established: {}", self.terminate_established);
+        if self.terminate_established == "on" {
+            let _ = write!(o, " (last scan: {} network namespaces", self.terminate_scan.netns);
+            if self.terminate_scan.hidden_processes > 0 {
+                let _ = write!(
+                    o,
+                    "; {} gated processes not visible to the agent: run it with hostPID",
+                    self.terminate_scan.hidden_processes
+                );
+            }
+            let _ = write!(o, ")");
+        }
+        let _ = writeln!(o);
         let _ = writeln!(o, "decisions (unmatched/allowed/denied/audited):");
         for h in
             self.decisions.iter().filter(|h| h.unmatched + h.allowed + h.denied + h.audited > 0)

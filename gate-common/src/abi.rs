@@ -351,6 +351,10 @@ pub struct GateInfo {
     pub agent_pid: u32,
     /// TERMINATE_*.
     pub terminate: u32,
+    /// The last terminate-established scan: network namespaces scanned, and gated processes
+    /// whose namespace the agent could not open (see `status`).
+    pub terminate_netns: u32,
+    pub terminate_hidden: u32,
     /// NUL-padded platform name of the policy.
     pub platform: [u8; 32],
     /// NUL-padded absolute path of the gated root (cut at 255 bytes).
@@ -366,6 +370,8 @@ impl Default for GateInfo {
             applied_at_ms: 0,
             agent_pid: 0,
             terminate: TERMINATE_UNKNOWN,
+            terminate_netns: 0,
+            terminate_hidden: 0,
             platform: [0; 32],
             root_path: [0; 256],
         }
@@ -421,7 +427,7 @@ pub fn fixed_str_value(b: &[u8]) -> &str {
 
 const _: () = {
     use core::mem::size_of;
-    assert!(size_of::<GateInfo>() == 328);
+    assert!(size_of::<GateInfo>() == 336);
     assert!(size_of::<EpNameKey>() == 8);
     assert!(size_of::<TcClsact>() == 256);
     assert!(size_of::<EndpointName>() == ENDPOINT_NAME_BYTES);

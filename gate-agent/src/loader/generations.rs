@@ -188,6 +188,8 @@ impl Gate {
                 .map_or(0, |d| d.as_millis() as u64),
             agent_pid: std::process::id(),
             terminate: TerminateState::Unknown.id(),
+            terminate_netns: 0,
+            terminate_hidden: 0,
             platform: fixed_str(install.platform),
             root_path: fixed_str(&root.path.to_string_lossy()),
         };
@@ -209,9 +211,17 @@ impl Gate {
         }
     }
 
-    /// Record whether established connections are terminated, for `status`.
-    pub fn set_terminate(&mut self, state: TerminateState) -> Result<(), LoaderError> {
+    /// Record whether established connections are terminated, and what the last scan could
+    /// see (namespaces scanned, gated processes it could not look into), for `status`.
+    pub fn set_terminate(
+        &mut self,
+        state: TerminateState,
+        netns: usize,
+        hidden: usize,
+    ) -> Result<(), LoaderError> {
         self.info.terminate = state.id();
+        self.info.terminate_netns = netns.min(u32::MAX as usize) as u32;
+        self.info.terminate_hidden = hidden.min(u32::MAX as usize) as u32;
         self.maps.info.set(0, self.info, 0).map_err(map_err(names::GATE_INFO))
     }
 

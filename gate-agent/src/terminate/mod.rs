@@ -121,6 +121,10 @@ pub struct Report {
     pub udp_unsupported: bool,
     /// Namespaces that could not be scanned completely (the others were).
     pub errors: Vec<TerminateError>,
+    /// Gated processes whose network namespace the agent could not open: not in its pid
+    /// namespace (a pod without hostPID), or exited during the scan. Their connections were
+    /// not checked (their packets are still dropped).
+    pub hidden: usize,
 }
 
 impl Report {
@@ -129,10 +133,18 @@ impl Report {
         match self.unsupported {
             Some(why) => format!("terminate-established: unsupported by this kernel ({why})"),
             None => format!(
-                "terminate-established: on ({} destroyed in {} network namespaces{})",
+                "terminate-established: on ({} destroyed in {} network namespaces{}{})",
                 self.destroyed.len(),
                 self.netns,
-                if self.udp_unsupported { "; UDP unsupported by this kernel" } else { "" }
+                if self.udp_unsupported { "; UDP unsupported by this kernel" } else { "" },
+                if self.hidden > 0 {
+                    format!(
+                        "; {} gated processes' namespaces not visible (run with hostPID)",
+                        self.hidden
+                    )
+                } else {
+                    String::new()
+                }
             ),
         }
     }
@@ -146,6 +158,7 @@ impl Report {
         self.unsupported = self.unsupported.or(o.unsupported);
         self.udp_unsupported |= o.udp_unsupported;
         self.errors.extend(o.errors);
+        self.hidden += o.hidden;
     }
 }
 
@@ -244,6 +257,7 @@ pub async fn after_policy_change(
         scanned = report.scanned,
         destroyed = report.destroyed.len(),
         audited = report.audited.len(),
+        hidden = report.hidden,
         status = %report.status_line(),
         "established connections checked"
     );

@@ -44,15 +44,16 @@ fn container_cgroup(uid: &str, id: &str) -> String {
     )
 }
 
-struct Cluster {
-    env: Env,
+pub(super) struct Cluster {
+    pub(super) env: Env,
     api: KubeApi,
     ccm: String,
-    web: String,
+    /// The `web` pod's container cgroup, relative to the tree's base.
+    pub(super) web: String,
     dir: PathBuf,
 }
 
-fn cluster() -> Cluster {
+pub(super) fn cluster() -> Cluster {
     let env = Env::new("enforce");
     let api = KubeApi::start_in(&env.net.node_path(), Some("s3cret")).expect("API double");
     api.put(INFRASTRUCTURES, kubeapi::infrastructure("AWS"));
@@ -101,7 +102,7 @@ impl Cluster {
         self.api.kubeconfig(&path, token).expect("kubeconfig")
     }
 
-    fn start(&mut self) {
+    pub(super) fn start(&mut self) {
         self.start_with(&[]);
     }
 
