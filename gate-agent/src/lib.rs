@@ -14,6 +14,7 @@ pub mod policy;
 pub mod ratelimit;
 pub mod server;
 pub mod standalone;
+pub mod state;
 pub mod status;
 pub mod terminate;
 pub mod watch;

@@ -259,6 +259,8 @@ pub struct Policy {
     image: Arc<Image>,
     /// Digest of everything above but `source` (see [`Policy::hash`]).
     hash: PolicyHash,
+    /// The document as written (what a node keeps for its boot step).
+    text: Arc<str>,
 }
 
 /// A policy that cannot be read or is not valid.
@@ -302,7 +304,14 @@ impl Policy {
     /// `configmap ns/name`).
     pub fn parse(source: &str, text: &str) -> Result<Policy, PolicyError> {
         let raw = validate::deserialize(source, text)?;
-        validate::validate(source, raw)
+        let mut policy = validate::validate(source, raw)?;
+        policy.text = text.into();
+        Ok(policy)
+    }
+
+    /// The document as written.
+    pub fn text(&self) -> &str {
+        &self.text
     }
 
     /// A policy from validated parts: compiles the endpoints (rule-count and table limits are
@@ -324,6 +333,7 @@ impl Policy {
             allow,
             image: Arc::new(image),
             hash: PolicyHash::default(),
+            text: Arc::from(""),
         };
         policy.hash = PolicyHash(fnv1a64(policy.canonical().as_bytes()));
         Ok(policy)
