@@ -5,9 +5,7 @@ use clap::Parser as _;
 use gate_agent::{
     cli::{Cli, Command, LogFormat},
     config::RunMode,
-    loader,
-    policy::Policy,
-    standalone,
+    loader, policy, standalone,
     status::Status,
 };
 use tracing_subscriber::EnvFilter;
@@ -23,18 +21,24 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-fn check(files: &[std::path::PathBuf]) -> ExitCode {
+fn check(files: &[std::path::PathBuf], platform: Option<&str>) -> ExitCode {
     let mut ok = true;
     for f in files {
-        match Policy::load(f) {
-            Ok(p) => println!(
-                "{}: ok (platform {}, {:?}, {} endpoints, {} allow entries)",
-                f.display(),
-                p.platform,
-                p.mode,
-                p.endpoints.len(),
-                p.allow.len()
-            ),
+        match policy::check::check_file(f, platform) {
+            Ok(c) => {
+                let p = &c.policy;
+                println!(
+                    "{}: ok (platform {}, {:?}, {} endpoints, {} allow entries)",
+                    f.display(),
+                    p.platform,
+                    p.mode,
+                    p.endpoints.len(),
+                    p.allow.len()
+                );
+                for w in &c.warnings {
+                    eprintln!("{w}");
+                }
+            }
             Err(e) => {
                 ok = false;
                 eprintln!("{e}");
@@ -47,7 +51,7 @@ fn check(files: &[std::path::PathBuf]) -> ExitCode {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Check { files } => check(&files),
+        Command::Check { files, platform } => check(&files, platform.as_deref()),
         Command::Status { pin_dir, json } => match Status::read(&pin_dir) {
             Ok(st) => {
                 if json {

@@ -496,3 +496,25 @@ fn a_wrong_entry_is_caught() {
     assert_eq!(allowed.len(), 1);
     assert_eq!(Some(&allowed[0].0), pod.container_cgroup(CgroupDriver::Systemd, probe).as_ref());
 }
+
+/// The shipped policies pass their own `gate-agent check`: no neighbour protected, no part of
+/// a metadata service left open, no namespace allowed wholesale. The profiles' only warning is
+/// their audit mode (they ship in audit on purpose: deploy/profiles/*/).
+#[test]
+fn shipped_policies_pass_check_without_warnings() {
+    let mut problems = Vec::new();
+    for f in all_files() {
+        let c = gate_agent::policy::check::check_file(&f, None).unwrap_or_else(|e| panic!("{e}"));
+        let in_profile = f.starts_with(profiles_dir());
+        for w in c.warnings {
+            if in_profile && w.field == "mode" {
+                continue;
+            }
+            problems.push(w.to_string());
+        }
+        if in_profile {
+            assert_eq!(c.policy.mode, Mode::Audit, "{}: profiles ship in audit mode", f.display());
+        }
+    }
+    assert!(problems.is_empty(), "warnings on shipped policies:\n  {}", problems.join("\n  "));
+}
