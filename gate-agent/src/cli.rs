@@ -121,6 +121,10 @@ pub enum Command {
         /// External/oci, ...); default: the ConfigMap's name, else the policy's `platform`
         #[arg(long, value_name = "PLATFORM")]
         platform: Option<String>,
+        /// Print one JSON array instead (per file: the checked policy, what is known about its
+        /// platform, the warnings; or the error); the exit status is the same
+        #[arg(long)]
+        json: bool,
         /// Policy files (YAML, the schema of docs/policy.md), or policy ConfigMap manifests
         /// (data key policy.yaml, as in deploy/policies/)
         #[arg(required = true, value_name = "FILE")]

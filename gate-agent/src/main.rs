@@ -21,10 +21,12 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-fn check(files: &[std::path::PathBuf], platform: Option<&str>) -> ExitCode {
+fn check(files: &[std::path::PathBuf], platform: Option<&str>, json: bool) -> ExitCode {
     let mut ok = true;
+    let mut out = Vec::new();
     for f in files {
         match policy::check::check_file(f, platform) {
+            Ok(c) if json => out.push(c.to_json()),
             Ok(c) => {
                 let p = &c.policy;
                 println!(
@@ -41,9 +43,18 @@ fn check(files: &[std::path::PathBuf], platform: Option<&str>) -> ExitCode {
             }
             Err(e) => {
                 ok = false;
-                eprintln!("{e}");
+                if json {
+                    out.push(serde_json::json!({
+                        "source": e.source, "error": {"field": e.field, "reason": e.reason},
+                    }));
+                } else {
+                    eprintln!("{e}");
+                }
             }
         }
+    }
+    if json {
+        println!("{}", serde_json::Value::Array(out));
     }
     if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
@@ -51,7 +62,7 @@ fn check(files: &[std::path::PathBuf], platform: Option<&str>) -> ExitCode {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Check { files, platform } => check(&files, platform.as_deref()),
+        Command::Check { files, platform, json } => check(&files, platform.as_deref(), json),
         Command::Status { pin_dir, json } => match Status::read(&pin_dir) {
             Ok(st) => {
                 if json {

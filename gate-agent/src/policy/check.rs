@@ -48,6 +48,44 @@ pub struct Checked {
     pub warnings: Vec<Warning>,
 }
 
+impl Checked {
+    /// The policy and the findings as JSON (`gate-agent check --json`): the platform it was
+    /// checked for, mode, endpoints, allow entry names, what the platform table knows about
+    /// the platform (`metadata`, `keepOpen`: `{what, net, ports, protocols}`) and the warnings.
+    pub fn to_json(&self) -> serde_json::Value {
+        let facts = platforms::facts(&self.platform);
+        let services = |list: &[Service]| {
+            list.iter()
+                .map(|s| {
+                    serde_json::json!({
+                        "what": s.what,
+                        "net": s.net().to_string(),
+                        "ports": s.ports,
+                        "protocols": s.protocols.iter().map(|p| p.as_str()).collect::<Vec<_>>(),
+                    })
+                })
+                .collect::<Vec<_>>()
+        };
+        serde_json::json!({
+            "source": self.policy.source,
+            "platform": self.platform,
+            "mode": self.policy.mode.name(),
+            "endpoints": self.policy.endpoints.iter().map(|e| serde_json::json!({
+                "name": e.name,
+                "cidr": e.cidr.to_string(),
+                "ports": e.ports,
+                "protocols": e.protocols.iter().map(|p| p.as_str()).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+            "allow": self.policy.allow.iter().map(|a| a.name.clone()).collect::<Vec<_>>(),
+            "metadata": facts.map(|f| services(f.metadata)).unwrap_or_default(),
+            "keepOpen": facts.map(|f| services(f.keep_open)).unwrap_or_default(),
+            "warnings": self.warnings.iter().map(|w| serde_json::json!({
+                "field": w.field, "reason": w.reason,
+            })).collect::<Vec<_>>(),
+        })
+    }
+}
+
 /// Read, validate and check one file: a policy document, or a ConfigMap manifest with the
 /// policy under `data["policy.yaml"]` (as deploy/policies/ ships them). `platform` is
 /// `--platform`.
@@ -442,6 +480,29 @@ mod tests {
             Warning { source: "f".into(), field: "mode".into(), reason: "r".into() }.to_string(),
             "warning: f: mode: r"
         );
+    }
+
+    #[test]
+    fn json_has_what_a_packet_test_needs() {
+        let text = format!(
+            "platform: GCP\nmode: audit\nendpoints:\n  - {{name: md, cidr: 169.254.169.254/32, ports: [80, 443, 8080], protocols: [TCP]}}\n{ALLOW}"
+        );
+        let j = check(policy(&text), None, None).to_json();
+        assert_eq!(j["platform"], "GCP");
+        assert_eq!(j["mode"], "audit");
+        assert_eq!(j["endpoints"][0]["cidr"], "169.254.169.254/32");
+        assert_eq!(j["endpoints"][0]["ports"], serde_json::json!([80, 443, 8080]));
+        assert_eq!(j["endpoints"][0]["protocols"], serde_json::json!(["TCP"]));
+        assert_eq!(j["allow"], serde_json::json!(["ccm"]));
+        assert_eq!(j["keepOpen"][0]["ports"], serde_json::json!([53]));
+        assert_eq!(j["keepOpen"][1]["protocols"], serde_json::json!(["UDP"]));
+        let fields: Vec<&str> = j["warnings"]
+            .as_array()
+            .expect("list")
+            .iter()
+            .filter_map(|w| w["field"].as_str())
+            .collect();
+        assert!(fields.contains(&"mode") && fields.contains(&"endpoints"), "{fields:?}");
     }
 
     #[test]
