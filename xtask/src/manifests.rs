@@ -711,14 +711,22 @@ mod tests {
         assert!(check_object(&o)[0].contains("unknown kind \"Secret\""));
     }
 
+    /// A DaemonSet d/n with one container `c`; `container` and `pod` are more YAML lines for
+    /// the container and the pod spec.
+    fn daemonset(container: &str, pod: &str) -> Object {
+        obj(&format!(
+            "apiVersion: apps/v1\nkind: DaemonSet\nmetadata: {{name: d, namespace: n}}\nspec:\n  \
+             selector: {{matchLabels: {{a: b}}}}\n  template:\n    metadata: {{labels: {{a: b}}}}\n    \
+             spec:\n      containers:\n        - name: c\n          image: i\n          \
+             {container}\n      {pod}\n"
+        ))
+    }
+
     #[test]
     fn bidirectional_needs_privileged() {
-        let ds = obj(
-            "apiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: d, namespace: n}\nspec:\n  \
-             selector: {matchLabels: {a: b}}\n  template:\n    metadata: {labels: {a: b}}\n    \
-             spec:\n      containers:\n        - name: c\n          image: i\n          \
-             volumeMounts: [{name: v, mountPath: /x, mountPropagation: Bidirectional}]\n      \
-             volumes: [{name: v, hostPath: {path: /x}}]\n",
+        let ds = daemonset(
+            "volumeMounts: [{name: v, mountPath: /x, mountPropagation: Bidirectional}]",
+            "volumes: [{name: v, hostPath: {path: /x}}]",
         );
         let problems = check_daemonsets(&[ds]);
         assert!(problems.iter().any(|p| p.contains("Bidirectional")), "{problems:?}");
@@ -726,12 +734,7 @@ mod tests {
 
     #[test]
     fn a_fixed_platform_needs_its_policy_in_the_render() {
-        let ds = obj(
-            "apiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: d, namespace: n}\nspec:\n  \
-             selector: {matchLabels: {a: b}}\n  template:\n    metadata: {labels: {a: b}}\n    \
-             spec:\n      containers:\n        - name: c\n          image: i\n          \
-             args: [run, --platform, External/oci, --gate-scope, pods]\n",
-        );
+        let ds = daemonset("args: [run, --platform, External/oci, --gate-scope, pods]", "");
         let c = ds.value.pointer("/spec/template/spec/containers/0").cloned().expect("container");
         let problems = check_agent_args(&[], "ds", &[&c], "n");
         assert!(

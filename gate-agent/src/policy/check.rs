@@ -519,29 +519,29 @@ mod tests {
         assert_eq!(platform_of_configmap("other"), None);
         let dir = std::env::temp_dir().join(format!("gate-check-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
-        let cm = dir.join("cm.yaml");
-        std::fs::write(
-            &cm,
+        let file = |name: &str, text: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).expect("write");
+            path
+        };
+        let cm = file(
+            "cm.yaml",
             "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: metadata-gate-policy-gcp, namespace: metadata-gate}\ndata:\n  policy.yaml: |\n    platform: GCP\n    endpoints:\n      - {name: md, cidr: 169.254.169.254/32, ports: [0]}\n",
-        )
-        .expect("write");
+        );
         let e = check_file(&cm, None).expect_err("port 0");
         assert_eq!(
             e.source,
             format!("{} (configmap metadata-gate/metadata-gate-policy-gcp)", cm.display())
         );
         assert_eq!(e.field, "endpoints[0].ports[0]");
-        let broken = dir.join("broken.yaml");
-        std::fs::write(&broken, "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\ndata: {}\n")
-            .expect("write");
+        let broken =
+            file("broken.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\ndata: {}\n");
         let e = check_file(&broken, None).expect_err("no policy.yaml");
         assert_eq!(e.field, "data[\"policy.yaml\"]");
-        let plain = dir.join("plain.yaml");
-        std::fs::write(
-            &plain,
+        let plain = file(
+            "plain.yaml",
             "platform: AWS\nendpoints: [{name: md, cidr: 169.254.169.254/32}]\nbogus: 1\n",
-        )
-        .expect("write");
+        );
         let e = check_file(&plain, None).expect_err("unknown field");
         assert_eq!(e.source, plain.display().to_string(), "a plain policy is reported as before");
         let _ = std::fs::remove_dir_all(&dir);
