@@ -112,9 +112,21 @@ pub enum Command {
     /// Load the gate, apply a policy, keep the allow list current. Standalone with --policy
     /// and --cgroup-root; cluster mode (the DaemonSet) without --policy
     Run(Box<RunArgs>),
-    /// Validate policy files; exit 1 with the field and reason of every problem
+    /// Validate policy files; exit 1 with the field and reason of every problem. Also warn (on
+    /// stderr, exit status unchanged) about a valid policy that protects nothing, protects a
+    /// service its platform's workloads need (DNS, NTP, the EKS Pod Identity agent), leaves
+    /// part of the metadata service open, or allows a namespace wholesale
     Check {
-        /// Policy files (YAML, the schema of DESIGN.md)
+        /// The platform to check against, as `run --platform` names it (AWS, GCP, Azure,
+        /// External/oci, ...); default: the ConfigMap's name, else the policy's `platform`
+        #[arg(long, value_name = "PLATFORM")]
+        platform: Option<String>,
+        /// Print one JSON array instead (per file: the checked policy, what is known about its
+        /// platform, the warnings; or the error); the exit status is the same
+        #[arg(long)]
+        json: bool,
+        /// Policy files (YAML, the schema of docs/policy.md), or policy ConfigMap manifests
+        /// (data key policy.yaml, as in deploy/policies/)
         #[arg(required = true, value_name = "FILE")]
         files: Vec<PathBuf>,
     },

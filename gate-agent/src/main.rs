@@ -5,9 +5,7 @@ use clap::Parser as _;
 use gate_agent::{
     cli::{Cli, Command, LogFormat},
     config::RunMode,
-    loader,
-    policy::Policy,
-    standalone,
+    loader, policy, standalone,
     status::Status,
 };
 use tracing_subscriber::EnvFilter;
@@ -23,23 +21,40 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-fn check(files: &[std::path::PathBuf]) -> ExitCode {
+fn check(files: &[std::path::PathBuf], platform: Option<&str>, json: bool) -> ExitCode {
     let mut ok = true;
+    let mut out = Vec::new();
     for f in files {
-        match Policy::load(f) {
-            Ok(p) => println!(
-                "{}: ok (platform {}, {:?}, {} endpoints, {} allow entries)",
-                f.display(),
-                p.platform,
-                p.mode,
-                p.endpoints.len(),
-                p.allow.len()
-            ),
+        match policy::check::check_file(f, platform) {
+            Ok(c) if json => out.push(c.to_json()),
+            Ok(c) => {
+                let p = &c.policy;
+                println!(
+                    "{}: ok (platform {}, {:?}, {} endpoints, {} allow entries)",
+                    f.display(),
+                    p.platform,
+                    p.mode,
+                    p.endpoints.len(),
+                    p.allow.len()
+                );
+                for w in &c.warnings {
+                    eprintln!("{w}");
+                }
+            }
             Err(e) => {
                 ok = false;
-                eprintln!("{e}");
+                if json {
+                    out.push(serde_json::json!({
+                        "source": e.source, "error": {"field": e.field, "reason": e.reason},
+                    }));
+                } else {
+                    eprintln!("{e}");
+                }
             }
         }
+    }
+    if json {
+        println!("{}", serde_json::Value::Array(out));
     }
     if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
@@ -67,7 +82,7 @@ fn cleanup(pin_dir: &std::path::Path) -> ExitCode {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Check { files } => check(&files),
+        Command::Check { files, platform, json } => check(&files, platform.as_deref(), json),
         Command::Status { pin_dir, json } => match Status::read(&pin_dir) {
             Ok(st) => {
                 if json {

@@ -9,8 +9,9 @@
 //! - cross-object rules the API server or the agent would otherwise only enforce at deploy
 //!   time: Bidirectional mount propagation needs a privileged container, the DaemonSet's
 //!   service account and namespace exist, the SCC allows exactly what the DaemonSet asks
-//!   for and is granted to its service account, and each policy ConfigMap is named after the
-//!   platform its policy names.
+//!   for and is granted to its service account, each policy ConfigMap is named after the
+//!   platform its policy names, and a DaemonSet that fixes its platform (`--platform`) finds
+//!   that platform's policy ConfigMap in the same render.
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
@@ -26,8 +27,15 @@ use serde_json::Value;
 use crate::util::{output, root, show};
 
 /// Kustomize directories, relative to the workspace root. Each must render.
-pub const TARGETS: &[&str] =
-    &["deploy/base", "deploy/policies", "deploy/overlays/openshift", "deploy/overlays/kind"];
+pub const TARGETS: &[&str] = &[
+    "deploy/base",
+    "deploy/policies",
+    "deploy/overlays/openshift",
+    "deploy/overlays/kind",
+    "deploy/profiles/gke",
+    "deploy/profiles/eks",
+    "deploy/profiles/aks",
+];
 
 /// Plain manifests (applied with `kubectl apply -f`), checked object by object.
 pub const PLAIN_DIRS: &[&str] = &["deploy/kind/e2e"];
@@ -486,6 +494,52 @@ fn check_daemonsets(objects: &[Object]) -> Vec<String> {
             problems.push(format!("{label}: service account {ns}/{sa} is not part of this render"));
         }
         problems.extend(check_scc(objects, ds, &spec, &containers, ns, sa));
+        problems.extend(check_agent_args(objects, &label, &containers, ns));
+    }
+    problems
+}
+
+/// The agent's own flags that name objects or values: `--platform NAME` needs the ConfigMap
+/// `metadata-gate-policy-<name>` (lower case, `/` as `-`) in the agent's namespace of the same
+/// render, unless `--policy-configmap` names another; `--gate-scope` takes `all-pods` or
+/// `host-network-only`.
+fn check_agent_args(
+    objects: &[Object],
+    label: &str,
+    containers: &[&Value],
+    ns: &str,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    for c in containers {
+        let args = string_list(c, "/args");
+        let value = |flag: &str| {
+            args.iter().enumerate().find_map(|(i, a)| {
+                a.strip_prefix(&format!("{flag}="))
+                    .map(str::to_owned)
+                    .or_else(|| (a == flag).then(|| args.get(i + 1).cloned().unwrap_or_default()))
+            })
+        };
+        if let Some(scope) = value("--gate-scope")
+            && !matches!(scope.as_str(), "all-pods" | "host-network-only")
+        {
+            problems.push(format!(
+                "{label}: --gate-scope {scope:?}: expected all-pods or host-network-only"
+            ));
+        }
+        let Some(platform) = value("--platform") else { continue };
+        if value("--policy-configmap").is_some() {
+            continue;
+        }
+        let want = format!("{POLICY_PREFIX}{}", platform.to_ascii_lowercase().replace('/', "-"));
+        let found = objects
+            .iter()
+            .any(|o| o.kind() == "ConfigMap" && o.name() == want && o.namespace() == Some(ns));
+        if !found {
+            problems.push(format!(
+                "{label}: --platform {platform} reads ConfigMap {ns}/{want}, which is not part of \
+                 this render"
+            ));
+        }
     }
     problems
 }
@@ -657,17 +711,42 @@ mod tests {
         assert!(check_object(&o)[0].contains("unknown kind \"Secret\""));
     }
 
+    /// A DaemonSet d/n with one container `c`; `container` and `pod` are more YAML lines for
+    /// the container and the pod spec.
+    fn daemonset(container: &str, pod: &str) -> Object {
+        obj(&format!(
+            "apiVersion: apps/v1\nkind: DaemonSet\nmetadata: {{name: d, namespace: n}}\nspec:\n  \
+             selector: {{matchLabels: {{a: b}}}}\n  template:\n    metadata: {{labels: {{a: b}}}}\n    \
+             spec:\n      containers:\n        - name: c\n          image: i\n          \
+             {container}\n      {pod}\n"
+        ))
+    }
+
     #[test]
     fn bidirectional_needs_privileged() {
-        let ds = obj(
-            "apiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: d, namespace: n}\nspec:\n  \
-             selector: {matchLabels: {a: b}}\n  template:\n    metadata: {labels: {a: b}}\n    \
-             spec:\n      containers:\n        - name: c\n          image: i\n          \
-             volumeMounts: [{name: v, mountPath: /x, mountPropagation: Bidirectional}]\n      \
-             volumes: [{name: v, hostPath: {path: /x}}]\n",
+        let ds = daemonset(
+            "volumeMounts: [{name: v, mountPath: /x, mountPropagation: Bidirectional}]",
+            "volumes: [{name: v, hostPath: {path: /x}}]",
         );
         let problems = check_daemonsets(&[ds]);
         assert!(problems.iter().any(|p| p.contains("Bidirectional")), "{problems:?}");
+    }
+
+    #[test]
+    fn a_fixed_platform_needs_its_policy_in_the_render() {
+        let ds = daemonset("args: [run, --platform, External/oci, --gate-scope, pods]", "");
+        let c = ds.value.pointer("/spec/template/spec/containers/0").cloned().expect("container");
+        let problems = check_agent_args(&[], "ds", &[&c], "n");
+        assert!(
+            problems.iter().any(|p| p.contains("n/metadata-gate-policy-external-oci")),
+            "{problems:?}"
+        );
+        assert!(problems.iter().any(|p| p.contains("--gate-scope \"pods\"")), "{problems:?}");
+        let cm = obj(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: metadata-gate-policy-external-oci, namespace: n}\n",
+        );
+        let problems = check_agent_args(&[cm], "ds", &[&c], "n");
+        assert_eq!(problems.len(), 1, "{problems:?}");
     }
 
     #[test]

@@ -33,6 +33,8 @@ use gate_common::user::PolicyHash;
 use globset::GlobMatcher;
 use ipnet::IpNet;
 
+pub mod check;
+pub mod platforms;
 mod schema;
 mod validate;
 
