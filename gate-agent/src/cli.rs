@@ -80,6 +80,7 @@ impl RunArgs {
             },
             listen: self.listen,
             rescan: Duration::from_millis(self.rescan_ms.max(50)),
+            state_dir: self.state_dir,
         })
     }
 }
@@ -138,6 +139,20 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Close the gate on a node that rebooted, before the kubelet starts (run by a systemd
+    /// unit): the last good policy and allow set the agent kept in --state-dir, attached
+    /// and pinned; the agent adopts the gate when it comes up
+    Boot {
+        /// Where the agent kept its state (`run --state-dir`)
+        #[arg(long, value_name = "DIR", default_value = "/var/lib/metadata-gate")]
+        state_dir: PathBuf,
+        #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
+        pin_dir: PathBuf,
+        /// The gated cgroup (created if the kubelet has not yet), e.g.
+        /// /sys/fs/cgroup/kubepods.slice
+        #[arg(long, value_name = "DIR")]
+        cgroup_root: PathBuf,
+    },
     /// Detach and unpin everything under the pin dir: this opens the gate. Refused while an
     /// agent runs on the pin dir (stop it first: a running agent repairs what it finds
     /// missing)
@@ -188,6 +203,11 @@ pub struct RunArgs {
     /// Address for /healthz, /readyz and /metrics
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9750")]
     pub listen: SocketAddr,
+    /// Keep the last good policy, the allow set and a copy of this binary here, for the
+    /// boot step that closes the gate before the kubelet starts (`gate-agent boot`); the
+    /// DaemonSet uses /var/lib/metadata-gate on the host
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
     /// Log format
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

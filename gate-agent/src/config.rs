@@ -14,6 +14,9 @@ pub struct AgentConfig {
     pub listen: SocketAddr,
     /// How often allow globs are re-evaluated and the node-level attachments verified.
     pub rescan: Duration,
+    /// Where the node keeps the last good policy, the allow set and the agent's binary for
+    /// the boot step (`gate-agent boot`); none: nothing is kept.
+    pub state_dir: Option<PathBuf>,
 }
 
 /// Standalone (a policy file, cgroup globs) or cluster (a ConfigMap, pods).

@@ -25,7 +25,9 @@ use crate::{
     metrics::{self, AgentMetrics},
     node::{self, NodeLevel},
     policy::Policy,
-    server, terminate,
+    server,
+    state::{AllowedPath, StateDir},
+    terminate,
 };
 
 /// How a mode finds the allow set of a policy.
@@ -35,11 +37,11 @@ pub trait AllowSource: Send {
 }
 
 /// What the loader installs for `policy` with `allow`.
-fn install<'a>(
+pub(crate) fn install<'a>(
     policy: &'a Policy,
     names: &'a [String],
     allow: &'a AllowSet,
-    node: &NodeLevel,
+    node_flags: u32,
 ) -> Install<'a> {
     Install {
         image: policy.image(),
@@ -48,7 +50,7 @@ fn install<'a>(
         hash: policy.hash(),
         platform: &policy.platform,
         allow,
-        node_flags: node.node_flags(),
+        node_flags,
     }
 }
 
@@ -81,7 +83,7 @@ fn bring_up(
     let result = (|| -> Result<()> {
         gate.check_root(root)?;
         let names = policy.endpoint_names();
-        gate.apply(&install(policy, &names, allow, node), root)
+        gate.apply(&install(policy, &names, allow, node.node_flags()), root)
             .context("writing the policy maps")?;
         let changes =
             gate.attach(root).with_context(|| format!("attaching to {}", root.path.display()))?;
@@ -153,6 +155,8 @@ pub struct Engine {
     pub metrics: AgentMetrics,
     pub ready: Arc<AtomicBool>,
     cfg: GateConfig,
+    /// The node's state for the boot step, if kept.
+    state: Option<StateDir>,
     allow: Box<dyn AllowSource>,
     node: Arc<NodeLevel>,
     /// The live policy's protected addresses, for the node-level watcher.
@@ -221,6 +225,7 @@ impl Engine {
             metrics: agent_metrics,
             ready,
             cfg: cfg.gate.clone(),
+            state: cfg.state_dir.as_deref().map(StateDir::new),
             allow,
             node,
             protected,
@@ -231,6 +236,7 @@ impl Engine {
         };
         // The gate is attached: connections opened before it are cut before we report ready.
         engine.terminate_established(allow_set.clone()).await;
+        engine.keep_state(true);
         let (policy, root) = (&engine.policy, &engine.root);
         engine.ready.store(true, Ordering::Release);
         tracing::info!(
@@ -259,7 +265,9 @@ impl Engine {
             (TerminateState::Off, 0, 0)
         } else {
             match terminate::after_policy_change(&self.root, &self.policy, allow).await {
-                Some(r) if r.unsupported.is_some() => (TerminateState::Unsupported, r.netns, r.hidden),
+                Some(r) if r.unsupported.is_some() => {
+                    (TerminateState::Unsupported, r.netns, r.hidden)
+                }
                 Some(r) => (TerminateState::On, r.netns, r.hidden),
                 None => (TerminateState::Unknown, 0, 0),
             }
@@ -268,6 +276,30 @@ impl Engine {
             && let Err(e) = g.set_terminate(state, netns, hidden)
         {
             tracing::warn!(error = %e, "recording the terminate-established state");
+        }
+    }
+
+    /// Save the live policy and allow set for the boot step (and, at start, the binary).
+    /// Failures are logged: the gate does not depend on them.
+    fn keep_state(&self, starting: bool) {
+        let Some(state) = &self.state else { return };
+        let allowed: Vec<AllowedPath> = match self.gate.lock() {
+            Ok(g) => {
+                let ids = g.allowed();
+                self.root
+                    .walk()
+                    .into_iter()
+                    .filter_map(|(path, id)| Some(AllowedPath { path, entry: ids.get(id)? }))
+                    .collect()
+            }
+            Err(_) => return,
+        };
+        let result = state
+            .save_policy(self.policy.text())
+            .and_then(|()| state.save_allow(&allowed))
+            .and_then(|()| if starting { state.install_binary().map(drop) } else { Ok(()) });
+        if let Err(e) = result {
+            tracing::warn!(dir = %state.dir().display(), error = %e, "keeping the node's state for the boot step");
         }
     }
 
@@ -311,8 +343,11 @@ impl Engine {
         let names = candidate.endpoint_names();
         let applied = self.gate.lock().map_err(|_| anyhow::anyhow!("gate lock poisoned")).and_then(
             |mut g| {
-                g.apply(&install(&candidate, &names, &allow_set, &self.node), &self.root)
-                    .context("writing the policy maps")?;
+                g.apply(
+                    &install(&candidate, &names, &allow_set, self.node.node_flags()),
+                    &self.root,
+                )
+                .context("writing the policy maps")?;
                 Ok(g.info().policy_generation)
             },
         );
@@ -355,6 +390,7 @@ impl Engine {
         self.protected.send_replace(protected_addrs(&candidate));
         self.policy = candidate;
         self.metrics.reload("success");
+        self.keep_state(false);
         if self.cfg.terminate_established {
             self.terminate_established(allow_set).await;
         }
@@ -378,7 +414,9 @@ impl Engine {
         match g.sync_allow(&want) {
             Ok((0, 0)) => {}
             Ok((added, removed)) => {
-                tracing::info!(added, removed, allowed_cgroups = want.len(), "allow set updated")
+                tracing::info!(added, removed, allowed_cgroups = want.len(), "allow set updated");
+                drop(g);
+                self.keep_state(false);
             }
             Err(e) => tracing::error!(error = %e, "updating the allow set"),
         }
@@ -398,8 +436,11 @@ impl Engine {
                 let applied =
                     self.gate.lock().map_err(|_| anyhow::anyhow!("gate lock poisoned")).and_then(
                         |mut g| {
-                            g.apply(&install(&self.policy, &names, &allow, &self.node), &now)
-                                .context("writing the policy maps for the recreated root")?;
+                            g.apply(
+                                &install(&self.policy, &names, &allow, self.node.node_flags()),
+                                &now,
+                            )
+                            .context("writing the policy maps for the recreated root")?;
                             Ok(())
                         },
                     );

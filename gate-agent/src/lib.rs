@@ -1,4 +1,5 @@
 //! metadata-gate agent library: everything but the binary's entry point.
+pub mod boot;
 pub mod cgroup;
 pub mod cli;
 pub mod cluster;

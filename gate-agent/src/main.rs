@@ -82,6 +82,16 @@ fn cleanup(pin_dir: &std::path::Path) -> ExitCode {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Boot { state_dir, pin_dir, cgroup_root } => {
+            init_logging(LogFormat::Text);
+            match gate_agent::boot::run(&state_dir, &pin_dir, &cgroup_root) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Check { files, platform, json } => check(&files, platform.as_deref(), json),
         Command::Status { pin_dir, json } => match Status::read(&pin_dir) {
             Ok(st) => {

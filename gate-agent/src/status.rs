@@ -156,10 +156,8 @@ impl Status {
         status.cgroup_root = fixed_str_value(&info.root_path).to_owned();
         status.cgroup_root_id = info.root_cgroup_id;
         status.terminate_established = TerminateState::from_kernel(info.terminate).name();
-        status.terminate_scan = TerminateScan {
-            netns: info.terminate_netns,
-            hidden_processes: info.terminate_hidden,
-        };
+        status.terminate_scan =
+            TerminateScan { netns: info.terminate_netns, hidden_processes: info.terminate_hidden };
         let generation = maps.active()?;
         let meta = maps.policy_meta(generation)?;
         let names = maps.endpoint_names(generation, meta.endpoints);

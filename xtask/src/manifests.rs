@@ -32,6 +32,7 @@ pub const TARGETS: &[&str] = &[
     "deploy/policies",
     "deploy/overlays/openshift",
     "deploy/overlays/kind",
+    "deploy/overlays/openshift-boot",
     "deploy/profiles/gke",
     "deploy/profiles/eks",
     "deploy/profiles/aks",
@@ -190,10 +191,12 @@ fn check_object(o: &Object) -> Vec<String> {
         ("rbac.authorization.k8s.io/v1", "Role") => typed::<Role>(&o.value),
         ("rbac.authorization.k8s.io/v1", "RoleBinding") => typed::<RoleBinding>(&o.value),
         ("security.openshift.io/v1", "SecurityContextConstraints") => scc_structure(&o.value),
+        ("machineconfiguration.openshift.io/v1", "MachineConfig") => machineconfig(&o.value),
         (api, kind) => Err(vec![format!(
             "unknown kind {kind:?} (apiVersion {api:?}); deploy/ ships only DaemonSet, \
              Namespace, ServiceAccount, ConfigMap, Pod (e2e), ClusterRole, \
-             ClusterRoleBinding, Role, RoleBinding and SecurityContextConstraints"
+             ClusterRoleBinding, Role, RoleBinding, SecurityContextConstraints and \
+             MachineConfig"
         )]),
     };
     let mut problems: Vec<String> = match result {
@@ -242,6 +245,44 @@ fn lost_fields(orig: &Value, back: &Value, path: &str, out: &mut Vec<String>) {
         }
         _ => {}
     }
+}
+
+// ---- MachineConfig (the boot step) ---------------------------------------------------------
+
+/// The boot unit every MachineConfig of ours carries, word for word.
+const BOOT_UNIT: &str = "deploy/boot/metadata-gate-boot.service";
+
+/// A MachineConfig (machineconfiguration.openshift.io/v1, which k8s-openapi does not know):
+/// a role label, an Ignition 3 config, and the boot unit identical to [`BOOT_UNIT`].
+fn machineconfig(v: &Value) -> std::result::Result<(), Vec<String>> {
+    let mut errs = Vec::new();
+    if v.pointer("/metadata/labels/machineconfiguration.openshift.io~1role")
+        .and_then(Value::as_str)
+        .is_none()
+    {
+        errs.push("metadata.labels: machineconfiguration.openshift.io/role is missing".into());
+    }
+    let ignition = v.pointer("/spec/config/ignition/version").and_then(Value::as_str).unwrap_or("");
+    if !ignition.starts_with("3.") {
+        errs.push(format!("spec.config.ignition.version {ignition:?}: Ignition 3.x expected"));
+    }
+    let want = std::fs::read_to_string(root().join(BOOT_UNIT)).unwrap_or_default();
+    let units = v.pointer("/spec/config/systemd/units").and_then(Value::as_array);
+    let unit = units.and_then(|u| u.iter().find(|u| u["name"] == "metadata-gate-boot.service"));
+    match unit {
+        None => {
+            errs.push("spec.config.systemd.units: metadata-gate-boot.service is missing".into())
+        }
+        Some(u) => {
+            if u["enabled"] != Value::Bool(true) {
+                errs.push("metadata-gate-boot.service: enabled must be true".into());
+            }
+            if u["contents"].as_str() != Some(want.as_str()) {
+                errs.push(format!("metadata-gate-boot.service: contents differ from {BOOT_UNIT}"));
+            }
+        }
+    }
+    if errs.is_empty() { Ok(()) } else { Err(errs) }
 }
 
 // ---- SecurityContextConstraints ------------------------------------------------------------

@@ -4,4 +4,5 @@ pub mod identity;
 pub mod kevents;
 pub mod platform;
 pub mod run;
+pub mod taint;
 pub mod watches;

@@ -368,6 +368,8 @@ pub async fn run(cfg: &AgentConfig, args: &ClusterConfig) -> Result<()> {
             engine = Some(
                 Engine::start(cfg, policy, root, allow, names, Some(denied_tx.clone())).await?,
             );
+            // The gate is closed on this node: it may take any pod now.
+            tokio::spawn(super::taint::remove_not_ready(st.client.clone(), node.clone()));
         }
         let input = inputs.next(engine.is_some()).await;
         tracing::debug!(input = input.name(), "input");

@@ -298,3 +298,39 @@ fn host_network_only_scope_gates_only_host_network_pods() {
     c.refused(&rogue, "tcp", IMDS_V4, "80");
     c.env.assert_served(&c.ccm, "tcp", IMDS_V4, "80");
 }
+
+/// New nodes carry `metadata-gate.io/not-ready:NoSchedule` until the gate is closed on them:
+/// the agent removes it from its own Node once ready, and only it.
+#[test]
+fn a_new_nodes_not_ready_taint_is_removed_once_the_gate_is_closed() {
+    privileged!(a_new_nodes_not_ready_taint_is_removed_once_the_gate_is_closed);
+    let mut c = cluster();
+    let mut node = kubeapi::node(NODE, "aws:///us-east-1a/i-0123");
+    node["spec"]["taints"] = json!([
+        {"key": "metadata-gate.io/not-ready", "effect": "NoSchedule"},
+        {"key": "example.com/other", "value": "x", "effect": "NoSchedule"},
+    ]);
+    c.api.put(NODES, node);
+    c.start();
+    c.refused(&c.web, "tcp", IMDS_V4, "80");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let taints = loop {
+        let n = c.api.objects(NODES).into_iter().find(|n| n["metadata"]["name"] == NODE);
+        let taints = n.map(|n| n["spec"]["taints"].clone()).unwrap_or_default();
+        if !taints.to_string().contains("metadata-gate.io/not-ready")
+            || std::time::Instant::now() > deadline
+        {
+            break taints;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(taints, json!([{"key": "example.com/other", "value": "x", "effect": "NoSchedule"}]));
+    assert!(
+        c.env
+            .agent()
+            .find(|v| v["message"].as_str().is_some_and(|m| m.contains("not-ready taint")))
+            .is_some(),
+        "{:#?}",
+        c.env.agent().logs()
+    );
+}

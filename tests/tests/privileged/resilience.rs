@@ -205,3 +205,47 @@ fn policy_flips_under_a_connect_hammer_never_open_the_gate() {
     assert!(!env.imds.wait_for(&t, Duration::from_millis(300)), "hammer token reached the IMDS");
     eprintln!("{flips} policy flips under 3 connect() hammers in {took:?}: none got through");
 }
+
+/// A directory removed on drop.
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn after_a_reboot_the_boot_step_closes_the_gate_before_the_agent_runs() {
+    privileged!(after_a_reboot_the_boot_step_closes_the_gate_before_the_agent_runs);
+    let mut env = Env::new("enforce");
+    let state = TempDir(std::env::temp_dir().join(integration_tests::sys::unique("mg-state")));
+    let state_arg = state.0.to_string_lossy().into_owned();
+    env.start_agent_with(&["--state-dir", &state_arg]);
+    env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
+    assert!(state.0.join("policy.yaml").exists() && state.0.join("allow.json").exists());
+    // The node reboots: bpffs is emptied, the state dir on disk is not. Until something
+    // closes the gate, the path is open.
+    let pin = env.agent().pin_dir.to_string_lossy().into_owned();
+    env.agent.as_mut().expect("agent").stop();
+    let out = env.cleanup(&pin);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    env.assert_served("gated/pod-a", "tcp", IMDS_V4, "80");
+    // The boot step, before any agent: the workload's cgroup already exists, and its very
+    // next connect() is refused.
+    let root = env.cg.gated().to_string_lossy().into_owned();
+    let out = env
+        .gate_agent(
+            &["boot", "--state-dir", &state_arg, "--pin-dir", &pin, "--cgroup-root", &root],
+            Duration::from_secs(30),
+        )
+        .expect("boot step");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
+    env.assert_served("gated/cloud-agent", "tcp", IMDS_V4, "80");
+    // The agent adopts it.
+    env.agent.as_mut().expect("agent").restart_with(&["--state-dir", &state_arg]).expect("agent");
+    let ready = env.agent().find(|v| v["message"] == "ready").expect("ready");
+    assert_eq!(ready["start"], "Adopted", "{ready}");
+    env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
+}

@@ -192,11 +192,8 @@ fn cluster_mode_sees_pod_network_namespaces() {
     c.start();
     let o = held.send(&token("pod-held")).expect("held result");
     assert!(!o.ok, "the pod's pre-existing connection survived: {o:?}");
-    let summary = c
-        .env
-        .agent()
-        .find(|v| v["message"] == "established connections checked")
-        .expect("summary");
+    let summary =
+        c.env.agent().find(|v| v["message"] == "established connections checked").expect("summary");
     assert!(summary["destroyed"].as_u64() >= Some(1), "{summary}");
     assert!(summary["netns"].as_u64() >= Some(2), "the node's and the pod's: {summary}");
     assert_eq!(summary["hidden"], 0, "{summary}");
