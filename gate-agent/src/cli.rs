@@ -86,6 +86,7 @@ impl RunArgs {
 }
 
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/metadata-gate";
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/metadata-gate";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -139,12 +140,57 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Who touched the protected endpoints: every workload with its counts of allowed,
+    /// denied and audited accesses per endpoint and the last time (audit, then report, then
+    /// enforce). Reads the pinned gate, and the agent's state dir for pod names and owners
+    Report {
+        #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
+        pin_dir: PathBuf,
+        /// Where the agent kept workload identities (`run --state-dir`); without it,
+        /// workloads are named by cgroup path
+        #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+        state_dir: PathBuf,
+        /// Print JSON instead of a table
+        #[arg(long)]
+        json: bool,
+    },
+    /// Allow entries for the workloads that were denied or audited (`report`), to review and
+    /// paste under `allow:`: namespace, the owner's labels, service account, containers
+    Suggest {
+        #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
+        pin_dir: PathBuf,
+        #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+        state_dir: PathBuf,
+    },
+    /// The verdict for a workload and destination, and why, decided against the live maps;
+    /// exit 0 passes (unprotected or allowed), 1 denied, 2 audited
+    Explain {
+        #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
+        pin_dir: PathBuf,
+        /// The workload's cgroup: absolute, or relative to the gated root
+        #[arg(long, value_name = "PATH", conflicts_with = "pod", required_unless_present = "pod")]
+        cgroup: Option<PathBuf>,
+        /// Cluster mode: the pod, as NAMESPACE/POD[/CONTAINER] (asks the API server; run it on
+        /// the pod's node, e.g. `kubectl exec` into that node's agent)
+        #[arg(long, value_name = "NS/POD[/CONTAINER]")]
+        pod: Option<String>,
+        /// Kubeconfig for --pod (default: in-cluster, else KUBECONFIG / ~/.kube/config)
+        #[arg(long, value_name = "FILE")]
+        kubeconfig: Option<PathBuf>,
+        /// ADDR[:PORT][/PROTO] (port 80 and TCP when left out); default: every protected
+        /// destination of the live policy
+        #[arg(value_name = "DST")]
+        dst: Option<String>,
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
     /// Close the gate on a node that rebooted, before the kubelet starts (run by a systemd
     /// unit): the last good policy and allow set the agent kept in --state-dir, attached
     /// and pinned; the agent adopts the gate when it comes up
     Boot {
         /// Where the agent kept its state (`run --state-dir`)
-        #[arg(long, value_name = "DIR", default_value = "/var/lib/metadata-gate")]
+        #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
         state_dir: PathBuf,
         #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
         pin_dir: PathBuf,

@@ -194,6 +194,7 @@ impl Engine {
         let gate = Arc::new(Mutex::new(gate));
         let mut sinks = EventSinks::new(policy.endpoint_names());
         sinks.notify = notify;
+        sinks.state_dir = cfg.state_dir.clone();
         let agent_metrics = AgentMetrics::default();
         let ready = Arc::new(AtomicBool::new(false));
         let shared = metrics::Shared { gate: gate.clone(), sinks: sinks.clone() };

@@ -1,25 +1,29 @@
-//! Denial events: ring buffer → one structured log event per denial.
+//! Denial events: ring buffer → one structured log event per denial (within a per-workload
+//! rate limit), and the kernel's access tally → per-workload counters, log summaries and the
+//! identities `gate-agent report` names workloads by.
 use std::{
     path::PathBuf,
     sync::{Arc, Mutex, RwLock},
     time::{Duration, Instant},
 };
 
-use aya::maps::{HashMap, MapData, RingBuf};
+use aya::maps::{MapData, RingBuf};
 use gate_common::{
-    abi::{DenyEvent, DenyRate, ENDPOINT_NONE},
+    abi::{DenyEvent, ENDPOINT_NONE},
     user::{Verdict, read_pod},
 };
 use tokio::io::unix::AsyncFd;
 
 use crate::{
+    access::{Harvest, Identity, Known},
     cgroup::GatedRoot,
+    loader::AccessMap,
     ratelimit::{Admit, RateLimiter, WorkloadCounts},
 };
 
-/// Names a workload from its cgroup path relative to the gated root (cluster mode:
-/// `namespace/pod/container`); `None` keeps the path.
-pub type Namer = std::sync::Arc<dyn Fn(&std::path::Path) -> Option<String> + Send + Sync>;
+/// Identifies a workload from its cgroup path relative to the gated root (cluster mode: the
+/// pod, its container and owner); `None` keeps the path.
+pub type Namer = std::sync::Arc<dyn Fn(&std::path::Path) -> Option<Identity> + Send + Sync>;
 
 /// Turns cgroup ids into workload names: the path relative to the gated root, or what the
 /// mode's [`Namer`] makes of it. Paths are cached; names are not, so a pod seen after its
@@ -76,14 +80,26 @@ impl CgroupNames {
         self.cache.get(&id).cloned()
     }
 
-    pub fn name(&mut self, id: u64) -> String {
+    /// Who the cgroup belongs to.
+    pub fn identity(&mut self, id: u64) -> Identity {
         match self.path(id) {
-            Some(p) => {
-                self.namer.as_ref().and_then(|n| n(&p)).unwrap_or_else(|| p.display().to_string())
-            }
-            None if id == 0 => "(no socket)".into(),
-            None => format!("cgroup-id:{id}"),
+            Some(p) => self
+                .namer
+                .as_ref()
+                .and_then(|n| n(&p))
+                .map(|mut i| {
+                    i.cgroup = Some(p.display().to_string());
+                    i
+                })
+                .unwrap_or_else(|| Identity::cgroup(&p.display().to_string())),
+            None if id == 0 => Identity { workload: "(no socket)".into(), ..Identity::default() },
+            None => Identity { workload: format!("cgroup-id:{id}"), ..Identity::default() },
         }
+    }
+
+    /// What logs and metrics call the cgroup's workload.
+    pub fn name(&mut self, id: u64) -> String {
+        self.identity(id).workload
     }
 }
 
@@ -139,6 +155,10 @@ pub struct EventSinks {
     pub endpoints: Arc<RwLock<Vec<String>>>,
     /// Denials per workload, for /metrics.
     pub by_workload: Arc<Mutex<WorkloadCounts>>,
+    /// Accesses per workload and verdict (allowed, denied, audited), for /metrics.
+    pub accesses: Arc<Mutex<[WorkloadCounts; 3]>>,
+    /// Where the identities of the cgroups seen are kept for `report`, if anywhere.
+    pub state_dir: Option<PathBuf>,
     /// Logged denials are also sent here (cluster mode raises Kubernetes Events).
     pub notify: Option<tokio::sync::mpsc::UnboundedSender<Denied>>,
 }
@@ -148,20 +168,24 @@ impl EventSinks {
         Self {
             endpoints: Arc::new(RwLock::new(endpoints)),
             by_workload: Arc::new(Mutex::new(WorkloadCounts::new(WORKLOAD_LABELS))),
+            accesses: Arc::new(Mutex::new(std::array::from_fn(|_| {
+                WorkloadCounts::new(WORKLOAD_LABELS)
+            }))),
+            state_dir: None,
             notify: None,
         }
     }
 }
 
 /// Read events until the task is dropped: log each unless its workload is over the log
-/// rate limit, and every second harvest the kernel's per-cgroup tally (DENY_RATE) into the
+/// rate limit, and every second harvest the kernel's access tally (ACCESS) into the
 /// per-workload counters and the limiter, so that counters miss nothing and the summaries
 /// report every denial that was not logged — also those the kernel counted without sending
-/// an event (it sends at most EVENT_BURST per cgroup and second, so that a hammering
-/// workload cannot crowd a quiet one out of the ring buffer).
+/// an event (it sends at most EVENT_BURST per cgroup, endpoint and second, so that a
+/// hammering workload cannot crowd a quiet one out of the ring buffer).
 pub async fn run(
     ring: RingBuf<MapData>,
-    tally: HashMap<MapData, u64, DenyRate>,
+    tally: AccessMap,
     sinks: EventSinks,
     mut names: CgroupNames,
 ) -> std::io::Result<()> {
@@ -170,7 +194,11 @@ pub async fn run(
     let mut fd = unsafe { AsyncFd::register(ring) }.map_err(std::io::Error::from)?;
     let mut limiter = RateLimiter::new(LOG_BURST, LOG_WINDOW, 4096);
     let mut harvest = Harvest::default();
+    let mut known =
+        sinks.state_dir.as_deref().and_then(|d| Known::load(d).ok()).unwrap_or_default();
+    let mut known_changed = false;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut ticks: u64 = 0;
     loop {
         tokio::select! {
             guard = fd.readable_mut() => {
@@ -199,12 +227,31 @@ pub async fn run(
             }
             _ = tick.tick() => {
                 let now = Instant::now();
-                for (id, n) in harvest.deltas(&tally) {
-                    let workload = names.name(id);
-                    if let Ok(mut c) = sinks.by_workload.lock() {
-                        c.add_n(&workload, n);
+                ticks += 1;
+                for (key, _, delta) in harvest.read(&tally) {
+                    if delta.is_zero() && known.0.contains_key(&key.cgroup_id) {
+                        continue;
                     }
-                    limiter.tally(&workload, n, now);
+                    let identity = names.identity(key.cgroup_id);
+                    let workload = identity.workload.clone();
+                    if sinks.state_dir.is_some() && identity.cgroup.is_some() {
+                        known.learn(key.cgroup_id, identity);
+                        known_changed = true;
+                    }
+                    let refused = delta.denied + delta.audited;
+                    if let Ok(mut c) = sinks.accesses.lock() {
+                        for (i, n) in [delta.allowed, delta.denied, delta.audited].into_iter().enumerate() {
+                            if n > 0 {
+                                c[i].add_n(&workload, n);
+                            }
+                        }
+                    }
+                    if refused > 0 {
+                        if let Ok(mut c) = sinks.by_workload.lock() {
+                            c.add_n(&workload, refused);
+                        }
+                        limiter.tally(&workload, refused, now);
+                    }
                 }
                 for (cgroup, suppressed) in limiter.flush(now) {
                     tracing::warn!(
@@ -212,32 +259,13 @@ pub async fn run(
                         "blocked more often than logged: suppressed denial events"
                     );
                 }
+                if known_changed && ticks % 10 == 0 && let Some(dir) = &sinks.state_dir {
+                    if let Err(e) = known.save(dir) {
+                        tracing::warn!(error = %e, "keeping workload identities for `report`");
+                    }
+                    known_changed = false;
+                }
             }
         }
-    }
-}
-
-/// The kernel's per-cgroup totals as last read, to turn them into increments.
-#[derive(Default)]
-struct Harvest {
-    last: std::collections::HashMap<u64, u64>,
-}
-
-impl Harvest {
-    /// (cgroup id, denials since the last read) of every cgroup that has new ones. A total
-    /// below the last one means the entry was evicted and counted afresh.
-    fn deltas(&mut self, tally: &HashMap<MapData, u64, DenyRate>) -> Vec<(u64, u64)> {
-        let mut out = Vec::new();
-        let mut seen = std::collections::HashSet::new();
-        for (id, rate) in tally.iter().flatten() {
-            seen.insert(id);
-            let last = self.last.insert(id, rate.total).unwrap_or(0);
-            let delta = if rate.total >= last { rate.total - last } else { rate.total };
-            if delta > 0 {
-                out.push((id, delta));
-            }
-        }
-        self.last.retain(|id, _| seen.contains(id));
-        out
     }
 }

@@ -1,4 +1,5 @@
 //! metadata-gate agent library: everything but the binary's entry point.
+pub mod access;
 pub mod boot;
 pub mod cgroup;
 pub mod cli;
@@ -6,6 +7,7 @@ pub mod cluster;
 pub mod config;
 pub mod engine;
 pub mod events;
+pub mod inspect;
 pub mod loader;
 pub mod metrics;
 pub mod netlink;

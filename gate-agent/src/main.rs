@@ -79,9 +79,105 @@ fn cleanup(pin_dir: &std::path::Path) -> ExitCode {
     }
 }
 
+fn report(pin_dir: &std::path::Path, state_dir: &std::path::Path, json: bool) -> ExitCode {
+    match gate_agent::inspect::report(pin_dir, Some(state_dir)) {
+        Ok(records) if json => match serde_json::to_string_pretty(&records) {
+            Ok(s) => {
+                println!("{s}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Ok(records) => {
+            let now = gate_agent::inspect::now_unix_ms();
+            print!("{}", gate_agent::access::render_table(&records, now));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `explain`: exit 0 passes, 1 denied, 2 audited (the worst over the destinations), 4 error.
+fn explain(
+    pin_dir: &std::path::Path,
+    cgroup: Option<std::path::PathBuf>,
+    pod: Option<String>,
+    kubeconfig: Option<std::path::PathBuf>,
+    dst: Option<String>,
+    json: bool,
+) -> ExitCode {
+    use gate_agent::inspect::{Pinned, explain};
+    let run = || -> anyhow::Result<Vec<explain::Explanation>> {
+        let pinned = Pinned::open(pin_dir)?;
+        let root = pinned.root.clone().ok_or_else(|| {
+            anyhow::anyhow!("the gated root {} no longer exists", pinned.root_path)
+        })?;
+        let path = match (cgroup, pod) {
+            (Some(c), _) if c.is_absolute() => c,
+            (Some(c), _) => root.path.join(c),
+            (None, Some(p)) => tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?
+                .block_on(explain::pod_cgroup(kubeconfig.as_deref(), &p, &root))?,
+            (None, None) => anyhow::bail!("--cgroup or --pod is required"),
+        };
+        let dsts = match dst {
+            Some(d) => vec![explain::parse_dst(&d).map_err(|e| anyhow::anyhow!("{d}: {e}"))?],
+            None => explain::protected_destinations(&pinned),
+        };
+        dsts.iter().map(|d| Ok(explain::explain(&pinned, &path, d)?)).collect()
+    };
+    match run() {
+        Ok(found) => {
+            if json {
+                println!("{}", serde_json::to_string_pretty(&found).unwrap_or_default());
+            } else {
+                for e in &found {
+                    print!("{}", e.render());
+                }
+            }
+            // Denied beats audited beats passing.
+            let codes: Vec<u8> = found.iter().map(|e| e.exit_code()).collect();
+            ExitCode::from(if codes.contains(&1) {
+                1
+            } else if codes.contains(&2) {
+                2
+            } else {
+                0
+            })
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(4)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Report { pin_dir, state_dir, json } => report(&pin_dir, &state_dir, json),
+        Command::Suggest { pin_dir, state_dir } => {
+            match gate_agent::inspect::report(&pin_dir, Some(&state_dir)) {
+                Ok(records) => {
+                    print!("{}", gate_agent::access::suggest(&records));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Explain { pin_dir, cgroup, pod, kubeconfig, dst, json } => {
+            explain(&pin_dir, cgroup, pod, kubeconfig, dst, json)
+        }
         Command::Boot { state_dir, pin_dir, cgroup_root } => {
             init_logging(LogFormat::Text);
             match gate_agent::boot::run(&state_dir, &pin_dir, &cgroup_root) {

@@ -117,6 +117,23 @@ impl Collector for GateCollector {
             ConstCounter::new(*v).encode(fam.encode_family(&labels)?)?;
         }
 
+        let accesses = self.0.sinks.accesses.lock().map(|c| c.each_ref().map(|w| w.snapshot()));
+        let mut fam = enc.encode_descriptor(
+            "metadata_gate_workload_accesses",
+            "Accesses to protected endpoints by workload and verdict, allowed ones included (at most 256 workloads per verdict, the rest as _other)",
+            None,
+            MetricType::Counter,
+        )?;
+        if let Ok(by_verdict) = accesses {
+            let verdicts = [Verdict::Allowed, Verdict::Denied, Verdict::Audited];
+            for (verdict, counts) in verdicts.iter().zip(by_verdict) {
+                for (workload, v) in &counts {
+                    let labels = [("workload", workload.as_str()), ("verdict", verdict.name())];
+                    ConstCounter::new(*v).encode(fam.encode_family(&labels)?)?;
+                }
+            }
+        }
+
         let fam = enc.encode_descriptor(
             "metadata_gate_events_lost",
             "Denial events dropped because the ring buffer was full",

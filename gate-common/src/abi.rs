@@ -30,10 +30,11 @@ pub mod names {
     /// The last [`RECENT_DENIALS`](super::RECENT_DENIALS) denials, a ring indexed by
     /// CONFIG[[`CONFIG_RECENT_CURSOR`](super::CONFIG_RECENT_CURSOR)], readable without the agent.
     pub const RECENT: &str = "RECENT";
-    /// Per-cgroup denial bookkeeping (cgroup id → [`DenyRate`]): every denial counted, and
-    /// events to the ring buffer capped per cgroup, so one hammering workload cannot crowd
-    /// out another's.
-    pub const DENY_RATE: &str = "DENY_RATE";
+    /// Who touched which protected endpoint ([`AccessKey`] → [`AccessStats`]): every
+    /// allowed, denied and audited access counted with its last time (the audit report),
+    /// and denial events to the ring buffer capped per key, so one hammering workload cannot
+    /// crowd out another's.
+    pub const ACCESS: &str = "ACCESS";
     /// Workload-facing interfaces (ifindex) where only an allowed gated socket passes to a
     /// protected endpoint; elsewhere a socket outside the gated root passes too.
     pub const STRICT_IFACES: &str = "STRICT_IFACES";
@@ -55,7 +56,7 @@ pub mod names {
         GATE_INFO,
         EP_NAMES,
         RECENT,
-        DENY_RATE,
+        ACCESS,
         STRICT_IFACES,
         TC_CLSACT,
     ];
@@ -75,10 +76,10 @@ pub const MAX_CGROUP_DEPTH: u32 = 32;
 pub const EVENTS_BYTES: u32 = 256 * 1024;
 /// clsact attachments recorded in TC_CLSACT (interfaces × directions).
 pub const MAX_TC_ATTACHMENTS: u32 = 16_384;
-/// Cgroups DENY_RATE tracks (LRU: the least recently denied go first).
-pub const MAX_RATE_CGROUPS: u32 = 65_536;
-/// Events one cgroup may put on the ring buffer per [`EVENT_WINDOW_NS`]; its further denials
-/// are counted in DENY_RATE, not sent.
+/// (cgroup, endpoint) pairs ACCESS tracks (LRU: the least recently seen go first).
+pub const MAX_ACCESS_KEYS: u32 = 65_536;
+/// Events one cgroup may put on the ring buffer per endpoint and [`EVENT_WINDOW_NS`]; its
+/// further denials are counted in ACCESS, not sent.
 pub const EVENT_BURST: u32 = 16;
 pub const EVENT_WINDOW_NS: u64 = 1_000_000_000;
 /// Denials kept in the RECENT map (power of two).
@@ -312,15 +313,28 @@ pub struct DenyEvent {
     pub comm: [u8; 16],
 }
 
-/// DENY_RATE value: one cgroup's denials (and, in audit mode, would-be denials).
+/// ACCESS key: a cgroup and the endpoint (index in the live policy, or [`ENDPOINT_NONE`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AccessKey {
+    pub cgroup_id: u64,
+    pub endpoint: u32,
+    pub _pad: u32,
+}
+
+/// ACCESS value: the accesses of one cgroup to one endpoint since it was first seen.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct DenyRate {
-    /// Every denial of the cgroup since it was first seen (atomic adds).
-    pub total: u64,
-    /// Start of the current event window (bpf_ktime_get_ns).
+pub struct AccessStats {
+    /// Counts by verdict (atomic adds).
+    pub allowed: u64,
+    pub denied: u64,
+    pub audited: u64,
+    /// bpf_ktime_get_ns of the last access.
+    pub last_ns: u64,
+    /// Start of the current event window.
     pub window_start_ns: u64,
-    /// Events sent in the current window.
+    /// Denial events sent in the current window.
     pub sent: u32,
     pub _pad: u32,
 }
@@ -441,7 +455,8 @@ const _: () = {
     assert!(size_of::<AllowKey>() == 16);
     assert!(size_of::<EndpointCounters>() == 24);
     assert!(size_of::<DenyEvent>() == 64);
-    assert!(size_of::<DenyRate>() == 24);
+    assert!(size_of::<AccessKey>() == 16);
+    assert!(size_of::<AccessStats>() == 48);
     assert!(EVENTS_BYTES.is_power_of_two());
 };
 

@@ -38,13 +38,13 @@ use aya_ebpf::{
 };
 use gate_common::{
     abi::{
-        AllowKey, CONFIG_ACTIVE_GEN, CONFIG_RECENT_CURSOR, DenyEvent, DenyRate, ENDPOINT_NONE,
-        EVENT_BURST, EVENT_WINDOW_NS, EVENTS_BYTES, EndpointCounters, EndpointName, EpNameKey,
-        GEN_PREFIX_BITS, GateInfo, HOOK_CONNECT4, HOOK_CONNECT6, HOOK_EGRESS4, HOOK_EGRESS6,
-        HOOK_SENDMSG4, HOOK_SENDMSG6, HOOK_SETSOCKOPT, HOOK_TC4, HOOK_TC6, MAX_ALLOWED_CGROUPS,
-        MAX_ENDPOINTS, MAX_PORT_RULES, MAX_RATE_CGROUPS, MAX_TC_ATTACHMENTS, NODE_GATE_FORWARDED,
-        NUM_CONFIG, NUM_STATS, PolicyMeta, PortRuleKey, PrefixV4, PrefixV6, PrefixValue,
-        RECENT_DENIALS, STAT_EVENTS_LOST, TcClsact, VERDICT_ALLOWED, VERDICT_DENIED,
+        AccessKey, AccessStats, AllowKey, CONFIG_ACTIVE_GEN, CONFIG_RECENT_CURSOR, DenyEvent,
+        ENDPOINT_NONE, EVENT_BURST, EVENT_WINDOW_NS, EVENTS_BYTES, EndpointCounters, EndpointName,
+        EpNameKey, GEN_PREFIX_BITS, GateInfo, HOOK_CONNECT4, HOOK_CONNECT6, HOOK_EGRESS4,
+        HOOK_EGRESS6, HOOK_SENDMSG4, HOOK_SENDMSG6, HOOK_SETSOCKOPT, HOOK_TC4, HOOK_TC6,
+        MAX_ACCESS_KEYS, MAX_ALLOWED_CGROUPS, MAX_ENDPOINTS, MAX_PORT_RULES, MAX_TC_ATTACHMENTS,
+        NODE_GATE_FORWARDED, NUM_CONFIG, NUM_STATS, PolicyMeta, PortRuleKey, PrefixV4, PrefixV6,
+        PrefixValue, RECENT_DENIALS, STAT_EVENTS_LOST, TcClsact, VERDICT_ALLOWED, VERDICT_DENIED,
         VERDICT_UNMATCHED, stat_slot,
     },
     packet::{
@@ -88,7 +88,8 @@ static GATE_INFO: Array<GateInfo> = Array::with_max_entries(1, 0);
 static EP_NAMES: HashMap<EpNameKey, EndpointName> =
     HashMap::with_max_entries(2 * MAX_ENDPOINTS, BPF_F_NO_PREALLOC);
 #[map]
-static DENY_RATE: LruHashMap<u64, DenyRate> = LruHashMap::with_max_entries(MAX_RATE_CGROUPS, 0);
+static ACCESS: LruHashMap<AccessKey, AccessStats> =
+    LruHashMap::with_max_entries(MAX_ACCESS_KEYS, 0);
 #[map]
 static STRICT_IFACES: HashMap<u32, u32> =
     HashMap::with_max_entries(MAX_TC_ATTACHMENTS, BPF_F_NO_PREALLOC);
@@ -228,7 +229,7 @@ fn report(caller: &Caller, cgroup_id: u64, verdict: u32, endpoint: u32, what: Re
         comm,
     };
     remember(&ev);
-    if !within_event_budget(cgroup_id, ev.ts_ns) {
+    if !account(cgroup_id, endpoint, verdict, ev.ts_ns) {
         return;
     }
     match EVENTS.reserve::<DenyEvent>(0) {
@@ -240,22 +241,40 @@ fn report(caller: &Caller, cgroup_id: u64, verdict: u32, endpoint: u32, what: Re
     }
 }
 
-/// Count the denial for its cgroup, and whether its event may go on the ring buffer: at most
-/// EVENT_BURST per cgroup and window. The total is exact (atomic); the window bookkeeping
-/// races harmlessly between CPUs (a few events more or fewer in a window).
+/// Count an access of `cgroup_id` to `endpoint` under its verdict, and say whether a denial
+/// event may go on the ring buffer: at most EVENT_BURST per key and window. The counts are
+/// exact (atomic); the window bookkeeping races harmlessly between CPUs (a few events more
+/// or fewer in a window).
 #[inline(always)]
-fn within_event_budget(cgroup_id: u64, now: u64) -> bool {
-    let Some(st) = DENY_RATE.get_ptr_mut(&cgroup_id) else {
-        let fresh = DenyRate { total: 1, window_start_ns: now, sent: 1, _pad: 0 };
+fn account(cgroup_id: u64, endpoint: u32, verdict: u32, now: u64) -> bool {
+    let key = AccessKey { cgroup_id, endpoint, _pad: 0 };
+    let Some(st) = ACCESS.get_ptr_mut(&key) else {
+        let mut fresh =
+            AccessStats { last_ns: now, window_start_ns: now, ..AccessStats::default() };
+        match verdict {
+            VERDICT_ALLOWED => fresh.allowed = 1,
+            VERDICT_DENIED => fresh.denied = 1,
+            _ => fresh.audited = 1,
+        }
+        fresh.sent = u32::from(verdict != VERDICT_ALLOWED);
         // A full LRU map evicts its least recently used entry; an insert that still fails
         // loses the count, not the event.
-        let _ = DENY_RATE.insert(&cgroup_id, &fresh, 0);
+        let _ = ACCESS.insert(&key, &fresh, 0);
         return true;
     };
-    // SAFETY: `st` points into the map's value; the counter is shared by all CPUs, hence the
-    // atomic add; the window fields are plain stores (see above).
+    // SAFETY: `st` points into the map's value; the counters are shared by all CPUs, hence
+    // the atomic adds; the window fields are plain stores (see above).
     unsafe {
-        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*st).total, 1);
+        let field = match verdict {
+            VERDICT_ALLOWED => &raw mut (*st).allowed,
+            VERDICT_DENIED => &raw mut (*st).denied,
+            _ => &raw mut (*st).audited,
+        };
+        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(field, 1);
+        (*st).last_ns = now;
+        if verdict == VERDICT_ALLOWED {
+            return false;
+        }
         if now.wrapping_sub((*st).window_start_ns) >= EVENT_WINDOW_NS {
             (*st).window_start_ns = now;
             (*st).sent = 0;
@@ -322,7 +341,10 @@ fn judge(
     };
     count(caller.hook, verdict);
     count_endpoint(endpoint, verdict);
-    if verdict != VERDICT_ALLOWED {
+    if verdict == VERDICT_ALLOWED {
+        // SAFETY: helper without arguments.
+        account(cgroup_id(), endpoint, verdict, unsafe { bpf_ktime_get_ns() });
+    } else {
         report(caller, cgroup_id(), verdict, endpoint, what);
     }
     verdict

@@ -31,12 +31,13 @@ use tokio::{
 };
 
 use super::{
-    identity::{PodCgroups, PodIndex, PodInfo, Scope},
+    identity::{ContainerInfo, PodCgroups, PodIndex, PodInfo, Scope},
     kevents::{self, Publisher},
     platform::{self, Detected, Origin},
     watches,
 };
 use crate::{
+    access::Identity,
     cgroup::{GatedRoot, cgroup2_mount},
     config::{AgentConfig, ClusterConfig},
     engine::{AllowSource, Engine, Offer},
@@ -87,6 +88,24 @@ impl AllowSource for PodAllow {
                 std::fs::metadata(path).ok().map(|m| (m.ino(), entry))
             })
             .collect()
+    }
+}
+
+/// Who a pod's cgroup belongs to, for logs, metrics and `report`.
+fn identity(pod: &PodInfo, container: Option<&ContainerInfo>) -> Identity {
+    Identity {
+        workload: match container {
+            Some(c) => format!("{}/{}/{}", pod.namespace, pod.name, c.name),
+            None => format!("{}/{}", pod.namespace, pod.name),
+        },
+        cgroup: None,
+        namespace: Some(pod.namespace.clone()),
+        pod: Some(pod.name.clone()),
+        container: container.map(|c| c.name.clone()),
+        owner: pod.owner.as_ref().map(|(kind, name)| format!("{kind}/{name}")),
+        service_account: Some(pod.service_account.clone()),
+        host_network: Some(pod.host_network),
+        labels: pod.labels.clone(),
     }
 }
 
@@ -362,8 +381,11 @@ pub async fn run(cfg: &AgentConfig, args: &ClusterConfig) -> Result<()> {
                 scope: args.scope,
             });
             let (idx, cgroups) = (st.index.clone(), st.cgroups.clone());
-            let namer: Namer =
-                Arc::new(move |rel: &Path| idx.read().ok()?.owner_name(&cgroups.canonical(rel)));
+            let namer: Namer = Arc::new(move |rel: &Path| {
+                let idx = idx.read().ok()?;
+                let (pod, container) = idx.owner(&cgroups.canonical(rel))?;
+                Some(identity(pod, container))
+            });
             let names = CgroupNames::with_namer(GatedRoot::open(&root_path)?, namer);
             engine = Some(
                 Engine::start(cfg, policy, root, allow, names, Some(denied_tx.clone())).await?,

@@ -5,10 +5,10 @@ use aya::{
     maps::{Array, HashMap, IterableMap as _, LpmTrie, Map, MapData, MapError, PerCpuArray},
 };
 use gate_common::abi::{
-    AllowKey, CONFIG_ACTIVE_GEN, CONFIG_RECENT_CURSOR, DenyEvent, DenyRate, EndpointCounters,
-    EndpointName, EpNameKey, GateInfo, MAX_ENDPOINTS, NUM_HOOKS, NUM_VERDICTS, PolicyMeta,
-    PortRuleKey, PrefixV4, PrefixV6, PrefixValue, RECENT_DENIALS, STAT_EVENTS_LOST, TcClsact,
-    fixed_str_value, names, stat_slot,
+    AccessKey, AccessStats, AllowKey, CONFIG_ACTIVE_GEN, CONFIG_RECENT_CURSOR, DenyEvent,
+    EndpointCounters, EndpointName, EpNameKey, GateInfo, MAX_ENDPOINTS, NUM_HOOKS, NUM_VERDICTS,
+    PolicyMeta, PortRuleKey, PrefixV4, PrefixV6, PrefixValue, RECENT_DENIALS, STAT_EVENTS_LOST,
+    TcClsact, fixed_str_value, names, stat_slot,
 };
 
 use super::{LoaderError, map_err, pins::Layout};
@@ -26,7 +26,7 @@ pub struct Maps {
     pub info: Array<MapData, GateInfo>,
     pub names: HashMap<MapData, EpNameKey, EndpointName>,
     pub strict: HashMap<MapData, u32, u32>,
-    pub deny_rate: HashMap<MapData, u64, DenyRate>,
+    pub access: HashMap<MapData, AccessKey, AccessStats>,
     pub clsact: HashMap<MapData, u64, TcClsact>,
 }
 
@@ -71,7 +71,7 @@ macro_rules! open_all {
             info: $f($src, names::GATE_INFO)?,
             names: $f($src, names::EP_NAMES)?,
             strict: $f($src, names::STRICT_IFACES)?,
-            deny_rate: $f($src, names::DENY_RATE)?,
+            access: $f($src, names::ACCESS)?,
             clsact: $f($src, names::TC_CLSACT)?,
         })
     };
@@ -93,7 +93,7 @@ impl Maps {
             names::GATE_INFO => self.info.map(),
             names::EP_NAMES => self.names.map(),
             names::STRICT_IFACES => self.strict.map(),
-            names::DENY_RATE => self.deny_rate.map(),
+            names::ACCESS => self.access.map(),
             names::TC_CLSACT => self.clsact.map(),
             _ => return None,
         })

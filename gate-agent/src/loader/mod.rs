@@ -43,6 +43,10 @@ pub use tc::{TcMode, TcPlan, TcReport, TcTarget};
 
 use crate::cgroup::GatedRoot;
 
+/// The access tally (ACCESS), typed.
+pub type AccessMap =
+    aya::maps::HashMap<MapData, gate_common::abi::AccessKey, gate_common::abi::AccessStats>;
+
 /// The eBPF object built by build.rs (gate-ebpf for bpfel-unknown-none).
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gate"));
 
@@ -239,13 +243,10 @@ impl Gate {
     }
 
     /// What the event reader reads (taken once): the denial event ring buffer, and the
-    /// per-cgroup tally (DENY_RATE, opened again so that the reader needs no lock).
-    pub fn take_events(
-        &mut self,
-    ) -> Option<(RingBuf<MapData>, aya::maps::HashMap<MapData, u64, gate_common::abi::DenyRate>)>
-    {
+    /// access tally (ACCESS, opened again so that the reader needs no lock).
+    pub fn take_events(&mut self) -> Option<(RingBuf<MapData>, AccessMap)> {
         let ring = self.events.take()?;
-        let data = MapData::from_pin(self.layout.map(names::DENY_RATE)).ok()?;
+        let data = MapData::from_pin(self.layout.map(names::ACCESS)).ok()?;
         let tally = aya::maps::Map::from_map_data(data).ok()?.try_into().ok()?;
         Some((ring, tally))
     }

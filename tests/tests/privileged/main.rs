@@ -14,6 +14,7 @@
 //! | [`tc`] | AF_PACKET frames, a forwarding workload interface, the clsact fallback |
 //! | [`lifecycle`] | kill and adopt, upgrade, policy file edits, log rate limits, cleanup, ABI hand-over |
 //! | [`resilience`] | one agent per gate, repairs, a recreated root, retried applies, policy flips under load |
+//! | [`inspect`] | audit → report → suggest → enforce, `explain` against the live maps |
 //! | [`cluster`] | cluster mode against a Kubernetes API double |
 use std::{path::PathBuf, process::Output, time::Duration};
 
@@ -38,6 +39,7 @@ macro_rules! privileged {
 
 mod cluster;
 mod enforcement;
+mod inspect;
 mod lifecycle;
 mod resilience;
 mod tc;
