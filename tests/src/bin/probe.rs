@@ -8,10 +8,11 @@
 //!   to IFACE, with `sll_protocol` SLL_PROTO (hex, e.g. `0800`).
 //! * `frame-bypass IFACE SLL_PROTO FRAMES`: the same after setting PACKET_QDISC_BYPASS; if
 //!   the option is refused, the frames are sent anyway (without it) and the result says
-//!   `stage: "setsockopt"` with its errno; `ok` always says whether they were sent.
+//!   `stage: "setsockopt"` with its errno, and in `reply` how the sends went.
 //! * `ip-raw PACKETS`: send IP packets as they are on a raw IPPROTO_RAW socket (IPv4 or IPv6).
 //! * `xdp-umem-reg`: open an AF_XDP socket and register a UMEM (`setsockopt XDP_UMEM_REG`);
 //!   `stage` names the call that failed.
+//! * `tap IFACE FRAMES`: attach a queue to the multi-queue tap IFACE and write the frames.
 //!
 //! Hold commands connect first, print `{"stage":"connected"}`, read the token from stdin,
 //! then send. `hammer-tcp` prints `{"stage":"connected"}`, then connect()s and sends the
@@ -264,7 +265,9 @@ fn af_packet_send(sock: &OwnedFd, ifindex: u32, proto: u16, f: &[u8]) -> std::io
 }
 
 /// `frame` / `frame-bypass`: send `frames` on `iface`, after asking for PACKET_QDISC_BYPASS
-/// if `bypass`.
+/// if `bypass`. Every frame is sent even when one fails (a tc drop on egress shows as
+/// ENOBUFS); the first failure is the result. If the option is refused, that is the result
+/// (`stage: "setsockopt"`), and `reply` says how the sends went.
 fn send_frames(iface: &str, proto: u16, frames: &[Vec<u8>], bypass: bool) -> Outcome {
     let (sock, ifindex) = match packet_socket(iface) {
         Ok(s) => s,
@@ -275,14 +278,15 @@ fn send_frames(iface: &str, proto: u16, frames: &[Vec<u8>], bypass: bool) -> Out
     } else {
         None
     };
-    for f in frames {
-        if let Err(e) = af_packet_send(&sock, ifindex, proto, f) {
-            return fail("send", &e);
-        }
-    }
-    match refused {
-        Some(e) => Outcome { ok: true, errno: e.raw_os_error(), stage: "setsockopt", reply: None },
-        None => Outcome { ok: true, errno: None, stage: "send", reply: None },
+    let failed = frames.iter().filter_map(|f| af_packet_send(&sock, ifindex, proto, f).err()).next();
+    let sent = match &failed {
+        None => "sent".to_owned(),
+        Some(e) => format!("send failed: {e}"),
+    };
+    match (refused, failed) {
+        (Some(e), _) => Outcome { ok: false, errno: e.raw_os_error(), stage: "setsockopt", reply: Some(sent) },
+        (None, Some(e)) => fail("send", &e),
+        (None, None) => Outcome { ok: true, errno: None, stage: "send", reply: None },
     }
 }
 
@@ -422,6 +426,22 @@ fn xdp_umem_reg() -> Outcome {
     }
 }
 
+/// `tap`: attach a queue of our own to the multi-queue tap `iface`, as a VM's VMM does, and
+/// write the frames into it: the node receives them charged to this process's tun socket.
+fn tap_write(iface: &str, frames: &[Vec<u8>]) -> Outcome {
+    let fd = match integration_tests::tap::attach(iface, 0) {
+        Ok(fd) => fd,
+        Err(e) => return fail("attach", &e),
+    };
+    for f in frames {
+        // SAFETY: valid fd and buffer.
+        if unsafe { libc::write(fd.as_raw_fd(), f.as_ptr().cast(), f.len()) } < 0 {
+            return fail("write", &std::io::Error::last_os_error());
+        }
+    }
+    Outcome { ok: true, errno: None, stage: "send", reply: None }
+}
+
 /// The hand-built-bytes commands (see the module doc), or `None` for the others.
 fn run_bytes(rest: &[String]) -> Option<Outcome> {
     let hex = |list: &str| -> Option<Vec<Vec<u8>>> {
@@ -440,6 +460,10 @@ fn run_bytes(rest: &[String]) -> Option<Outcome> {
             None => usage,
         },
         [cmd] if cmd == "xdp-umem-reg" => xdp_umem_reg(),
+        [cmd, iface, frames] if cmd == "tap" => match hex(frames) {
+            Some(f) => tap_write(iface, &f),
+            None => usage,
+        },
         _ => return None,
     })
 }

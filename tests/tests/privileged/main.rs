@@ -14,6 +14,7 @@
 //! | [`tc`] | AF_PACKET frames, a forwarding workload interface, the clsact fallback |
 //! | [`lifecycle`] | kill and adopt, upgrade, policy file edits, log rate limits, cleanup, ABI hand-over |
 //! | [`cluster`] | cluster mode against a Kubernetes API double |
+//! | [`bypass`] | every way around the gate (frames, rewrites, forwarding, VLAN tags, fragments, IPv6 chains, qdisc bypass, AF_XDP, a VM's tap), each without an agent, standalone and in cluster mode |
 use std::{path::PathBuf, process::Output, time::Duration};
 
 use integration_tests::{
@@ -35,6 +36,7 @@ macro_rules! privileged {
     };
 }
 
+mod bypass;
 mod cluster;
 mod enforcement;
 mod lifecycle;
