@@ -278,7 +278,8 @@ fn send_frames(iface: &str, proto: u16, frames: &[Vec<u8>], bypass: bool) -> Out
     } else {
         None
     };
-    let failed = frames.iter().filter_map(|f| af_packet_send(&sock, ifindex, proto, f).err()).next();
+    let results: Vec<_> = frames.iter().map(|f| af_packet_send(&sock, ifindex, proto, f)).collect();
+    let failed = results.into_iter().find_map(Result::err);
     let sent = match &failed {
         None => "sent".to_owned(),
         Some(e) => format!("send failed: {e}"),
