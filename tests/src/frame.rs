@@ -58,7 +58,14 @@ pub fn checksum(parts: &[&[u8]]) -> u16 {
 
 /// An IPv4 header (no options) followed by `payload`. `frag` is the flags-and-offset field
 /// (0x2000: more fragments; the low 13 bits: offset in 8-byte units).
-pub fn ipv4(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, id: u16, frag: u16, payload: &[u8]) -> Vec<u8> {
+pub fn ipv4(
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    proto: u8,
+    id: u16,
+    frag: u16,
+    payload: &[u8],
+) -> Vec<u8> {
     let mut h = [0u8; 20];
     h[0] = 0x45;
     h[2..4].copy_from_slice(&((20 + payload.len()) as u16).to_be_bytes());
@@ -105,7 +112,14 @@ pub fn udp(src: &[u8], dst: &[u8], sport: u16, dport: u16, payload: &[u8]) -> Ve
 
 /// A TCP SYN carrying `payload`, with its checksum. Its acknowledgment field (unused in a SYN)
 /// is `ack`.
-pub fn tcp_syn(src: &[u8], dst: &[u8], sport: u16, dport: u16, ack: u32, payload: &[u8]) -> Vec<u8> {
+pub fn tcp_syn(
+    src: &[u8],
+    dst: &[u8],
+    sport: u16,
+    dport: u16,
+    ack: u32,
+    payload: &[u8],
+) -> Vec<u8> {
     let mut s = vec![0u8; 20];
     s[0..2].copy_from_slice(&sport.to_be_bytes());
     s[2..4].copy_from_slice(&dport.to_be_bytes());
@@ -128,7 +142,13 @@ pub fn udp4(src: Ipv4Addr, dst: Ipv4Addr, dport: u16, payload: &[u8]) -> Vec<u8>
 
 /// IPv6 + `dstopts` destination-options headers (8 bytes each: one PadN option) + UDP to
 /// `dst:dport` carrying `payload`.
-pub fn udp6_dstopts(src: Ipv6Addr, dst: Ipv6Addr, dstopts: usize, dport: u16, payload: &[u8]) -> Vec<u8> {
+pub fn udp6_dstopts(
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    dstopts: usize,
+    dport: u16,
+    payload: &[u8],
+) -> Vec<u8> {
     let l4 = udp(&src.octets(), &dst.octets(), 40000, dport, payload);
     let mut ext = Vec::with_capacity(dstopts * 8);
     for i in 0..dstopts {
@@ -171,7 +191,13 @@ pub fn disguised_fragments(
 }
 
 /// An Ethernet frame: `tags` are (TPID, VLAN id) pairs, outermost first.
-pub fn ethernet(dst: Mac, src: Mac, tags: &[(u16, u16)], ethertype: u16, payload: &[u8]) -> Vec<u8> {
+pub fn ethernet(
+    dst: Mac,
+    src: Mac,
+    tags: &[(u16, u16)],
+    ethertype: u16,
+    payload: &[u8],
+) -> Vec<u8> {
     let mut f = Vec::with_capacity(14 + 4 * tags.len() + payload.len());
     f.extend_from_slice(&dst);
     f.extend_from_slice(&src);

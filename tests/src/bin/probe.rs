@@ -13,6 +13,8 @@
 //! * `xdp-umem-reg`: open an AF_XDP socket and register a UMEM (`setsockopt XDP_UMEM_REG`);
 //!   `stage` names the call that failed.
 //! * `tap IFACE FRAMES`: attach a queue to the multi-queue tap IFACE and write the frames.
+//! * `hold-frame-bypass IFACE SLL_PROTO`: set PACKET_QDISC_BYPASS up now, print
+//!   `{"stage":"connected"}`, then send the frames of the next stdin line.
 //!
 //! Hold commands connect first, print `{"stage":"connected"}`, read the token from stdin,
 //! then send. `hammer-tcp` prints `{"stage":"connected"}`, then connect()s and sends the
@@ -285,7 +287,9 @@ fn send_frames(iface: &str, proto: u16, frames: &[Vec<u8>], bypass: bool) -> Out
         Some(e) => format!("send failed: {e}"),
     };
     match (refused, failed) {
-        (Some(e), _) => Outcome { ok: false, errno: e.raw_os_error(), stage: "setsockopt", reply: Some(sent) },
+        (Some(e), _) => {
+            Outcome { ok: false, errno: e.raw_os_error(), stage: "setsockopt", reply: Some(sent) }
+        }
         (None, Some(e)) => fail("send", &e),
         (None, None) => Outcome { ok: true, errno: None, stage: "send", reply: None },
     }
@@ -353,7 +357,14 @@ impl CSockAddr {
         };
         // SAFETY: valid buffer and address of the given lengths.
         let n = unsafe {
-            libc::sendto(sock.as_raw_fd(), buf.as_ptr().cast(), buf.len(), 0, ptr, len as libc::socklen_t)
+            libc::sendto(
+                sock.as_raw_fd(),
+                buf.as_ptr().cast(),
+                buf.len(),
+                0,
+                ptr,
+                len as libc::socklen_t,
+            )
         };
         if n < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
     }
@@ -427,6 +438,29 @@ fn xdp_umem_reg() -> Outcome {
     }
 }
 
+/// `hold-frame-bypass`: an AF_PACKET socket with PACKET_QDISC_BYPASS, set up now; prints
+/// `connected`, then sends the frames of the next stdin line (hex, `,`-separated) on it.
+fn hold_frame_bypass(iface: &str, proto: u16) -> Outcome {
+    let (sock, ifindex) = match packet_socket(iface) {
+        Ok(s) => s,
+        Err(o) => return o,
+    };
+    if let Err(e) = setsockopt_int(&sock, libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, 1) {
+        return fail("setsockopt", &e);
+    }
+    print(&Outcome { ok: true, errno: None, stage: "connected", reply: None }, Instant::now());
+    let line = read_token();
+    for h in line.split(',') {
+        let Ok(f) = frame::from_hex(h) else {
+            return Outcome { ok: false, errno: Some(libc::EINVAL), stage: "usage", reply: None };
+        };
+        if let Err(e) = af_packet_send(&sock, ifindex, proto, &f) {
+            return fail("send", &e);
+        }
+    }
+    Outcome { ok: true, errno: None, stage: "send", reply: None }
+}
+
 /// `tap`: attach a queue of our own to the multi-queue tap `iface`, as a VM's VMM does, and
 /// write the frames into it: the node receives them charged to this process's tun socket.
 fn tap_write(iface: &str, frames: &[Vec<u8>]) -> Outcome {
@@ -452,7 +486,9 @@ fn run_bytes(rest: &[String]) -> Option<Outcome> {
     Some(match rest {
         [cmd, iface, proto, frames] if cmd == "frame" || cmd == "frame-bypass" => {
             match (u16::from_str_radix(proto, 16), hex(frames)) {
-                (Ok(proto), Some(frames)) => send_frames(iface, proto, &frames, cmd == "frame-bypass"),
+                (Ok(proto), Some(frames)) => {
+                    send_frames(iface, proto, &frames, cmd == "frame-bypass")
+                }
                 _ => usage,
             }
         }
@@ -461,6 +497,10 @@ fn run_bytes(rest: &[String]) -> Option<Outcome> {
             None => usage,
         },
         [cmd] if cmd == "xdp-umem-reg" => xdp_umem_reg(),
+        [cmd, iface, proto] if cmd == "hold-frame-bypass" => match u16::from_str_radix(proto, 16) {
+            Ok(proto) => hold_frame_bypass(iface, proto),
+            Err(_) => usage,
+        },
         [cmd, iface, frames] if cmd == "tap" => match hex(frames) {
             Some(f) => tap_write(iface, &f),
             None => usage,

@@ -26,15 +26,16 @@ use integration_tests::{
     kubeapi::{self, CONFIGMAPS},
     net::{
         DNS_V4, DNS_V6, IMDS_V4, IMDS_V6, NODE_V4, POD_IFACE, POD_V4, POD_V6, PodNet,
-        bridge_uplink, mac, nft,
+        bridge_uplink, ip, mac, nft,
     },
     probe::{Outcome, run_in, token},
     tap::{TAP_IFACE, Tap, VM_V4},
 };
 
 use super::{
-    EPERM, metric,
+    EPERM,
     cluster::{self, Cluster, NS},
+    metric,
 };
 
 /// What the policy protects, in both modes: port 80 of the metadata addresses, any protocol.
@@ -195,7 +196,8 @@ impl World {
     /// `sll_protocol` `proto`.
     fn frames(&self, netns: &str, cgroup: &str, iface: &str, proto: u16, frames: &[Vec<u8>]) {
         let hex: Vec<String> = frames.iter().map(|f| frame::to_hex(f)).collect();
-        let o = self.probe(netns, cgroup, &["frame", iface, &format!("{proto:04x}"), &hex.join(",")]);
+        let o =
+            self.probe(netns, cgroup, &["frame", iface, &format!("{proto:04x}"), &hex.join(",")]);
         // A frame dropped on the way out (tc egress) tells its sender ENOBUFS.
         let dropped = o.stage == "send" && o.errno == Some(libc::ENOBUFS);
         assert!(o.ok || dropped, "AF_PACKET send from {cgroup} on {iface}: {o:?}");
@@ -216,7 +218,9 @@ impl World {
         let Some(agent) = &self.c.env.agent else { return BTreeMap::new() };
         let (_, body) = agent.http_get("/metrics").expect("metrics");
         body.lines()
-            .filter(|l| l.starts_with("metadata_gate_decisions_total{") && l.contains("verdict=\"denied\""))
+            .filter(|l| {
+                l.starts_with("metadata_gate_decisions_total{") && l.contains("verdict=\"denied\"")
+            })
             .filter_map(|l| {
                 let hook = l.split("hook=\"").nth(1)?.split('"').next()?.to_owned();
                 Some((hook, l.rsplit(' ').next()?.parse().ok()?))
@@ -257,7 +261,10 @@ impl World {
         let deadline = Instant::now() + Duration::from_millis(500);
         for (what, ti, _) in &sent {
             let left = deadline.saturating_duration_since(Instant::now());
-            assert!(!imds.wait_for(ti, left), "{what} under {gate:?}: reached the metadata service");
+            assert!(
+                !imds.wait_for(ti, left),
+                "{what} under {gate:?}: reached the metadata service"
+            );
         }
         let after = self.denials();
         let delta: BTreeMap<&String, f64> = after
@@ -461,7 +468,8 @@ fn vlan_tagged_frames_are_refused() {
         let (node, pod) = (node.as_str(), pod.as_str());
         let host = |tags: &'static [(u16, u16)]| {
             move |t: &str, to: To| {
-                let f = frame::ethernet(dst, frame::SRC_MAC, tags, ETH_P_IP, &udp80(NODE_V4, to, t));
+                let f =
+                    frame::ethernet(dst, frame::SRC_MAC, tags, ETH_P_IP, &udp80(NODE_V4, to, t));
                 w.frames(&node, &w.rogue, "vnode", tags[0].0, &[f]);
             }
         };
@@ -672,7 +680,8 @@ fn a_second_tc_program_still_sees_what_the_gate_passes() {
         w.second = Some(second);
         w.gate(gate);
         let count = |w: &World| {
-            let (_, body) = w.second.as_ref().expect("second").http_get("/metrics").expect("metrics");
+            let (_, body) =
+                w.second.as_ref().expect("second").http_get("/metrics").expect("metrics");
             metric(&body, audited).unwrap_or(0.0)
         };
         let before = count(&w);
@@ -682,9 +691,100 @@ fn a_second_tc_program_still_sees_what_the_gate_passes() {
         tap.send(&eth(tap.mac, &ip)).expect("write into the tap");
         assert!(w.c.env.imds.wait_for(&t, Duration::from_secs(3)), "{gate:?}: frame to :53 lost");
         let after = count(&w);
-        assert!(after > before, "{gate:?}: the second tc program never saw the frame ({before} -> {after})");
+        assert!(
+            after > before,
+            "{gate:?}: the second tc program never saw the frame ({before} -> {after})"
+        );
         eprintln!("bypass: control second tc program: {gate:?}: audited {before} -> {after}");
     }
     w.gate(Gate::None);
     w.second = None;
+}
+
+/// Finding: a gated host-network pod with CAP_NET_RAW sends a frame on an AF_PACKET socket
+/// bound to `lo`, to the metadata address from a foreign source (the pod's). Loopback
+/// drops the frame's socket before it is received, and the node, which forwards as every
+/// Kubernetes node does, routes it out of the uplink: at the uplink's egress it is
+/// forwarded traffic without a socket, which only a policy that gates forwarded traffic
+/// refuses. (Loopback takes no node-level program, and forwarded traffic is left alone in
+/// standalone mode and with `--gate-scope host-network-only`.)
+#[test]
+fn host_network_frame_looped_through_lo_and_forwarded_is_refused() {
+    privileged!(host_network_frame_looped_through_lo_and_forwarded_is_refused);
+    let mut w = World::new();
+    let node = w.node();
+    w.each(|w, gate| {
+        let send = |t: &str, to: To| {
+            w.frames(&node, &w.rogue, "lo", ETH_P_IP, &[eth([0; 6], &udp80(POD_V4, to, t))]);
+        };
+        w.attempts(gate, true, &[("host network: AF_PACKET frame on lo, forwarded", &send)]);
+    });
+}
+
+/// Finding: a gated host-network pod with CAP_NET_ADMIN (in its own namespace, the node's)
+/// sends UDP to a decoy, which the socket hooks let through, and an nftables output rule
+/// rewrites it to the metadata address and duplicates it (`dup to`). The egress hook drops
+/// the original, but the duplicate is a copy without a socket, made on this node (no
+/// ingress interface): the node-level program takes it for the kernel's own traffic.
+#[test]
+fn host_network_pod_duplicating_a_rewritten_decoy_with_nft_is_refused() {
+    privileged!(host_network_pod_duplicating_a_rewritten_decoy_with_nft_is_refused);
+    let mut w = World::new();
+    let node = w.node();
+    ip(&w.c.env.net.node, "route add 10.99.9.0/24 dev vnode").expect("route to the decoys");
+    nft(
+        &w.c.env.net.node,
+        &format!(
+            "table ip mg_dup {{
+                chain out {{
+                    type filter hook output priority 0; policy accept;
+                    ip daddr 10.99.9.9 udp dport 80 ip daddr set {IMDS_V4} dup to {IMDS_V4}
+                    ip daddr 10.99.9.8 udp dport 80 ip daddr set {DNS_V4} dup to {DNS_V4}
+                }}
+            }}"
+        ),
+    )
+    .expect("nft dup in the node netns");
+    w.each(|w, gate| {
+        let send = |t: &str, to: To| {
+            let decoy = match to {
+                To::Imds => "10.99.9.9",
+                To::Neighbour => "10.99.9.8",
+            };
+            // The original is dropped on egress (EPERM) under a gate; the copy goes out.
+            w.probe(&node, &w.rogue, &["udp", decoy, "80", t]);
+        };
+        w.attempts(gate, true, &[("host network: decoy rewritten and duplicated by nft", &send)]);
+    });
+}
+
+/// Finding: an AF_PACKET socket that set PACKET_QDISC_BYPASS before the gate was installed
+/// (a pod started before the agent, e.g. after a node reboot) keeps it: its frames go
+/// straight to the driver, past tc egress, and nothing else on the node sees them.
+#[test]
+fn qdisc_bypass_set_before_the_gate_is_refused() {
+    privileged!(qdisc_bypass_set_before_the_gate_is_refused);
+    let mut w = World::new();
+    let dst = w.imds_mac();
+    for gate in [Gate::Standalone, Gate::Cluster] {
+        w.gate(Gate::None);
+        let held = w.c.env.hold(&w.rogue, &["hold-frame-bypass", "vnode", "0800"]);
+        let held = held.expect("PACKET_QDISC_BYPASS before the gate");
+        w.gate(gate);
+        let (ti, tn) = (token("pre-gate-bypass"), token("neighbour"));
+        let frames: Vec<String> = [(&ti, To::Imds), (&tn, To::Neighbour)]
+            .iter()
+            .map(|(t, to)| frame::to_hex(&eth(dst, &udp80(NODE_V4, *to, t))))
+            .collect();
+        let o = held.send(&frames.join(",")).expect("send on the held socket");
+        assert!(o.ok, "{o:?}");
+        assert!(w.c.env.imds.wait_for(&tn, Duration::from_secs(3)), "{gate:?}: neighbour lost");
+        assert!(
+            !w.c.env.imds.wait_for(&ti, Duration::from_millis(500)),
+            "host network: a PACKET_QDISC_BYPASS socket set up before the gate reached the metadata service under {gate:?}"
+        );
+        eprintln!(
+            "bypass: host network: PACKET_QDISC_BYPASS set before the gate: {gate:?}: refused"
+        );
+    }
 }
