@@ -32,43 +32,47 @@ pub fn ip(netns: &str, args: &str) -> Result<String> {
     sh("ip", &v)
 }
 
-/// Run `program args…` inside the test network namespace `netns` (a name under /run/netns)
-/// with nsenter, which enters only the namespace (`ip netns exec` would also remount /sys),
-/// feeding it `stdin`.
-pub fn nsenter(netns: &str, program: &str, args: &[&str], stdin: &str) -> Result<String> {
-    let path = format!("/run/netns/{netns}");
-    if !is_test_netns(&path) {
+/// Run `program args…` inside the test network namespace at `netns` (`/run/netns/mg-…`)
+/// with nsenter, which enters only the network namespace (`ip netns exec` would also remount
+/// /sys, where nft resolves cgroup paths), feeding it `stdin`; its output.
+pub fn nsenter(netns: &str, program: &str, args: &[&str], stdin: Option<&str>) -> Result<String> {
+    if !is_test_netns(netns) {
         bail!("{netns} is not a test network namespace");
     }
     let mut child = Command::new("nsenter")
-        .arg(format!("--net={path}"))
+        .arg(format!("--net={netns}"))
         .arg(program)
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .context("running nsenter")?;
+        .with_context(|| format!("nsenter {program}"))?;
     if let Some(mut input) = child.stdin.take() {
-        std::io::Write::write_all(&mut input, stdin.as_bytes())?;
+        std::io::Write::write_all(&mut input, stdin.unwrap_or("").as_bytes())?;
     }
     let out = child.wait_with_output()?;
     if !out.status.success() {
-        bail!("{program} {args:?} in {netns}: {}", String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "{program} {} in {netns}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim(),
+            stdin.map(|s| format!("\ninput:\n{s}")).unwrap_or_default()
+        );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Load an nftables ruleset into the test network namespace `netns`.
+/// Load an nftables ruleset into the test network namespace named `netns`.
 pub fn nft(netns: &str, ruleset: &str) -> Result<()> {
-    nsenter(netns, "nft", &["-f", "-"], ruleset).map(drop)
+    nsenter(&format!("/run/netns/{netns}"), "nft", &["-f", "-"], Some(ruleset)).map(drop)
 }
 
-/// Set sysctls (`key=value`) in the test network namespace `netns`.
+/// Set sysctls (`key=value`) in the test network namespace named `netns`.
 pub fn sysctl(netns: &str, settings: &[&str]) -> Result<()> {
     let mut args = vec!["-qw"];
     args.extend_from_slice(settings);
-    nsenter(netns, "sysctl", &args, "").map(drop)
+    nsenter(&format!("/run/netns/{netns}"), "sysctl", &args, None).map(drop)
 }
 
 /// The MAC address of `iface` in `netns`.

@@ -23,7 +23,7 @@
 use std::{
     io::{BufRead as _, Read as _, Write as _},
     net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, UdpSocket},
-    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    os::fd::{AsRawFd, FromRawFd as _, OwnedFd},
     time::{Duration, Instant},
 };
 
@@ -118,14 +118,19 @@ fn raw_syn(dst: &SocketAddr, token: &str) -> Outcome {
 fn hop_by_hop(s: &UdpSocket) -> std::io::Result<()> {
     // next header (filled in by the kernel), length 0 (8 bytes), PadN with 4 zero bytes.
     let opts: [u8; 8] = [0, 0, 1, 4, 0, 0, 0, 0];
-    // SAFETY: valid fd and option buffer.
+    setsockopt(s, libc::IPPROTO_IPV6, libc::IPV6_HOPOPTS, &opts)
+}
+
+/// setsockopt(2) with the option value `value`, as its bytes.
+fn setsockopt<T>(fd: &impl AsRawFd, level: i32, name: i32, value: &T) -> std::io::Result<()> {
+    // SAFETY: valid fd; the option buffer is `value`, valid for its size.
     let rc = unsafe {
         libc::setsockopt(
-            s.as_raw_fd(),
-            libc::IPPROTO_IPV6,
-            libc::IPV6_HOPOPTS,
-            opts.as_ptr().cast(),
-            opts.len() as libc::socklen_t,
+            fd.as_raw_fd(),
+            level,
+            name,
+            (value as *const T).cast(),
+            size_of::<T>() as libc::socklen_t,
         )
     };
     if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
@@ -228,20 +233,6 @@ fn packet_socket(iface: &str) -> Result<(OwnedFd, u32), Outcome> {
     Ok((unsafe { OwnedFd::from_raw_fd(fd) }, ifindex))
 }
 
-fn setsockopt_int(fd: &OwnedFd, level: i32, name: i32, value: i32) -> std::io::Result<()> {
-    // SAFETY: valid fd and option buffer.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            (&value as *const i32).cast(),
-            size_of::<i32>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
-}
-
 /// Send the frame `f` on `sock` out of `ifindex`, with `sll_protocol` `proto` (which the
 /// sender chooses freely; the frame's own Ethernet type may say otherwise).
 fn af_packet_send(sock: &OwnedFd, ifindex: u32, proto: u16, f: &[u8]) -> std::io::Result<()> {
@@ -276,7 +267,7 @@ fn send_frames(iface: &str, proto: u16, frames: &[Vec<u8>], bypass: bool) -> Out
         Err(o) => return o,
     };
     let refused = if bypass {
-        setsockopt_int(&sock, libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, 1).err()
+        setsockopt(&sock, libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, &1i32).err()
     } else {
         None
     };
@@ -417,24 +408,13 @@ fn xdp_umem_reg() -> Outcome {
         flags: 0,
         tx_metadata_len: 0,
     };
-    // SAFETY: valid fd and option buffer.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            SOL_XDP,
-            XDP_UMEM_REG,
-            (&reg as *const XdpUmemReg).cast(),
-            size_of::<XdpUmemReg>() as libc::socklen_t,
-        )
-    };
-    let err = std::io::Error::last_os_error();
+    let registered = setsockopt(&sock, SOL_XDP, XDP_UMEM_REG, &reg);
     drop(sock);
     // SAFETY: the mapping made above; the socket holding it is closed.
     unsafe { libc::munmap(mem, len) };
-    if rc == 0 {
-        Outcome { ok: true, errno: None, stage: "setsockopt", reply: None }
-    } else {
-        fail("setsockopt", &err)
+    match registered {
+        Ok(()) => Outcome { ok: true, errno: None, stage: "setsockopt", reply: None },
+        Err(e) => fail("setsockopt", &e),
     }
 }
 
@@ -445,7 +425,7 @@ fn hold_frame_bypass(iface: &str, proto: u16) -> Outcome {
         Ok(s) => s,
         Err(o) => return o,
     };
-    if let Err(e) = setsockopt_int(&sock, libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, 1) {
+    if let Err(e) = setsockopt(&sock, libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, &1i32) {
         return fail("setsockopt", &e);
     }
     print(&Outcome { ok: true, errno: None, stage: "connected", reply: None }, Instant::now());

@@ -133,6 +133,13 @@ struct World {
     pod: PodNet,
     /// The gated host-network pod's cgroup (relative to the tree's base).
     rogue: String,
+    /// The node's and the pod's network namespaces (paths).
+    node: String,
+    pod_ns: String,
+    /// The MAC of the imds side of the uplink veth, and of the pod's gateway (the node's
+    /// end of its veth).
+    imds_mac: Mac,
+    gw: Mac,
     files: Vec<PathBuf>,
 }
 
@@ -154,11 +161,10 @@ impl World {
         );
         std::fs::write(&c.env.policy_file, standalone).expect("policy file");
         let pod = PodNet::new(&c.env.net).expect("pod netns");
-        World { second: None, tap: None, c, pod, rogue, files: Vec::new() }
-    }
-
-    fn node(&self) -> String {
-        self.c.env.net.node_path()
+        let (node, pod_ns) = (c.env.net.node_path(), pod.path());
+        let imds_mac = mac(&c.env.net.imds, "vimds").expect("vimds MAC");
+        let gw = mac(&c.env.net.node, POD_IFACE).expect("vpod MAC");
+        World { second: None, tap: None, c, pod, rogue, node, pod_ns, imds_mac, gw, files: vec![] }
     }
 
     /// Put `gate` in place: stop (and clean up after) the agent running, start the next.
@@ -169,7 +175,7 @@ impl World {
             Gate::Standalone => {
                 let env = &self.c.env;
                 let root = self.c.kubepods();
-                let agent = Agent::start(&env.bins, &self.node(), &env.policy_file, &root);
+                let agent = Agent::start(&env.bins, &self.node, &env.policy_file, &root);
                 self.c.env.agent = Some(agent.expect("standalone agent ready"));
             }
             Gate::Cluster => {
@@ -203,16 +209,6 @@ impl World {
         // A frame dropped on the way out (tc egress) tells its sender ENOBUFS.
         let dropped = o.stage == "send" && o.errno == Some(libc::ENOBUFS);
         assert!(o.ok || dropped, "AF_PACKET send from {cgroup} on {iface}: {o:?}");
-    }
-
-    /// The MAC of the imds side of the uplink veth.
-    fn imds_mac(&self) -> Mac {
-        mac(&self.c.env.net.imds, "vimds").expect("vimds MAC")
-    }
-
-    /// The MAC of the node's end of the pod's veth: the pod's gateway.
-    fn gateway_mac(&self) -> Mac {
-        mac(&self.c.env.net.node, POD_IFACE).expect("vpod MAC")
     }
 
     /// Denials so far, by hook, from the running agent's /metrics (empty without an agent).
@@ -332,14 +328,13 @@ fn pod_rewriting_a_decoy_after_the_socket_hooks_is_refused() {
         ),
     )
     .expect("nft netdev rewrite in the pod");
-    let pod = w.pod.path();
     w.each(|w, gate| {
         let connect = |t: &str, to: To| {
             let decoy = match to {
                 To::Imds => "10.99.9.9",
                 To::Neighbour => "10.99.9.8",
             };
-            let o = w.probe(&pod, &w.c.web, &["tcp", decoy, "80", t]);
+            let o = w.probe(&w.pod_ns, &w.c.web, &["tcp", decoy, "80", t]);
             if gate == Gate::None || matches!(to, To::Neighbour) {
                 let reply = o.reply.as_deref().unwrap_or_default();
                 assert!(reply.starts_with("HTTP/1.0 200") && reply.contains(INSTANCE_ID), "{o:?}");
@@ -357,16 +352,15 @@ fn pod_rewriting_a_decoy_after_the_socket_hooks_is_refused() {
 fn pod_af_packet_frames_to_its_gateway_are_refused() {
     privileged!(pod_af_packet_frames_to_its_gateway_are_refused);
     let mut w = World::new();
-    let (pod, gw) = (w.pod.path(), w.gateway_mac());
     w.each(|w, gate| {
         let udp = |t: &str, to: To| {
-            w.frames(&pod, &w.c.web, "eth0", ETH_P_IP, &[eth(gw, &udp80(POD_V4, to, t))]);
+            w.frames(&w.pod_ns, &w.c.web, "eth0", ETH_P_IP, &[eth(w.gw, &udp80(POD_V4, to, t))]);
         };
         let syn = |t: &str, to: To| {
             let (src, dst) = (v4(POD_V4), to.v4());
             let seg = frame::tcp_syn(&src.octets(), &dst.octets(), 40002, 80, 0, t.as_bytes());
             let ip = frame::ipv4(src, dst, frame::PROTO_TCP, 7, 0, &seg);
-            w.frames(&pod, &w.c.web, "eth0", ETH_P_IP, &[eth(gw, &ip)]);
+            w.frames(&w.pod_ns, &w.c.web, "eth0", ETH_P_IP, &[eth(w.gw, &ip)]);
         };
         w.attempts(
             gate,
@@ -383,12 +377,16 @@ fn pod_af_packet_frames_to_its_gateway_are_refused() {
 fn host_network_af_packet_frames_on_the_uplink_are_refused() {
     privileged!(host_network_af_packet_frames_on_the_uplink_are_refused);
     let mut w = World::new();
-    let (node, dst) = (w.node(), w.imds_mac());
     w.each(|w, gate| {
-        let node = node.as_str();
         let send = |proto: u16| {
             move |t: &str, to: To| {
-                w.frames(node, &w.rogue, "vnode", proto, &[eth(dst, &udp80(NODE_V4, to, t))]);
+                w.frames(
+                    &w.node,
+                    &w.rogue,
+                    "vnode",
+                    proto,
+                    &[eth(w.imds_mac, &udp80(NODE_V4, to, t))],
+                );
             }
         };
         let (ip, lying) = (send(ETH_P_IP), send(0x88b5));
@@ -410,23 +408,27 @@ fn host_network_af_packet_frames_on_the_uplink_are_refused() {
 fn ipv6_extension_header_chains_are_refused() {
     privileged!(ipv6_extension_header_chains_are_refused);
     let mut w = World::new();
-    let (node, pod, gw) = (w.node(), w.pod.path(), w.gateway_mac());
     w.each(|w, gate| {
-        let (node, pod) = (node.as_str(), pod.as_str());
         let packet = |src: &str, n: usize, t: &str, to: To| {
             frame::udp6_dstopts(src.parse().expect("IPv6"), to.v6(), n, 80, t.as_bytes())
         };
         let raw = |n: usize| {
             move |t: &str, to: To| {
                 let hex = frame::to_hex(&packet("fd00:ec2::1", n, t, to));
-                let o = w.probe(node, &w.rogue, &["ip-raw", &hex]);
+                let o = w.probe(&w.node, &w.rogue, &["ip-raw", &hex]);
                 // The egress program drops it; the sender may or may not be told.
                 assert!(o.ok || o.errno == Some(EPERM), "{o:?}");
             }
         };
         let fwd = |n: usize| {
             move |t: &str, to: To| {
-                w.frames(pod, &w.c.web, "eth0", 0x86dd, &[eth(gw, &packet(POD_V6, n, t, to))]);
+                w.frames(
+                    &w.pod_ns,
+                    &w.c.web,
+                    "eth0",
+                    0x86dd,
+                    &[eth(w.gw, &packet(POD_V6, n, t, to))],
+                );
             }
         };
         let (raw7, raw30, fwd7, fwd30) = (raw(7), raw(30), fwd(7), fwd(30));
@@ -451,10 +453,9 @@ fn forwarding_loop_inside_a_pod_is_refused() {
     privileged!(forwarding_loop_inside_a_pod_is_refused);
     let mut w = World::new();
     let lp1 = w.pod.forwarding_loop().expect("forwarding loop in the pod");
-    let pod = w.pod.path();
     w.each(|w, gate| {
         let send = |t: &str, to: To| {
-            w.frames(&pod, &w.c.web, "lp0", ETH_P_IP, &[eth(lp1, &udp80("10.97.0.2", to, t))]);
+            w.frames(&w.pod_ns, &w.c.web, "lp0", ETH_P_IP, &[eth(lp1, &udp80("10.97.0.2", to, t))]);
         };
         w.attempts(gate, true, &[("pod: frame through its own forwarding loop", &send)]);
     });
@@ -469,20 +470,23 @@ fn forwarding_loop_inside_a_pod_is_refused() {
 fn vlan_tagged_frames_are_refused() {
     privileged!(vlan_tagged_frames_are_refused);
     let mut w = World::new();
-    let (node, pod, dst, gw) = (w.node(), w.pod.path(), w.imds_mac(), w.gateway_mac());
     w.each(|w, gate| {
-        let (node, pod) = (node.as_str(), pod.as_str());
         let host = |tags: &'static [(u16, u16)]| {
             move |t: &str, to: To| {
-                let f =
-                    frame::ethernet(dst, frame::SRC_MAC, tags, ETH_P_IP, &udp80(NODE_V4, to, t));
-                w.frames(node, &w.rogue, "vnode", tags[0].0, &[f]);
+                let f = frame::ethernet(
+                    w.imds_mac,
+                    frame::SRC_MAC,
+                    tags,
+                    ETH_P_IP,
+                    &udp80(NODE_V4, to, t),
+                );
+                w.frames(&w.node, &w.rogue, "vnode", tags[0].0, &[f]);
             }
         };
         const QINQ: &[(u16, u16)] = &[(ETH_P_8021AD, 0), (ETH_P_8021Q, 0)];
         let pod_qinq = |t: &str, to: To| {
-            let f = frame::ethernet(gw, frame::SRC_MAC, QINQ, ETH_P_IP, &udp80(POD_V4, to, t));
-            w.frames(pod, &w.c.web, "eth0", ETH_P_8021AD, &[f]);
+            let f = frame::ethernet(w.gw, frame::SRC_MAC, QINQ, ETH_P_IP, &udp80(POD_V4, to, t));
+            w.frames(&w.pod_ns, &w.c.web, "eth0", ETH_P_8021AD, &[f]);
         };
         let (one, qinq) = (host(&[(ETH_P_8021Q, 0)]), host(QINQ));
         w.attempts(
@@ -507,7 +511,6 @@ fn vlan_tagged_frames_are_refused() {
 fn first_fragment_without_its_transport_header_is_refused() {
     privileged!(first_fragment_without_its_transport_header_is_refused);
     let mut w = World::new();
-    let (node, pod, dst, gw) = (w.node(), w.pod.path(), w.imds_mac(), w.gateway_mac());
     w.each(|w, gate| {
         let frames = |mac: Mac, src: &str, t: &str, to: To| {
             let ([first, second], trailer) =
@@ -516,10 +519,10 @@ fn first_fragment_without_its_transport_header_is_refused() {
             vec![first, eth(mac, &second)]
         };
         let from_pod = |t: &str, to: To| {
-            w.frames(&pod, &w.c.web, "eth0", ETH_P_IP, &frames(gw, POD_V4, t, to));
+            w.frames(&w.pod_ns, &w.c.web, "eth0", ETH_P_IP, &frames(w.gw, POD_V4, t, to));
         };
         let from_host = |t: &str, to: To| {
-            w.frames(&node, &w.rogue, "vnode", ETH_P_IP, &frames(dst, NODE_V4, t, to));
+            w.frames(&w.node, &w.rogue, "vnode", ETH_P_IP, &frames(w.imds_mac, NODE_V4, t, to));
         };
         w.attempts(
             gate,
@@ -540,61 +543,64 @@ fn first_fragment_without_its_transport_header_is_refused() {
 fn qdisc_bypass_and_af_xdp_setup_are_refused_to_gated_workloads() {
     privileged!(qdisc_bypass_and_af_xdp_setup_are_refused_to_gated_workloads);
     let mut w = World::new();
-    let (node, pod, dst, gw) = (w.node(), w.pod.path(), w.imds_mac(), w.gateway_mac());
     w.each(|w, gate| {
+        let on_node = |who: &'static str, cgroup: &str, gated: bool| {
+            (who, w.node.as_str(), cgroup.to_owned(), "vnode", w.imds_mac, NODE_V4, gated)
+        };
         let senders = [
-            ("host-network pod", node.as_str(), w.rogue.as_str(), "vnode", dst, NODE_V4, true),
-            ("pod", pod.as_str(), w.c.web.as_str(), "eth0", gw, POD_V4, true),
-            ("allowed host-network pod", node.as_str(), w.c.ccm.as_str(), "vnode", dst, NODE_V4, false),
-            ("host process outside the gated root", node.as_str(), "outside", "vnode", dst, NODE_V4, false),
+            on_node("host-network pod", &w.rogue, true),
+            ("pod", w.pod_ns.as_str(), w.c.web.clone(), "eth0", w.gw, POD_V4, true),
+            on_node("allowed host-network pod", &w.c.ccm, false),
+            on_node("host process outside the gated root", "outside", false),
         ];
         let before = w.denials();
         let mut refused = 0.0;
         for (who, netns, cgroup, iface, mac, src, gated) in senders {
+            let gated = gated && gate != Gate::None;
+            let eperm = |o: &Outcome| (o.stage.as_str(), o.errno) == ("setsockopt", Some(EPERM));
             let t = token("qdisc-bypass");
             let f = frame::to_hex(&eth(mac, &udp80(src, To::Imds, &t)));
-            let o = w.probe(netns, cgroup, &["frame-bypass", iface, "0800", &f]);
-            let gated = gated && gate != Gate::None;
+            let o = w.probe(netns, &cgroup, &["frame-bypass", iface, "0800", &f]);
+            let arrived =
+                w.c.env.imds.wait_for(&t, Duration::from_millis(if gated { 500 } else { 3000 }));
             if gated {
-                assert_eq!((o.stage.as_str(), o.errno), ("setsockopt", Some(EPERM)), "{who}: {o:?}");
+                assert!(eperm(&o), "{who}: PACKET_QDISC_BYPASS not refused: {o:?}");
                 // Sent anyway, without the option: tc drops it (on the uplink's egress, the
                 // sender is told ENOBUFS).
-                assert!(o.reply.as_deref().is_some_and(|r| r == "sent" || r.contains("os error 105")), "{o:?}");
+                let sent = o.reply.as_deref().unwrap_or_default();
+                assert!(sent == "sent" || sent.contains("os error 105"), "{o:?}");
                 assert!(
-                    !w.c.env.imds.wait_for(&t, Duration::from_millis(500)),
+                    !arrived,
                     "{who} under {gate:?}: the frame sent on the refused socket arrived"
                 );
                 refused += 1.0;
             } else {
-                assert_eq!((o.stage.as_str(), o.errno), ("send", None), "{who} under {gate:?}: {o:?}");
-                assert!(
-                    w.c.env.imds.wait_for(&t, Duration::from_secs(3)),
-                    "{who} under {gate:?}: the frame sent with PACKET_QDISC_BYPASS never arrived"
-                );
+                assert_eq!((o.stage.as_str(), o.errno), ("send", None), "{who}: {o:?}");
+                assert!(arrived, "{who} under {gate:?}: the frame sent with the option was lost");
             }
-            let o = w.probe(netns, cgroup, &["xdp-umem-reg"]);
-            if o.stage == "socket" && o.errno == Some(libc::EAFNOSUPPORT) {
-                panic!("{who}: this kernel has no AF_XDP (socket: EAFNOSUPPORT): the refusal cannot be shown");
-            }
+            let o = w.probe(netns, &cgroup, &["xdp-umem-reg"]);
+            let no_xdp = o.stage == "socket" && o.errno == Some(libc::EAFNOSUPPORT);
+            assert!(
+                !no_xdp,
+                "{who}: no AF_XDP in this kernel (EAFNOSUPPORT): cannot show the refusal"
+            );
             if gated {
-                assert_eq!((o.stage.as_str(), o.errno), ("setsockopt", Some(EPERM)), "{who}: {o:?}");
+                assert!(eperm(&o), "{who}: XDP_UMEM_REG not refused: {o:?}");
                 refused += 1.0;
             } else {
                 assert!(o.ok, "{who} under {gate:?}: XDP_UMEM_REG refused: {o:?}");
             }
-            eprintln!(
-                "bypass: {who}: {gate:?}: PACKET_QDISC_BYPASS and XDP_UMEM_REG {}",
-                if gated { "refused with EPERM" } else { "accepted" }
-            );
+            let verdict = if gated { "refused with EPERM" } else { "accepted" };
+            eprintln!("bypass: {who}: {gate:?}: PACKET_QDISC_BYPASS and XDP_UMEM_REG {verdict}");
         }
         if gate != Gate::None {
             let after = w.denials().get("setsockopt").copied().unwrap_or(0.0);
             let counted = after - before.get("setsockopt").copied().unwrap_or(0.0);
             assert_eq!(counted, refused, "setsockopt denials counted");
-            let agent = w.c.env.agent();
-            let line = agent
-                .wait_log(|v| v["message"] == "blocked" && v["hook"] == "setsockopt", Duration::from_secs(5))
-                .expect("setsockopt denial logged");
+            let logged =
+                |v: &serde_json::Value| v["message"] == "blocked" && v["hook"] == "setsockopt";
+            let line = w.c.env.agent().wait_log(logged, Duration::from_secs(5));
+            let line = line.expect("setsockopt denial logged");
             assert_eq!(line["verdict"], "denied", "{line}");
         }
     });
@@ -609,7 +615,6 @@ fn frames_from_a_vm_tap_are_refused() {
     privileged!(frames_from_a_vm_tap_are_refused);
     let mut w = World::new();
     w.tap = Some(Tap::vm(&w.c.env.net).expect("tap"));
-    let node = w.node();
     w.each(|w, gate| {
         let tap = w.tap.as_ref().expect("tap");
         let socketless = |t: &str, to: To| {
@@ -617,7 +622,7 @@ fn frames_from_a_vm_tap_are_refused() {
         };
         let vmm = |t: &str, to: To| {
             let f = frame::to_hex(&eth(tap.mac, &udp80(VM_V4, to, t)));
-            let o = w.probe(&node, &w.c.web, &["tap", TAP_IFACE, &f]);
+            let o = w.probe(&w.node, &w.c.web, &["tap", TAP_IFACE, &f]);
             assert!(o.ok, "{o:?}");
         };
         w.attempts(
@@ -640,7 +645,6 @@ fn host_processes_allowed_pods_and_unprotected_ports_are_served() {
     privileged!(host_processes_allowed_pods_and_unprotected_ports_are_served);
     let mut w = World::new();
     bridge_uplink(&w.c.env.net).expect("bridge");
-    let (node, pod) = (w.node(), w.pod.path());
     w.each(|w, gate| {
         let served = |netns: &str, cgroup: &str, cmd: &str, addr: &str, port: &str| {
             let t = token("served");
@@ -651,12 +655,12 @@ fn host_processes_allowed_pods_and_unprotected_ports_are_served() {
             assert!(w.c.env.imds.wait_for(&t, Duration::from_secs(2)), "token {t} lost");
             eprintln!("bypass: control {cmd} {addr}:{port} from {cgroup}: {gate:?}: served");
         };
-        served(&node, "outside", "tcp", IMDS_V4, "80");
-        served(&node, &w.c.ccm, "tcp", IMDS_V4, "80");
-        served(&pod, &w.c.web, "udp", DNS_V4, "53");
-        served(&pod, &w.c.web, "udp", IMDS_V4, "53");
+        served(&w.node, "outside", "tcp", IMDS_V4, "80");
+        served(&w.node, &w.c.ccm, "tcp", IMDS_V4, "80");
+        served(&w.pod_ns, &w.c.web, "udp", DNS_V4, "53");
+        served(&w.pod_ns, &w.c.web, "udp", IMDS_V4, "53");
         if gate != Gate::None {
-            let o = w.probe(&node, &w.rogue, &["tcp", IMDS_V4, "80", &token("rogue")]);
+            let o = w.probe(&w.node, &w.rogue, &["tcp", IMDS_V4, "80", &token("rogue")]);
             assert_eq!((o.stage.as_str(), o.errno), ("connect", Some(EPERM)), "{o:?}");
         }
     });
@@ -681,7 +685,7 @@ fn a_second_tc_program_still_sees_what_the_gate_passes() {
     for gate in [Gate::Standalone, Gate::Cluster] {
         w.gate(Gate::None);
         w.second = None;
-        let second = Agent::start(&w.c.env.bins, &w.node(), &policy, &root).expect("second agent");
+        let second = Agent::start(&w.c.env.bins, &w.node, &policy, &root).expect("second agent");
         w.second = Some(second);
         w.gate(gate);
         let count = |w: &World| {
@@ -717,10 +721,9 @@ fn a_second_tc_program_still_sees_what_the_gate_passes() {
 fn host_network_frame_looped_through_lo_and_forwarded_is_refused() {
     privileged!(host_network_frame_looped_through_lo_and_forwarded_is_refused);
     let mut w = World::new();
-    let node = w.node();
     w.each(|w, gate| {
         let send = |t: &str, to: To| {
-            w.frames(&node, &w.rogue, "lo", ETH_P_IP, &[eth([0; 6], &udp80(POD_V4, to, t))]);
+            w.frames(&w.node, &w.rogue, "lo", ETH_P_IP, &[eth([0; 6], &udp80(POD_V4, to, t))]);
         };
         w.attempts(gate, true, &[("host network: AF_PACKET frame on lo, forwarded", &send)]);
     });
@@ -735,7 +738,6 @@ fn host_network_frame_looped_through_lo_and_forwarded_is_refused() {
 fn host_network_pod_duplicating_a_rewritten_decoy_with_nft_is_refused() {
     privileged!(host_network_pod_duplicating_a_rewritten_decoy_with_nft_is_refused);
     let mut w = World::new();
-    let node = w.node();
     ip(&w.c.env.net.node, "route add 10.99.9.0/24 dev vnode").expect("route to the decoys");
     nft(
         &w.c.env.net.node,
@@ -757,7 +759,7 @@ fn host_network_pod_duplicating_a_rewritten_decoy_with_nft_is_refused() {
                 To::Neighbour => "10.99.9.8",
             };
             // The original is dropped on egress (EPERM) under a gate; the copy goes out.
-            w.probe(&node, &w.rogue, &["udp", decoy, "80", t]);
+            w.probe(&w.node, &w.rogue, &["udp", decoy, "80", t]);
         };
         w.attempts(gate, true, &[("host network: decoy rewritten and duplicated by nft", &send)]);
     });
@@ -770,7 +772,6 @@ fn host_network_pod_duplicating_a_rewritten_decoy_with_nft_is_refused() {
 fn qdisc_bypass_set_before_the_gate_is_refused() {
     privileged!(qdisc_bypass_set_before_the_gate_is_refused);
     let mut w = World::new();
-    let dst = w.imds_mac();
     for gate in [Gate::Standalone, Gate::Cluster] {
         w.gate(Gate::None);
         let held = w.c.env.hold(&w.rogue, &["hold-frame-bypass", "vnode", "0800"]);
@@ -779,7 +780,7 @@ fn qdisc_bypass_set_before_the_gate_is_refused() {
         let (ti, tn) = (token("pre-gate-bypass"), token("neighbour"));
         let frames: Vec<String> = [(&ti, To::Imds), (&tn, To::Neighbour)]
             .iter()
-            .map(|(t, to)| frame::to_hex(&eth(dst, &udp80(NODE_V4, *to, t))))
+            .map(|(t, to)| frame::to_hex(&eth(w.imds_mac, &udp80(NODE_V4, *to, t))))
             .collect();
         let o = held.send(&frames.join(",")).expect("send on the held socket");
         assert!(o.ok, "{o:?}");
