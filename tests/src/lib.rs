@@ -4,8 +4,8 @@
 //! drop, also when a test panics: network namespaces ([`net::TestNet`]), cgroups
 //! ([`cgroups::CgroupTree`]), the fake metadata service's threads ([`imds::FakeImds`]), the
 //! agent process with its bpffs pin dir ([`agent::Agent`]), a VM's tap ([`tap::Tap`], gone
-//! with its file descriptor). Leftovers of killed test runs
-//! (dead pids) are swept at start ([`sys::sweep_stale`]).
+//! with its file descriptor). Leftovers of killed test runs (dead pids) are swept at start
+//! ([`sys::sweep_stale`]).
 //!
 //! The binaries it runs (gate-agent, `probe`, `bench-probe`) are passed in as a
 //! [`bins::Bins`].
