@@ -259,7 +259,7 @@ pub async fn run(
                         "blocked more often than logged: suppressed denial events"
                     );
                 }
-                if known_changed && ticks % 10 == 0 && let Some(dir) = &sinks.state_dir {
+                if known_changed && ticks.is_multiple_of(10) && let Some(dir) = &sinks.state_dir {
                     if let Err(e) = known.save(dir) {
                         tracing::warn!(error = %e, "keeping workload identities for `report`");
                     }

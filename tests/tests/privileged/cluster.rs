@@ -11,8 +11,8 @@ use serde_json::json;
 
 use super::Env;
 
-const NODE: &str = "node-1";
-const NS: &str = "metadata-gate";
+pub(super) const NODE: &str = "node-1";
+pub(super) const NS: &str = "metadata-gate";
 const CCM_UID: &str = "0b6c0f5e-1111-4a2b-9c3d-000000000001";
 const WEB_UID: &str = "0b6c0f5e-2222-4a2b-9c3d-000000000002";
 
@@ -21,12 +21,18 @@ fn cid(n: u8) -> String {
 }
 
 fn policy(extra_endpoint: &str) -> String {
+    policy_with(&format!(
+        "  - {{name: ec2-imds, cidr: 169.254.169.254/32, ports: [80], protocols: [TCP]}}\n{extra_endpoint}"
+    ))
+}
+
+/// A policy with these `endpoints` entries (YAML list items) that allows the CCM pod.
+pub(super) fn policy_with(endpoints: &str) -> String {
     format!(
         r#"platform: AWS
 mode: enforce
 endpoints:
-  - {{name: ec2-imds, cidr: 169.254.169.254/32, ports: [80], protocols: [TCP]}}
-{extra_endpoint}allow:
+{endpoints}allow:
   - name: aws-cloud-controller-manager
     namespace: openshift-cloud-controller-manager
     podSelector: {{matchLabels: {{k8s-app: aws-cloud-controller-manager}}}}
@@ -46,9 +52,10 @@ fn container_cgroup(uid: &str, id: &str) -> String {
 
 pub(super) struct Cluster {
     pub(super) env: Env,
-    api: KubeApi,
-    ccm: String,
-    /// The `web` pod's container cgroup, relative to the tree's base.
+    pub(super) api: KubeApi,
+    /// The allowed host-network pod's container cgroup (relative to the tree's base).
+    pub(super) ccm: String,
+    /// A pod-network pod's.
     pub(super) web: String,
     dir: PathBuf,
 }
@@ -95,6 +102,32 @@ pub(super) fn cluster() -> Cluster {
 }
 
 impl Cluster {
+    /// Add a host-network pod that no allow entry selects (right namespace, wrong labels);
+    /// returns its container cgroup.
+    pub(super) fn rogue(&self) -> String {
+        const ROGUE_UID: &str = "0b6c0f5e-3333-4a2b-9c3d-000000000003";
+        self.api.put(
+            PODS,
+            kubeapi::pod(
+                "openshift-cloud-controller-manager",
+                "rogue",
+                ROGUE_UID,
+                NODE,
+                json!({"k8s-app": "something-else"}),
+                true,
+                &format!("cri-o://{}", cid(3)),
+            ),
+        );
+        let rogue = container_cgroup(ROGUE_UID, &cid(3));
+        self.env.cg.create(&rogue).expect("rogue cgroup");
+        rogue
+    }
+
+    /// The gated root: the kubepods cgroup of the tree.
+    pub(super) fn kubepods(&self) -> PathBuf {
+        self.dir.join("kubepods.slice")
+    }
+
     fn kubeconfig(&self, token: &str) -> PathBuf {
         let name =
             self.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
@@ -107,9 +140,9 @@ impl Cluster {
     }
 
     /// Start the agent in cluster mode against the double, with `extra` flags.
-    fn start_with(&mut self, extra: &[&str]) {
+    pub(super) fn start_with(&mut self, extra: &[&str]) {
         let kubeconfig = self.kubeconfig("s3cret");
-        let root = self.dir.join("kubepods.slice").to_string_lossy().into_owned();
+        let root = self.kubepods().to_string_lossy().into_owned();
         let kc = kubeconfig.to_string_lossy().into_owned();
         let mut flags = vec![
             "--kubeconfig",
@@ -248,7 +281,7 @@ fn cluster_mode_without_the_crd_uses_the_provider_id_and_a_bad_token_is_named() 
 
     // Wrong credentials: `run` exits and says why.
     let bad = c.kubeconfig("wrong");
-    let root = c.dir.join("kubepods.slice").to_string_lossy().into_owned();
+    let root = c.kubepods().to_string_lossy().into_owned();
     let out = c
         .env
         .gate_agent(
@@ -276,22 +309,7 @@ fn cluster_mode_without_the_crd_uses_the_provider_id_and_a_bad_token_is_named() 
 fn host_network_only_scope_gates_only_host_network_pods() {
     privileged!(host_network_only_scope_gates_only_host_network_pods);
     let mut c = cluster();
-    // A host-network pod that no allow entry selects (right namespace, wrong labels).
-    const ROGUE_UID: &str = "0b6c0f5e-3333-4a2b-9c3d-000000000003";
-    c.api.put(
-        PODS,
-        kubeapi::pod(
-            "openshift-cloud-controller-manager",
-            "rogue",
-            ROGUE_UID,
-            NODE,
-            json!({"k8s-app": "something-else"}),
-            true,
-            &format!("cri-o://{}", cid(3)),
-        ),
-    );
-    let rogue = container_cgroup(ROGUE_UID, &cid(3));
-    c.env.cg.create(&rogue).expect("rogue cgroup");
+    let rogue = c.rogue();
     c.start_with(&["--gate-scope", "host-network-only"]);
     // The pod-network pod is left to the SDN's rules; the host-network ones are gated.
     c.env.assert_served(&c.web, "tcp", IMDS_V4, "80");

@@ -2,18 +2,14 @@
 //! (deploy/examples/standalone-aws.yaml: 169.254.169.254 TCP 80 and fd00:ec2::254 TCP 80
 //! refused from the gated cgroup, `cloud-agent` below it allowed):
 //! no enforcement, metadata-gate, nftables and iptables rules in the workload netns.
-use std::{
-    io::Write as _,
-    path::Path,
-    process::{Command, Stdio},
-};
+use std::path::Path;
 
 use anyhow::{Context as _, Result, bail};
 use integration_tests::{
     agent::Agent,
     bench::{self, IMDS_PORT},
     bins::Bins,
-    net::IMDS_V4,
+    net::{IMDS_V4, nsenter},
 };
 
 use super::world::{World, cgroup_rel, nft_cgroup_path};
@@ -77,36 +73,6 @@ impl Drop for Active {
             }
         }
     }
-}
-
-/// Run a tool in a test network namespace only (nsenter --net keeps the host's /sys, where
-/// nft resolves cgroup paths; `ip netns exec` would remount it).
-pub fn nsenter(netns: &str, program: &str, args: &[&str], stdin: Option<&str>) -> Result<()> {
-    if !netns.starts_with("/run/netns/mg-") {
-        bail!("{netns} is not a test network namespace");
-    }
-    let mut child = Command::new("nsenter")
-        .arg(format!("--net={netns}"))
-        .arg(program)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("nsenter {program}"))?;
-    if let Some(mut w) = child.stdin.take() {
-        w.write_all(stdin.unwrap_or("").as_bytes())?;
-    }
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        bail!(
-            "{program} {} in {netns}: {}{}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim(),
-            stdin.map(|s| format!("\ninput:\n{s}")).unwrap_or_default()
-        );
-    }
-    Ok(())
 }
 
 /// The nftables ruleset a careful administrator would write: cheap address match first,
