@@ -231,26 +231,6 @@ pub fn explain(pinned: &Pinned, cgroup: &Path, dst: &Dst) -> Result<Explanation,
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn destinations_parse() {
-        let d = parse_dst("169.254.169.254:80/tcp").unwrap();
-        assert_eq!((d.addr, d.port, d.proto), (Addr::V4([169, 254, 169, 254]), 80, PROTO_TCP));
-        let d = parse_dst("[fd00:ec2::254]:53/UDP").unwrap();
-        assert_eq!((d.port, d.proto), (53, PROTO_UDP));
-        assert_eq!(parse_dst("fd00:ec2::254").unwrap().port, 80);
-        assert_eq!(
-            parse_dst("::ffff:169.254.169.254").unwrap().addr,
-            Addr::V4([169, 254, 169, 254])
-        );
-        assert!(parse_dst("169.254.169.254:80/sctp").is_err());
-        assert!(parse_dst("nope:80").is_err());
-    }
-}
-
 /// Every protected destination of the live policy, one per (prefix, port, protocol) rule:
 /// the prefix's first address (what `explain` checks when no destination is named).
 pub fn protected_destinations(pinned: &Pinned) -> Vec<Dst> {
@@ -327,4 +307,24 @@ pub async fn pod_cgroup(
         )));
     }
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn destinations_parse() {
+        let d = parse_dst("169.254.169.254:80/tcp").unwrap();
+        assert_eq!((d.addr, d.port, d.proto), (Addr::V4([169, 254, 169, 254]), 80, PROTO_TCP));
+        let d = parse_dst("[fd00:ec2::254]:53/UDP").unwrap();
+        assert_eq!((d.port, d.proto), (53, PROTO_UDP));
+        assert_eq!(parse_dst("fd00:ec2::254").unwrap().port, 80);
+        assert_eq!(
+            parse_dst("::ffff:169.254.169.254").unwrap().addr,
+            Addr::V4([169, 254, 169, 254])
+        );
+        assert!(parse_dst("169.254.169.254:80/sctp").is_err());
+        assert!(parse_dst("nope:80").is_err());
+    }
 }
