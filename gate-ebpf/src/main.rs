@@ -535,7 +535,9 @@ const TC_ACT_SHOT: i32 = 2;
 ///   inside a pod's namespace, a decapsulated tunnel), or with a socket outside the gated
 ///   root where the interface is strict (STRICT_IFACES), or
 /// * it leaves by an uplink, forwarded and without a socket, where the policy gates such
-///   traffic (NODE_GATE_FORWARDED: pod-network traffic, Service DNAT after our ingress).
+///   traffic (NODE_GATE_FORWARDED: pod-network traffic, Service DNAT after our ingress), or
+/// * it was made on this node without a socket and carries more than a bare TCP segment
+///   (a copy a netfilter rule made of a gated socket's packet).
 ///
 /// Everything else goes on to the next program: host processes outside the gated root
 /// (kubelet, CRI-O, the kernel's own sockets), replies, other addresses.
@@ -594,11 +596,17 @@ pub fn gate_tc(ctx: TcContext) -> i32 {
         if !gated && !strict {
             return TC_NEXT;
         }
+    } else if ingress_ifindex == 0 {
+        // Made on this node without a socket: the kernel's own replies carry no request (a
+        // bare TCP segment: a timewait ACK); anything else is a copy a rule made of some
+        // socket's packet (nft `dup`), which no cgroup hook judged.
+        if parsed.complete && parsed.bare {
+            return TC_NEXT;
+        }
     } else if !on_ingress {
-        let forwarded_gated = meta.is_none_or(|m| m.node_flags & NODE_GATE_FORWARDED != 0);
-        // Made by this node without a socket (kernel replies), or forwarded traffic that this
-        // policy leaves to the pod network.
-        if ingress_ifindex == 0 || !forwarded_gated {
+        // Forwarded: refused where the policy gates such traffic, else left to the pod
+        // network.
+        if meta.is_some_and(|m| m.node_flags & NODE_GATE_FORWARDED == 0) {
             return TC_NEXT;
         }
     }
