@@ -237,6 +237,12 @@ impl Engine {
         };
         // The gate is attached: connections opened before it are cut before we report ready.
         engine.terminate_established(allow_set.clone()).await;
+        if let Some(n) =
+            terminate::packet_sockets_before_gate(&engine.root, &engine.policy, allow_set.clone())
+                .await
+        {
+            engine.metrics.pregate_packet_sockets.set(n as i64);
+        }
         engine.keep_state(true);
         let (policy, root) = (&engine.policy, &engine.root);
         engine.ready.store(true, Ordering::Release);

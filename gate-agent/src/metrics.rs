@@ -7,6 +7,7 @@ use prometheus_client::{
     encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
     metrics::{
         MetricType, counter::ConstCounter, counter::Counter, family::Family, gauge::ConstGauge,
+        gauge::Gauge,
     },
     registry::Registry,
 };
@@ -26,6 +27,8 @@ pub struct ReloadLabels {
 pub struct AgentMetrics {
     pub reloads: Family<ReloadLabels, Counter>,
     pub repairs: Family<RepairLabels, Counter>,
+    /// AF_PACKET sockets held by gated processes since before the gate (found at start).
+    pub pregate_packet_sockets: Gauge,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -183,6 +186,11 @@ pub fn registry(shared: Shared, agent: &AgentMetrics) -> Registry {
         "metadata_gate_repairs",
         "Parts of the gate found missing and put back by the running agent, by what",
         agent.repairs.clone(),
+    );
+    r.register(
+        "metadata_gate_pregate_packet_sockets",
+        "AF_PACKET sockets that gated processes opened before the gate (found at start; one that set PACKET_QDISC_BYPASS skips tc: restart its pod)",
+        agent.pregate_packet_sockets.clone(),
     );
     r.register_collector(Box::new(GateCollector(shared)));
     r

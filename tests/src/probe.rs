@@ -82,6 +82,11 @@ impl Held {
         Ok(h)
     }
 
+    /// The probe's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     fn next(&mut self) -> Result<Outcome> {
         let mut line = String::new();
         self.stdout.read_line(&mut line)?;

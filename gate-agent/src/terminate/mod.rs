@@ -31,9 +31,12 @@
 //! sockets are left alone (their packets are still dropped on egress); so are sockets in a
 //! namespace in which no gated process lives any more (other than the agent's own).
 //!
-//! Three rooms: this module decides ([`Judge`]) and reports ([`Report`], the log lines of
+//! AF_PACKET sockets that predate the gate cannot be destroyed; [`packet_sockets_before_gate`]
+//! names their holders instead (see `packet`).
+//!
+//! Four rooms: this module decides ([`Judge`]) and reports ([`Report`], the log lines of
 //! [`after_policy_change`]); `scan` finds the namespaces and sockets to judge; `diag` is the
-//! NETLINK_SOCK_DIAG client that dumps and destroys them.
+//! NETLINK_SOCK_DIAG client that dumps and destroys them; `packet` finds packet sockets.
 use std::{fmt, io, net::SocketAddr, path::PathBuf};
 
 use gate_common::{
@@ -46,9 +49,11 @@ use gate_common::{
 use crate::{cgroup::GatedRoot, netns::NetnsError, policy::Policy};
 
 mod diag;
+mod packet;
 mod scan;
 
 pub use diag::WireError;
+pub use packet::PacketHolder;
 pub use scan::terminate_established;
 
 /// What can stop a scan, or one namespace of it.
@@ -189,15 +194,18 @@ impl Judge {
     /// are `chain` (outermost first), or `None` if `dst` is not protected.
     fn verdict(&self, dst: &Dst, chain: &[u64]) -> Option<(u32, u32)> {
         let endpoint = match_endpoint(&self.tables, self.generation, dst)?;
+        Some((endpoint, decide(self.mode, self.allowed(chain))))
+    }
+
+    /// Whether a cgroup whose ids below the gated root are `chain` is allowed.
+    fn allowed(&self, chain: &[u64]) -> bool {
         let ancestor = |level: u32| {
             level
                 .checked_sub(self.root_level + 1)
                 .and_then(|i| chain.get(i as usize).copied())
                 .unwrap_or(0)
         };
-        let allowed =
-            cgroup_allowed(&self.tables, self.generation, self.root_level, ancestor).is_some();
-        Some((endpoint, decide(self.mode, allowed)))
+        cgroup_allowed(&self.tables, self.generation, self.root_level, ancestor).is_some()
     }
 }
 
@@ -262,6 +270,36 @@ pub async fn after_policy_change(
         "established connections checked"
     );
     Some(report)
+}
+
+/// Name every AF_PACKET socket a gated, not allowed process holds (see [`packet`]); call it
+/// once the gate is attached. Returns how many there are (`None`: the scan failed).
+pub async fn packet_sockets_before_gate(
+    root: &GatedRoot,
+    policy: &Policy,
+    allow: AllowSet,
+) -> Option<usize> {
+    let (root, policy) = (root.clone(), policy.clone());
+    let holders = tokio::task::spawn_blocking(move || {
+        packet::packet_holders(&root, &Judge::new(&policy, &root, &allow))
+    })
+    .await;
+    let holders = match holders {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::error!(error = %e, "looking for AF_PACKET sockets that predate the gate");
+            return None;
+        }
+    };
+    for h in &holders {
+        tracing::warn!(
+            pid = h.pid, comm = %h.comm, cgroup = %h.cgroup.display(), inode = h.inode,
+            "a gated process holds an AF_PACKET socket opened before the gate: if it set \
+             PACKET_QDISC_BYPASS, its frames skip every tc program, this gate's included; \
+             restart it"
+        );
+    }
+    Some(holders.len())
 }
 
 #[cfg(test)]

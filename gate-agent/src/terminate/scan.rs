@@ -27,10 +27,10 @@ use crate::{
 
 /// The cgroups at or below the gated root: id → (relative path, ids of the path's
 /// components below the root, outermost first).
-struct CgroupIndex(HashMap<u64, (PathBuf, Vec<u64>)>);
+pub(super) struct CgroupIndex(HashMap<u64, (PathBuf, Vec<u64>)>);
 
 impl CgroupIndex {
-    fn new(root_id: u64, walked: Vec<(PathBuf, u64)>) -> CgroupIndex {
+    pub(super) fn new(root_id: u64, walked: Vec<(PathBuf, u64)>) -> CgroupIndex {
         let by_path: HashMap<&Path, u64> =
             walked.iter().map(|(p, id)| (p.as_path(), *id)).collect();
         let mut map: HashMap<u64, (PathBuf, Vec<u64>)> = walked
@@ -55,6 +55,11 @@ impl CgroupIndex {
 
     fn paths(&self) -> impl Iterator<Item = &Path> {
         self.0.values().map(|(p, _)| p.as_path())
+    }
+
+    /// (relative path, ids below the root) of every indexed cgroup.
+    pub(super) fn entries(&self) -> impl Iterator<Item = (&Path, &[u64])> {
+        self.0.values().map(|(p, chain)| (p.as_path(), chain.as_slice()))
     }
 }
 
