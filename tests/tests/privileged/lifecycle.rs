@@ -54,8 +54,17 @@ fn sigkill_keeps_the_gate_closed_and_a_restart_adopts_it() {
         .unwrap_or_default();
     assert_eq!(
         hooks,
-        ["connect4", "connect6", "egress", "sendmsg4", "sendmsg6", "setsockopt", "tc-egress-vnode"],
-        "the cgroup hooks and the uplink's node-level link: {down}"
+        [
+            "connect4",
+            "connect6",
+            "egress",
+            "sendmsg4",
+            "sendmsg6",
+            "setsockopt",
+            "tc-egress-lo",
+            "tc-egress-vnode"
+        ],
+        "the cgroup hooks and the node-level links of lo and the uplink: {down}"
     );
     assert_eq!(prog_ids(&down), prog_ids(&before), "programs changed while no agent ran");
     let eps = &down["policy"]["endpoints"];
