@@ -710,13 +710,12 @@ fn a_second_tc_program_still_sees_what_the_gate_passes() {
     w.second = None;
 }
 
-/// Finding: a gated host-network pod with CAP_NET_RAW sends a frame on an AF_PACKET socket
+/// Case 11: a gated host-network pod with CAP_NET_RAW sends a frame on an AF_PACKET socket
 /// bound to `lo`, to the metadata address from a foreign source (the pod's). Loopback
 /// drops the frame's socket before it is received, and the node, which forwards as every
-/// Kubernetes node does, routes it out of the uplink: at the uplink's egress it is
-/// forwarded traffic without a socket, which only a policy that gates forwarded traffic
-/// refuses. (Loopback takes no node-level program, and forwarded traffic is left alone in
-/// standalone mode and with `--gate-scope host-network-only`.)
+/// Kubernetes node does, routes it out of the uplink, where it is forwarded traffic without
+/// a socket (gated only in cluster all-pods mode). Closed where it starts: the node-level
+/// program is on `lo`'s egress too, where the frame still has the pod's socket.
 #[test]
 fn host_network_frame_looped_through_lo_and_forwarded_is_refused() {
     privileged!(host_network_frame_looped_through_lo_and_forwarded_is_refused);
@@ -729,11 +728,12 @@ fn host_network_frame_looped_through_lo_and_forwarded_is_refused() {
     });
 }
 
-/// Finding: a gated host-network pod with CAP_NET_ADMIN (in its own namespace, the node's)
+/// Case 12: a gated host-network pod with CAP_NET_ADMIN (in its own namespace, the node's)
 /// sends UDP to a decoy, which the socket hooks let through, and an nftables output rule
 /// rewrites it to the metadata address and duplicates it (`dup to`). The egress hook drops
 /// the original, but the duplicate is a copy without a socket, made on this node (no
-/// ingress interface): the node-level program takes it for the kernel's own traffic.
+/// ingress interface). The node-level program passes such local socketless packets only
+/// when they are a bare TCP segment (the kernel's own resets and ACKs): the copy is refused.
 #[test]
 fn host_network_pod_duplicating_a_rewritten_decoy_with_nft_is_refused() {
     privileged!(host_network_pod_duplicating_a_rewritten_decoy_with_nft_is_refused);
