@@ -121,7 +121,12 @@ impl Agent {
 
     fn spawn(&mut self, extra: &[&str]) -> Result<()> {
         let mut cmd = agent_command(&self.bin)?;
-        cmd.args(["run", "--log-format", "json", "--rescan-ms", "200", "--listen", &self.listen])
+        cmd.args(["run", "--log-format", "json", "--listen", &self.listen]);
+        // A short rescan unless the test sets its own.
+        if !extra.contains(&"--rescan-ms") {
+            cmd.args(["--rescan-ms", "200"]);
+        }
+        cmd
             .args(&self.mode_args)
             .arg("--pin-dir")
             .arg(&self.pin_dir)

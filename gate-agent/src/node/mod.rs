@@ -127,9 +127,11 @@ impl NodeLevel {
         Ok(report)
     }
 
-    /// A socket on the namespace's link and route events.
+    /// A socket on the namespace's link, route and tc events (a clsact qdisc or filter
+    /// someone deleted is put back at once, not at the next tick).
     fn events(&self) -> Result<NlSocket, NodeError> {
-        let groups = rtnl::RTMGRP_LINK | rtnl::RTMGRP_IPV4_ROUTE | rtnl::RTMGRP_IPV6_ROUTE;
+        let groups =
+            rtnl::RTMGRP_LINK | rtnl::RTMGRP_TC | rtnl::RTMGRP_IPV4_ROUTE | rtnl::RTMGRP_IPV6_ROUTE;
         let sock = netns::run_in(self.netns(), "mg-rtnl", || {
             NlSocket::subscribe(libc::NETLINK_ROUTE, groups)
         })?;
@@ -160,8 +162,8 @@ impl std::os::fd::AsRawFd for EventFd {
     }
 }
 
-/// Keep the attachments in step with the namespace until the task is dropped: on link and
-/// route events (debounced by `settle`), when the protected addresses change, and every
+/// Keep the attachments in step with the namespace until the task is dropped: on link, route
+/// and tc events (debounced by `settle`), when the protected addresses change, and every
 /// `verify`.
 pub async fn watch(
     node: Arc<NodeLevel>,
@@ -182,7 +184,7 @@ pub async fn watch(
     let events = match registered {
         Ok(fd) => Some(fd),
         Err(e) => {
-            tracing::error!(error = %e, "watching link and route events; relying on the periodic check");
+            tracing::error!(error = %e, "watching link, route and tc events; relying on the periodic check");
             None
         }
     };

@@ -22,8 +22,9 @@ const RTA_MULTIPATH: u16 = 9;
 const RTA_TABLE: u16 = 15;
 const RTN_UNICAST: u8 = 1;
 const IFF_LOOPBACK: u32 = 0x8;
-/// Multicast groups: links, IPv4 routes, IPv6 routes.
+/// Multicast groups: links, tc (qdiscs and filters), IPv4 routes, IPv6 routes.
 pub const RTMGRP_LINK: u32 = 0x1;
+pub const RTMGRP_TC: u32 = 0x8;
 pub const RTMGRP_IPV4_ROUTE: u32 = 0x40;
 pub const RTMGRP_IPV6_ROUTE: u32 = 0x400;
 
