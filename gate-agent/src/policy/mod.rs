@@ -1,7 +1,7 @@
 //! The policy: which endpoints are protected and who may still reach them.
 //!
 //! A policy is a YAML document (a file in standalone mode, the ConfigMap key `policy.yaml` in a
-//! cluster) with the schema of DESIGN.md, section "Policy":
+//! cluster) with this schema (every field: docs/policy.md):
 //!
 //! ```yaml
 //! platform: AWS
@@ -41,7 +41,7 @@ mod validate;
 #[cfg(test)]
 mod tests;
 
-/// The OpenShift `PlatformType` values a policy may name (see shared/PLATFORMS.md).
+/// The OpenShift `PlatformType` values a policy may name (docs/platforms.md).
 pub const PLATFORMS: &[&str] = &[
     "AWS",
     "Azure",

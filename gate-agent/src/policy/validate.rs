@@ -203,7 +203,7 @@ fn mode(cx: &Ctx, mode: Option<String>) -> Result<Mode> {
 
 /// OVN-Kubernetes masquerade subnets: node networking breaks if these are blocked. The
 /// current defaults are 169.254.0.0/17 and fd69::/112; clusters installed before OpenShift 4.14
-/// keep the old 169.254.169.0/29 (169.254.169.1-.5 in PLATFORMS.md) and fd69::/125, which the
+/// keep the old 169.254.169.0/29 (169.254.169.1-.5; docs/policy.md) and fd69::/125, which the
 /// /112 contains.
 fn masquerade_nets() -> [IpNet; 3] {
     [
