@@ -126,8 +126,7 @@ impl Agent {
         if !extra.contains(&"--rescan-ms") {
             cmd.args(["--rescan-ms", "200"]);
         }
-        cmd
-            .args(&self.mode_args)
+        cmd.args(&self.mode_args)
             .arg("--pin-dir")
             .arg(&self.pin_dir)
             .args(extra)
