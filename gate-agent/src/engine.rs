@@ -167,7 +167,7 @@ pub struct Engine {
     last_text: Option<String>,
     /// A valid policy whose apply failed: retried with backoff by [`Engine::sync`].
     retry: Option<Retry>,
-    _server: tokio::task::JoinHandle<()>,
+    server: server::Server,
 }
 
 impl Engine {
@@ -200,8 +200,7 @@ impl Engine {
         let shared = metrics::Shared { gate: gate.clone(), sinks: sinks.clone() };
         let server =
             server::serve(cfg.listen, ready.clone(), metrics::registry(shared, &agent_metrics))
-                .await
-                .with_context(|| format!("listening on {}", cfg.listen))?;
+                .await?;
         if let Some((ring, tally)) = ring {
             let sinks = sinks.clone();
             tokio::spawn(async move {
@@ -233,7 +232,7 @@ impl Engine {
             _node_watch: node_watch,
             last_text: None,
             retry: None,
-            _server: server,
+            server,
         };
         // The gate is attached: connections opened before it are cut before we report ready.
         engine.terminate_established(allow_set.clone()).await;
@@ -244,7 +243,7 @@ impl Engine {
             engine.metrics.pregate_packet_sockets.set(n as i64);
         }
         engine.keep_state(true);
-        let (policy, root) = (&engine.policy, &engine.root);
+        let (policy, root, http) = (&engine.policy, &engine.root, &engine.server);
         engine.ready.store(true, Ordering::Release);
         tracing::info!(
             policy = %policy.source,
@@ -257,6 +256,8 @@ impl Engine {
             mode = %policy.mode,
             endpoints = policy.endpoints.len(),
             allowed_cgroups = allow_set.len(),
+            probes = %http.probes,
+            metrics = %http.metrics,
             "ready"
         );
         if let Ok(g) = engine.gate.lock() {
