@@ -165,6 +165,8 @@ pub struct Engine {
     /// The policy text last judged for good: applied, or refused as invalid. One change is
     /// judged once; a text that failed to *apply* is not recorded here but retried.
     last_text: Option<String>,
+    /// Whether `last_text` was refused (so the policy in force is not the newest one).
+    last_refused: bool,
     /// A valid policy whose apply failed: retried with backoff by [`Engine::sync`].
     retry: Option<Retry>,
     server: server::Server,
@@ -231,6 +233,7 @@ impl Engine {
             protected,
             _node_watch: node_watch,
             last_text: None,
+            last_refused: false,
             retry: None,
             server,
         };
@@ -311,13 +314,16 @@ impl Engine {
         }
     }
 
-    /// Log and count a policy that was refused: the one place both modes report it.
+    /// Log and count a policy that was refused: the one place both modes report it. Until a
+    /// policy is applied (or the newest text turns out to be the live policy),
+    /// `metadata_gate_policy_rejected` stays 1.
     pub fn refuse(&self, source: &str, trigger: &str, why: &str) {
         tracing::error!(
             trigger, policy = %source, error = %why, live_policy_hash = %self.policy.hash(),
             "policy rejected; the last good policy stays in force"
         );
         self.metrics.reload("failure");
+        self.metrics.policy_rejected.set(1);
     }
 
     /// Judge a policy text from `source` and, if it is good and new, swap it in atomically.
@@ -329,12 +335,14 @@ impl Engine {
         if self.last_text.as_deref() == Some(text) {
             tracing::debug!(trigger, "policy unchanged");
             self.metrics.reload("unchanged");
+            self.metrics.policy_rejected.set(i64::from(self.last_refused));
             return Offer::Unchanged;
         }
         let candidate = match Policy::parse(source, text) {
             Ok(c) => c,
             Err(e) => {
                 self.last_text = Some(text.to_owned());
+                self.last_refused = true;
                 self.retry = None;
                 let msg = e.to_string();
                 self.refuse(source, trigger, &msg);
@@ -343,8 +351,10 @@ impl Engine {
         };
         if candidate.hash() == self.policy.hash() {
             self.last_text = Some(text.to_owned());
+            self.last_refused = false;
             self.retry = None;
             self.metrics.reload("unchanged");
+            self.metrics.policy_rejected.set(0);
             return Offer::Unchanged;
         }
         let allow_set = self.allow.allow_set(&candidate);
@@ -380,7 +390,9 @@ impl Engine {
             }
         };
         self.last_text = Some(text.to_owned());
+        self.last_refused = false;
         self.retry = None;
+        self.metrics.policy_rejected.set(0);
         if let Ok(mut n) = self.sinks.endpoints.write() {
             *n = names;
         }

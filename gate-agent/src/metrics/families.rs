@@ -87,6 +87,12 @@ pub const POLICY_RELOADS: Family = Family {
     help: "Policy reloads by result (failure: refused, the last good policy stays)",
     labels: &["result"],
 };
+pub const POLICY_REJECTED: Family = Family {
+    name: "metadata_gate_policy_rejected",
+    kind: Kind::Gauge,
+    help: "1 while the newest policy offered (file or ConfigMap) was refused and the last good one stays in force; 0 once the newest is in force",
+    labels: &[],
+};
 pub const REPAIRS: Family = Family {
     name: "metadata_gate_repairs",
     kind: Kind::Counter,
@@ -111,6 +117,7 @@ pub const ALL: &[Family] = &[
     MAP_ENTRIES,
     MAP_CAPACITY,
     POLICY_RELOADS,
+    POLICY_REJECTED,
     REPAIRS,
     PREGATE_PACKET_SOCKETS,
 ];

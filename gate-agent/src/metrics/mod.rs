@@ -23,7 +23,8 @@ use crate::{
 };
 use families::{
     DECISIONS, ENDPOINT_DECISIONS, EVENTS_LOST, Kind, MAP_CAPACITY, MAP_ENTRIES, POLICY_GENERATION,
-    POLICY_RELOADS, PREGATE_PACKET_SOCKETS, REPAIRS, WORKLOAD_ACCESSES, WORKLOAD_DENIALS,
+    POLICY_REJECTED, POLICY_RELOADS, PREGATE_PACKET_SOCKETS, REPAIRS, WORKLOAD_ACCESSES,
+    WORKLOAD_DENIALS,
 };
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -33,12 +34,39 @@ pub struct ReloadLabels {
 }
 
 /// Agent-side metrics the rest of the agent updates.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct AgentMetrics {
     pub reloads: Family<ReloadLabels, Counter>,
     pub repairs: Family<RepairLabels, Counter>,
+    /// 1 while the newest policy offered was refused (the last good one stays in force).
+    pub policy_rejected: Gauge,
     /// AF_PACKET sockets held by gated processes since before the gate (found at start).
     pub pregate_packet_sockets: Gauge,
+}
+
+/// Every `result` of a reload.
+pub const RELOAD_RESULTS: [&str; 3] = ["success", "failure", "unchanged"];
+/// Every part of the gate the agent repairs.
+pub const REPAIRED: [&str; 5] = ["root", "link", "map-pin", "program-pin", "tc"];
+
+impl Default for AgentMetrics {
+    /// Every reload result and repaired part starts at 0, so that an alert on `increase()`
+    /// sees the first one (a series that appears at 1 has not increased).
+    fn default() -> Self {
+        let m = AgentMetrics {
+            reloads: Family::default(),
+            repairs: Family::default(),
+            policy_rejected: Gauge::default(),
+            pregate_packet_sockets: Gauge::default(),
+        };
+        for result in RELOAD_RESULTS {
+            let _ = m.reloads.get_or_create(&ReloadLabels { result });
+        }
+        for what in REPAIRED {
+            let _ = m.repairs.get_or_create(&RepairLabels { what });
+        }
+        m
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -196,6 +224,7 @@ pub fn registry(shared: Shared, agent: &AgentMetrics) -> Registry {
 fn register_agent(r: &mut Registry, agent: &AgentMetrics) {
     r.register(POLICY_RELOADS.name, POLICY_RELOADS.help, agent.reloads.clone());
     r.register(REPAIRS.name, REPAIRS.help, agent.repairs.clone());
+    r.register(POLICY_REJECTED.name, POLICY_REJECTED.help, agent.policy_rejected.clone());
     r.register(
         PREGATE_PACKET_SOCKETS.name,
         PREGATE_PACKET_SOCKETS.help,
@@ -296,6 +325,21 @@ mod tests {
             .map(|f| (f.sample_name(), f.labels.iter().map(|l| (*l).to_owned()).collect()))
             .collect();
         assert_eq!(samples, want, "sample names and labels vs families::ALL\n{text}");
+    }
+
+    #[test]
+    fn reload_and_repair_counters_start_at_zero() {
+        let text = exposition();
+        for result in RELOAD_RESULTS {
+            let want = if result == "failure" { 1 } else { 0 };
+            let line = format!("metadata_gate_policy_reloads_total{{result=\"{result}\"}} {want}");
+            assert!(text.lines().any(|l| l == line), "{line}\n{text}");
+        }
+        for what in REPAIRED {
+            let want = if what == "link" { 1 } else { 0 };
+            let line = format!("metadata_gate_repairs_total{{what=\"{what}\"}} {want}");
+            assert!(text.lines().any(|l| l == line), "{line}\n{text}");
+        }
     }
 
     #[test]

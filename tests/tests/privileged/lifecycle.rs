@@ -187,6 +187,7 @@ fn policy_file_edits_are_live_and_a_bad_edit_keeps_the_last_good() {
         "{body}"
     );
     assert_eq!(metric(&body, "metadata_gate_policy_generation"), Some(2.0), "{body}");
+    assert_eq!(metric(&body, "metadata_gate_policy_rejected"), Some(1.0), "{body}");
     assert_eq!(status(&env)["policy"]["generation"], 2);
 
     // An in-place rewrite back to the original opens NTP again; SIGHUP with no change is a no-op.
@@ -198,6 +199,8 @@ fn policy_file_edits_are_live_and_a_bad_edit_keeps_the_last_good() {
         )
         .unwrap_or_else(|| panic!("policy not applied: {:#?}", env.agent().logs()));
     env.assert_served("gated/pod-a", "udp", NTP_V4, "123");
+    let (_, body) = env.agent().http_get("/metrics").expect("metrics");
+    assert_eq!(metric(&body, "metadata_gate_policy_rejected"), Some(0.0), "{body}");
     env.agent().signal(libc::SIGHUP);
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
