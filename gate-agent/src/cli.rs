@@ -9,6 +9,7 @@ use crate::{
     config::{AgentConfig, ClusterConfig, GateConfig, RunMode},
     loader::{EgressProgram, TcMode},
     node::NodeConfig,
+    server::Listen,
 };
 
 /// Flags that do not fit together, or a value that does not parse.
@@ -20,11 +21,18 @@ pub enum ConfigError {
     NoNodeName,
     #[error("--policy-configmap {0:?}: expected NAMESPACE/NAME")]
     ConfigMapRef(String),
+    #[error(
+        "--metrics-listen {0} is the --listen address: leave it out to serve /metrics there too"
+    )]
+    SameListen(SocketAddr),
 }
 
 impl RunArgs {
     /// The run configuration these flags ask for.
     pub fn into_config(self) -> Result<AgentConfig, ConfigError> {
+        if self.metrics_listen == Some(self.listen) {
+            return Err(ConfigError::SameListen(self.listen));
+        }
         let mode = match (self.policy, self.cgroup_root.clone()) {
             (Some(policy), Some(cgroup_root)) => RunMode::Standalone { policy, cgroup_root },
             (Some(_), None) => return Err(ConfigError::PolicyWithoutRoot),
@@ -78,7 +86,7 @@ impl RunArgs {
                 },
                 terminate_established: self.terminate_established,
             },
-            listen: self.listen,
+            listen: Listen { probes: self.listen, metrics: self.metrics_listen },
             rescan: Duration::from_millis(self.rescan_ms.max(50)),
             state_dir: self.state_dir,
         })
@@ -246,9 +254,14 @@ pub struct RunArgs {
     /// bpffs directory for pinned programs and maps (bpffs is mounted on its parent if missing)
     #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
     pub pin_dir: PathBuf,
-    /// Address for /healthz, /readyz and /metrics
+    /// Address for /healthz and /readyz, and for /metrics unless --metrics-listen is given
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9750")]
     pub listen: SocketAddr,
+    /// Serve /metrics on this address instead, and only /healthz and /readyz on --listen (the
+    /// DaemonSet: the probes on the node's addresses for the kubelet, /metrics on loopback for
+    /// the kube-rbac-proxy sidecar, which serves it on with TLS and RBAC)
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
     /// Keep the last good policy, the allow set and a copy of this binary here, for the
     /// boot step that closes the gate before the kubelet starts (`gate-agent boot`); the
     /// DaemonSet uses /var/lib/metadata-gate on the host
@@ -373,5 +386,36 @@ impl From<TcModeArg> for TcMode {
             TcModeArg::Tcx => TcMode::Tcx,
             TcModeArg::Clsact => TcMode::Clsact,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(extra: &[&str]) -> Result<AgentConfig, ConfigError> {
+        let args = ["gate-agent", "run", "--policy", "p", "--cgroup-root", "c"];
+        match Cli::try_parse_from(args.iter().chain(extra)).expect("flags parse").command {
+            Command::Run(r) => r.into_config(),
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn metrics_share_the_listen_address_unless_given_their_own() {
+        let cfg = config(&[]).expect("config");
+        let probes: SocketAddr = "127.0.0.1:9750".parse().expect("addr");
+        assert_eq!(cfg.listen, Listen { probes, metrics: None });
+
+        let cfg = config(&["--listen", "0.0.0.0:9750", "--metrics-listen", "127.0.0.1:9751"])
+            .expect("config");
+        assert_eq!(cfg.listen.probes, "0.0.0.0:9750".parse().expect("addr"));
+        assert_eq!(cfg.listen.metrics, Some("127.0.0.1:9751".parse().expect("addr")));
+    }
+
+    #[test]
+    fn metrics_apart_on_the_listen_address_is_refused() {
+        let e = config(&["--metrics-listen", "127.0.0.1:9750"]).expect_err("same address");
+        assert!(matches!(e, ConfigError::SameListen(_)), "{e}");
     }
 }

@@ -1,8 +1,8 @@
 //! What `gate-agent run` was asked to do, free of the command line: [`crate::cli`] builds an
 //! [`AgentConfig`] from the flags and nothing below `main` sees clap.
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{path::PathBuf, time::Duration};
 
-use crate::{cluster::identity::Scope, loader::EgressProgram, node::NodeConfig};
+use crate::{cluster::identity::Scope, loader::EgressProgram, node::NodeConfig, server::Listen};
 
 /// Everything `run` needs.
 #[derive(Clone, Debug)]
@@ -10,8 +10,8 @@ pub struct AgentConfig {
     /// Where policies and the allow set come from.
     pub mode: RunMode,
     pub gate: GateConfig,
-    /// Address for /healthz, /readyz and /metrics.
-    pub listen: SocketAddr,
+    /// Where /healthz, /readyz and /metrics are served.
+    pub listen: Listen,
     /// How often allow globs are re-evaluated and the node-level attachments verified.
     pub rescan: Duration,
     /// Where the node keeps the last good policy, the allow set and the agent's binary for

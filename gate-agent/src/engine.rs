@@ -165,9 +165,11 @@ pub struct Engine {
     /// The policy text last judged for good: applied, or refused as invalid. One change is
     /// judged once; a text that failed to *apply* is not recorded here but retried.
     last_text: Option<String>,
+    /// Whether `last_text` was refused (so the policy in force is not the newest one).
+    last_refused: bool,
     /// A valid policy whose apply failed: retried with backoff by [`Engine::sync`].
     retry: Option<Retry>,
-    _server: tokio::task::JoinHandle<()>,
+    server: server::Server,
 }
 
 impl Engine {
@@ -200,8 +202,7 @@ impl Engine {
         let shared = metrics::Shared { gate: gate.clone(), sinks: sinks.clone() };
         let server =
             server::serve(cfg.listen, ready.clone(), metrics::registry(shared, &agent_metrics))
-                .await
-                .with_context(|| format!("listening on {}", cfg.listen))?;
+                .await?;
         if let Some((ring, tally)) = ring {
             let sinks = sinks.clone();
             tokio::spawn(async move {
@@ -232,8 +233,9 @@ impl Engine {
             protected,
             _node_watch: node_watch,
             last_text: None,
+            last_refused: false,
             retry: None,
-            _server: server,
+            server,
         };
         // The gate is attached: connections opened before it are cut before we report ready.
         engine.terminate_established(allow_set.clone()).await;
@@ -244,7 +246,7 @@ impl Engine {
             engine.metrics.pregate_packet_sockets.set(n as i64);
         }
         engine.keep_state(true);
-        let (policy, root) = (&engine.policy, &engine.root);
+        let (policy, root, http) = (&engine.policy, &engine.root, &engine.server);
         engine.ready.store(true, Ordering::Release);
         tracing::info!(
             policy = %policy.source,
@@ -257,6 +259,8 @@ impl Engine {
             mode = %policy.mode,
             endpoints = policy.endpoints.len(),
             allowed_cgroups = allow_set.len(),
+            probes = %http.probes,
+            metrics = %http.metrics,
             "ready"
         );
         if let Ok(g) = engine.gate.lock() {
@@ -310,13 +314,16 @@ impl Engine {
         }
     }
 
-    /// Log and count a policy that was refused: the one place both modes report it.
+    /// Log and count a policy that was refused: the one place both modes report it. Until a
+    /// policy is applied (or the newest text turns out to be the live policy),
+    /// `metadata_gate_policy_rejected` stays 1.
     pub fn refuse(&self, source: &str, trigger: &str, why: &str) {
         tracing::error!(
             trigger, policy = %source, error = %why, live_policy_hash = %self.policy.hash(),
             "policy rejected; the last good policy stays in force"
         );
         self.metrics.reload("failure");
+        self.metrics.policy_rejected.set(1);
     }
 
     /// Judge a policy text from `source` and, if it is good and new, swap it in atomically.
@@ -328,12 +335,14 @@ impl Engine {
         if self.last_text.as_deref() == Some(text) {
             tracing::debug!(trigger, "policy unchanged");
             self.metrics.reload("unchanged");
+            self.metrics.policy_rejected.set(i64::from(self.last_refused));
             return Offer::Unchanged;
         }
         let candidate = match Policy::parse(source, text) {
             Ok(c) => c,
             Err(e) => {
                 self.last_text = Some(text.to_owned());
+                self.last_refused = true;
                 self.retry = None;
                 let msg = e.to_string();
                 self.refuse(source, trigger, &msg);
@@ -342,8 +351,10 @@ impl Engine {
         };
         if candidate.hash() == self.policy.hash() {
             self.last_text = Some(text.to_owned());
+            self.last_refused = false;
             self.retry = None;
             self.metrics.reload("unchanged");
+            self.metrics.policy_rejected.set(0);
             return Offer::Unchanged;
         }
         let allow_set = self.allow.allow_set(&candidate);
@@ -379,7 +390,9 @@ impl Engine {
             }
         };
         self.last_text = Some(text.to_owned());
+        self.last_refused = false;
         self.retry = None;
+        self.metrics.policy_rejected.set(0);
         if let Ok(mut n) = self.sinks.endpoints.write() {
             *n = names;
         }

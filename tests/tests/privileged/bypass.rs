@@ -98,7 +98,8 @@ fn eth(dst: Mac, ip: &[u8]) -> Vec<u8> {
 }
 
 /// The `run` arguments of the shipped DaemonSet, less those the harness owns (`run` itself,
-/// the pin dir, the listen address and the log format, which every agent under test gets).
+/// the pin dir, the listen addresses and the log format, which every agent under test gets:
+/// /metrics is read on the harness's --listen).
 fn daemonset_run_args() -> Vec<String> {
     let mut args = Vec::new();
     for l in DAEMONSET.lines().skip_while(|l| l.trim() != "args:").skip(1) {
@@ -114,7 +115,7 @@ fn daemonset_run_args() -> Vec<String> {
     let mut it = args.into_iter().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--pin-dir" | "--listen" => drop(it.next()),
+            "--pin-dir" | "--listen" | "--metrics-listen" => drop(it.next()),
             "--log-format" => assert_eq!(it.next().as_deref(), Some("json")),
             _ => rest.push(a),
         }

@@ -187,6 +187,7 @@ fn policy_file_edits_are_live_and_a_bad_edit_keeps_the_last_good() {
         "{body}"
     );
     assert_eq!(metric(&body, "metadata_gate_policy_generation"), Some(2.0), "{body}");
+    assert_eq!(metric(&body, "metadata_gate_policy_rejected"), Some(1.0), "{body}");
     assert_eq!(status(&env)["policy"]["generation"], 2);
 
     // An in-place rewrite back to the original opens NTP again; SIGHUP with no change is a no-op.
@@ -198,6 +199,8 @@ fn policy_file_edits_are_live_and_a_bad_edit_keeps_the_last_good() {
         )
         .unwrap_or_else(|| panic!("policy not applied: {:#?}", env.agent().logs()));
     env.assert_served("gated/pod-a", "udp", NTP_V4, "123");
+    let (_, body) = env.agent().http_get("/metrics").expect("metrics");
+    assert_eq!(metric(&body, "metadata_gate_policy_rejected"), Some(0.0), "{body}");
     env.agent().signal(libc::SIGHUP);
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
@@ -317,4 +320,24 @@ fn an_abi_change_hands_over_to_a_new_pin_dir_without_an_open_window() {
     let pin = env.agent().pin_dir.to_string_lossy().into_owned();
     env.cleanup(&pin);
     env.assert_served("gated/pod-a", "tcp", IMDS_V4, "80");
+}
+
+/// As the DaemonSet runs it: /healthz and /readyz on --listen, /metrics on --metrics-listen
+/// alone (where kube-rbac-proxy reads it), and neither on the other's address.
+#[test]
+fn metrics_apart_from_the_probes() {
+    privileged!(metrics_apart_from_the_probes);
+    const METRICS: &str = "127.0.0.1:19751";
+    let mut env = Env::new("enforce");
+    env.start_agent_with(&["--metrics-listen", METRICS]);
+    let agent = env.agent();
+    assert_eq!(agent.http_get("/readyz").expect("readyz").0, 200);
+    assert_eq!(agent.http_get("/healthz").expect("healthz").0, 200);
+    assert_eq!(agent.http_get("/metrics").expect("the probe address").0, 404);
+    let (code, body) = agent.http_get_at(METRICS, "/metrics").expect("metrics");
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("metadata_gate_policy_generation "), "{body}");
+    assert_eq!(agent.http_get_at(METRICS, "/readyz").expect("the metrics address").0, 404);
+    let ready = agent.find(|v| v["message"] == "ready").expect("ready logged");
+    assert_eq!(ready["metrics"], METRICS, "{ready}");
 }
