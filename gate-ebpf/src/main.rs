@@ -248,7 +248,7 @@ fn report(caller: &Caller, cgroup_id: u64, verdict: u32, endpoint: u32, what: Re
 #[inline(always)]
 fn account(cgroup_id: u64, endpoint: u32, verdict: u32, now: u64) -> bool {
     let key = AccessKey { cgroup_id, endpoint, _pad: 0 };
-    let Some(st) = ACCESS.get_ptr_mut(&key) else {
+    let Some(st) = ACCESS.get_ptr_mut(key) else {
         let mut fresh =
             AccessStats { last_ns: now, window_start_ns: now, ..AccessStats::default() };
         match verdict {
@@ -259,7 +259,7 @@ fn account(cgroup_id: u64, endpoint: u32, verdict: u32, now: u64) -> bool {
         fresh.sent = u32::from(verdict != VERDICT_ALLOWED);
         // A full LRU map evicts its least recently used entry; an insert that still fails
         // loses the count, not the event.
-        let _ = ACCESS.insert(&key, &fresh, 0);
+        let _ = ACCESS.insert(key, fresh, 0);
         return true;
     };
     // SAFETY: `st` points into the map's value; the counters are shared by all CPUs, hence
@@ -592,7 +592,7 @@ pub fn gate_tc(ctx: TcContext) -> i32 {
             None => true,
         };
         // SAFETY: the value is not read.
-        let strict = on_ingress && unsafe { STRICT_IFACES.get(&ifindex) }.is_some();
+        let strict = on_ingress && unsafe { STRICT_IFACES.get(ifindex) }.is_some();
         if !gated && !strict {
             return TC_NEXT;
         }
