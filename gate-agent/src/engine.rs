@@ -137,9 +137,8 @@ fn bring_up(
 /// The outcome of offering a policy text.
 #[derive(Debug)]
 pub enum Offer {
-    Applied {
-        generation: u64,
-    },
+    /// Written to the maps and in force.
+    Applied,
     /// The same text as last time (applied or refused): nothing to do.
     Unchanged,
     /// Refused; the last good policy stays. The message names the field and reason.
@@ -414,7 +413,7 @@ impl Engine {
         if self.cfg.terminate_established {
             self.terminate_established(allow_set).await;
         }
-        Offer::Applied { generation }
+        Offer::Applied
     }
 
     /// Retry a policy whose apply failed, once its backoff has passed.

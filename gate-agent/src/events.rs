@@ -108,7 +108,6 @@ impl CgroupNames {
 pub struct Denied {
     /// cgroup path relative to the gated root, if it still exists.
     pub cgroup: Option<PathBuf>,
-    pub workload: String,
     pub event: DenyEvent,
     pub endpoint: String,
 }
@@ -216,7 +215,6 @@ pub async fn run(
                             let endpoint = endpoint_name(&ev, &eps);
                             let _ = tx.send(Denied {
                                 cgroup: names.path(ev.cgroup_id),
-                                workload: cgroup.clone(),
                                 event: ev,
                                 endpoint,
                             });

@@ -78,7 +78,8 @@ pub fn message(ty: u16, flags: u16, seq: u32, parts: &[&[u8]]) -> Vec<u8> {
     out
 }
 
-/// A netlink attribute (`struct nlattr` + data, padded to 4 bytes).
+/// A netlink attribute (`struct nlattr` + data, padded to 4 bytes): test frames.
+#[cfg(test)]
 pub fn attr(ty: u16, data: &[u8]) -> Vec<u8> {
     let mut v = ((4 + data.len()) as u16).to_ne_bytes().to_vec();
     v.extend_from_slice(&ty.to_ne_bytes());
@@ -276,31 +277,6 @@ impl NlSocket {
                     }
                     t if t == reply_ty => out.push(payload.to_vec()),
                     _ => {}
-                }
-            }
-        }
-    }
-
-    /// Send one request and return the payload of its reply of type `reply_ty`.
-    pub fn request(
-        &mut self,
-        ty: u16,
-        req: &[&[u8]],
-        reply_ty: u16,
-    ) -> Result<Vec<u8>, NetlinkError> {
-        let seq = self.next_seq();
-        self.send(&message(ty, NLM_F_REQUEST, seq, req))?;
-        loop {
-            let buf = self.recv()?;
-            for (hdr, payload) in messages(buf)? {
-                if hdr.seq != seq {
-                    continue;
-                }
-                if hdr.ty == NLMSG_ERROR {
-                    return Err(NetlinkError::Kernel(errno_of(payload)?));
-                }
-                if hdr.ty == reply_ty {
-                    return Ok(payload.to_vec());
                 }
             }
         }

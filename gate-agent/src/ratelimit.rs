@@ -124,6 +124,7 @@ impl WorkloadCounts {
         Self { cap, counts: HashMap::new() }
     }
 
+    #[cfg(test)]
     pub fn add(&mut self, workload: &str) {
         self.add_n(workload, 1);
     }

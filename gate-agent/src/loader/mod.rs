@@ -25,7 +25,6 @@ mod tc;
 
 use std::path::{Path, PathBuf};
 
-pub use attach::{HookChange, Repair};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{MapData, MapError, RingBuf},
@@ -249,10 +248,6 @@ impl Gate {
         let data = MapData::from_pin(self.layout.map(names::ACCESS)).ok()?;
         let tally = aya::maps::Map::from_map_data(data).ok()?.try_into().ok()?;
         Some((ring, tally))
-    }
-
-    pub fn maps(&self) -> &Maps {
-        &self.maps
     }
 
     /// Read all counters of the live policy.

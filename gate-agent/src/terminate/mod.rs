@@ -53,7 +53,6 @@ mod packet;
 mod scan;
 
 pub use diag::WireError;
-pub use packet::PacketHolder;
 pub use scan::terminate_established;
 
 /// What can stop a scan, or one namespace of it.
