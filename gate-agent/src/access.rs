@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 /// Who a cgroup belongs to.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Identity {
+pub(crate) struct Identity {
     /// What logs and metrics call it: `namespace/pod/container`, or the cgroup path.
     pub workload: String,
     /// Path relative to the gated root.
@@ -45,14 +45,14 @@ pub struct Identity {
 
 impl Identity {
     /// A cgroup known by its path only (standalone, or a pod the agent no longer knows).
-    pub fn cgroup(path: &str) -> Identity {
+    pub(crate) fn cgroup(path: &str) -> Identity {
         Identity { workload: path.to_owned(), cgroup: Some(path.to_owned()), ..Identity::default() }
     }
 }
 
 /// Accesses by verdict.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Counts {
+pub(crate) struct Counts {
     pub allowed: u64,
     pub denied: u64,
     pub audited: u64,
@@ -69,14 +69,14 @@ impl Counts {
         self.audited += o.audited;
     }
 
-    pub fn is_zero(&self) -> bool {
+    pub(crate) fn is_zero(&self) -> bool {
         *self == Counts::default()
     }
 }
 
 /// One workload's accesses to one endpoint.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AccessRecord {
+pub(crate) struct AccessRecord {
     pub identity: Identity,
     pub endpoint: String,
     #[serde(flatten)]
@@ -87,7 +87,7 @@ pub struct AccessRecord {
 
 /// The kernel's tally as last read, to turn it into increments.
 #[derive(Default)]
-pub struct Harvest {
+pub(crate) struct Harvest {
     last: HashMap<AccessKey, Counts>,
 }
 
@@ -95,7 +95,7 @@ impl Harvest {
     /// Every entry of the tally with what it gained since the last read (an entry whose
     /// counts went down was evicted and counted afresh). Entries gone from the map are
     /// forgotten.
-    pub fn read(
+    pub(crate) fn read(
         &mut self,
         map: &BpfHashMap<MapData, AccessKey, AccessStats>,
     ) -> Vec<(AccessKey, AccessStats, Counts)> {
@@ -127,15 +127,15 @@ impl Harvest {
 /// The identities of cgroups, by id, as the agent saw them: kept in the state dir for
 /// `report`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Known(pub BTreeMap<u64, Identity>);
+pub(crate) struct Known(pub BTreeMap<u64, Identity>);
 
 /// File of [`Known`] in the state dir.
-pub const KNOWN_FILE: &str = "access.json";
+pub(crate) const KNOWN_FILE: &str = "access.json";
 /// Identities kept at most (the oldest ids go first).
 const KNOWN_MAX: usize = 65_536;
 
 impl Known {
-    pub fn load(state_dir: &Path) -> io::Result<Known> {
+    pub(crate) fn load(state_dir: &Path) -> io::Result<Known> {
         match std::fs::read(state_dir.join(KNOWN_FILE)) {
             Ok(b) => serde_json::from_slice(&b).map_err(io::Error::other),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Known::default()),
@@ -143,7 +143,7 @@ impl Known {
         }
     }
 
-    pub fn save(&self, state_dir: &Path) -> io::Result<()> {
+    pub(crate) fn save(&self, state_dir: &Path) -> io::Result<()> {
         let json = serde_json::to_vec(self).map_err(io::Error::other)?;
         std::fs::create_dir_all(state_dir)?;
         let tmp = state_dir.join(format!("{KNOWN_FILE}.tmp"));
@@ -152,7 +152,7 @@ impl Known {
     }
 
     /// Remember an identity (a pod's beats a bare path).
-    pub fn learn(&mut self, id: u64, identity: Identity) {
+    pub(crate) fn learn(&mut self, id: u64, identity: Identity) {
         match self.0.get(&id) {
             Some(old) if old.namespace.is_some() && identity.namespace.is_none() => {}
             _ => {
@@ -169,7 +169,7 @@ impl Known {
 
 /// Per-workload records of the tally's entries: `identify` names a cgroup id, `endpoint`
 /// an endpoint index; times are turned from the kernel's monotonic clock to wall clock.
-pub fn records(
+pub(crate) fn records(
     entries: &[(AccessKey, AccessStats)],
     mut identify: impl FnMut(u64) -> Identity,
     endpoint: impl Fn(u32) -> String,
@@ -195,7 +195,7 @@ pub fn records(
 }
 
 /// The records as a table.
-pub fn render_table(records: &[AccessRecord], now_unix_ms: u64) -> String {
+pub(crate) fn render_table(records: &[AccessRecord], now_unix_ms: u64) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
@@ -245,7 +245,7 @@ const GENERATED_LABELS: &[&str] = &[
 /// its controller generates, service account, hostNetwork and the containers that made the
 /// accesses — or, for cgroups known by path only, one `cgroup:` entry each. A YAML list
 /// to paste under `allow:`, each entry commented with its evidence.
-pub fn suggest(records: &[AccessRecord]) -> String {
+pub(crate) fn suggest(records: &[AccessRecord]) -> String {
     struct Group<'a> {
         first: &'a Identity,
         containers: std::collections::BTreeSet<String>,

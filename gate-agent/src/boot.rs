@@ -23,7 +23,7 @@ use crate::{
     state::StateDir,
 };
 
-pub fn run(state_dir: &Path, pin_dir: &Path, cgroup_root: &Path) -> Result<()> {
+pub(crate) fn run(state_dir: &Path, pin_dir: &Path, cgroup_root: &Path) -> Result<()> {
     let state = StateDir::new(state_dir);
     let text = state.load_policy().with_context(|| {
         format!(

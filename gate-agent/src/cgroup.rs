@@ -14,14 +14,14 @@ use gate_common::abi::MAX_CGROUP_DEPTH;
 use crate::policy::{AllowSelector, Policy};
 
 /// `statfs.f_type` of a cgroup v2 filesystem.
-pub const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+pub(crate) const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 
 /// Where the mount table is read from.
 const MOUNTINFO: &str = "/proc/self/mountinfo";
 
 /// A cgroup directory that cannot be used, or a mount table without cgroup v2.
 #[derive(Debug, thiserror::Error)]
-pub enum CgroupError {
+pub(crate) enum CgroupError {
     #[error("{}: cannot read the mount table: {source}", MOUNTINFO)]
     MountInfo { source: io::Error },
     #[error("{}: no cgroup2 filesystem is mounted (cgroup v2 is required)", MOUNTINFO)]
@@ -49,14 +49,14 @@ pub enum CgroupError {
 }
 
 /// The cgroup2 mount point of this mount namespace, from `/proc/self/mountinfo`.
-pub fn cgroup2_mount() -> Result<PathBuf, CgroupError> {
+pub(crate) fn cgroup2_mount() -> Result<PathBuf, CgroupError> {
     let text =
         std::fs::read_to_string(MOUNTINFO).map_err(|source| CgroupError::MountInfo { source })?;
     cgroup2_mount_from(&text)
 }
 
 /// The first cgroup2 mount point in a mountinfo text (`proc_pid_mountinfo(5)` format).
-pub fn cgroup2_mount_from(mountinfo: &str) -> Result<PathBuf, CgroupError> {
+pub(crate) fn cgroup2_mount_from(mountinfo: &str) -> Result<PathBuf, CgroupError> {
     cgroup2_mounts_from(mountinfo).into_iter().next().ok_or(CgroupError::NoCgroup2)
 }
 
@@ -65,7 +65,7 @@ pub fn cgroup2_mount_from(mountinfo: &str) -> Result<PathBuf, CgroupError> {
 /// A line is `id parent major:minor root mount-point options [optional...] - fstype source
 /// super-options`; the mount point has spaces, tabs, newlines and backslashes escaped as
 /// `\040`, `\011`, `\012`, `\134`.
-pub fn cgroup2_mounts_from(mountinfo: &str) -> Vec<PathBuf> {
+pub(crate) fn cgroup2_mounts_from(mountinfo: &str) -> Vec<PathBuf> {
     mountinfo
         .lines()
         .filter_map(|line| {
@@ -121,7 +121,7 @@ fn fs_type(path: &Path) -> io::Result<i64> {
 
 /// The gated cgroup root: the cgroup the programs are attached to.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GatedRoot {
+pub(crate) struct GatedRoot {
     /// Canonical path of the cgroup directory.
     pub path: PathBuf,
     /// The cgroup2 mount point it lives under.
@@ -135,7 +135,7 @@ pub struct GatedRoot {
 impl GatedRoot {
     /// Open `dir` as the gated root. It must be an existing directory on a cgroup2 filesystem
     /// and not the hierarchy's root.
-    pub fn open(dir: &Path) -> Result<GatedRoot, CgroupError> {
+    pub(crate) fn open(dir: &Path) -> Result<GatedRoot, CgroupError> {
         let io_err = |source: io::Error| CgroupError::Io { path: dir.to_path_buf(), source };
         let meta = match std::fs::metadata(dir) {
             Ok(m) => m,
@@ -173,7 +173,7 @@ impl GatedRoot {
     /// Every descendant cgroup (not the root itself) as (path relative to the root, id),
     /// depth-first in name order, at most [`MAX_CGROUP_DEPTH`] levels deep. Directories that
     /// vanish or cannot be read during the walk are skipped.
-    pub fn walk(&self) -> Vec<(PathBuf, u64)> {
+    pub(crate) fn walk(&self) -> Vec<(PathBuf, u64)> {
         let mut out = Vec::new();
         self.visit(|rel, id| {
             out.push((rel.to_path_buf(), id));
@@ -212,7 +212,7 @@ impl GatedRoot {
     /// the first matching allow entry. Only what a glob itself matches is listed: cgroups
     /// nested below a match need no entry of their own, as the kernel programs also check a
     /// socket's ancestors below the gated root.
-    pub fn resolve_allow(&self, policy: &Policy) -> Vec<ResolvedAllow> {
+    pub(crate) fn resolve_allow(&self, policy: &Policy) -> Vec<ResolvedAllow> {
         let globs: Vec<_> = policy
             .cgroup_entries()
             .filter_map(|(i, e)| match &e.selector {
@@ -252,7 +252,7 @@ impl GatedRoot {
     /// Path relative to the root of the cgroup with id `id` (`.` for the root itself), or
     /// `None` if no cgroup below the root has it (any more). By file handle where the agent
     /// may open one (O(1)), else by walking the tree.
-    pub fn path_of(&self, id: u64) -> Option<PathBuf> {
+    pub(crate) fn path_of(&self, id: u64) -> Option<PathBuf> {
         if id == self.id {
             return Some(PathBuf::from("."));
         }
@@ -276,7 +276,7 @@ impl GatedRoot {
     /// FILEID_KERNFS whose 8 bytes are the cgroup id, so `open_by_handle_at` on the mount
     /// finds it without a walk. Needs CAP_DAC_READ_SEARCH. `Ok(None)`: no such cgroup, or
     /// not below the root; `Err`: the lookup itself is not possible here.
-    pub fn path_by_handle(&self, id: u64) -> io::Result<Option<PathBuf>> {
+    pub(crate) fn path_by_handle(&self, id: u64) -> io::Result<Option<PathBuf>> {
         use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
         /// `struct file_handle` with room for one kernfs id.
         #[repr(C)]
@@ -318,7 +318,7 @@ impl GatedRoot {
 
 /// A cgroup that an allow entry's glob selects.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResolvedAllow {
+pub(crate) struct ResolvedAllow {
     /// Path relative to the gated root.
     pub rel: PathBuf,
     /// cgroup id.

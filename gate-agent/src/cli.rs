@@ -14,7 +14,7 @@ use crate::{
 
 /// Flags that do not fit together, or a value that does not parse.
 #[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
+pub(crate) enum ConfigError {
     #[error("--policy needs --cgroup-root")]
     PolicyWithoutRoot,
     #[error("cluster mode needs --node-name (or NODE_NAME)")]
@@ -29,7 +29,7 @@ pub enum ConfigError {
 
 impl RunArgs {
     /// The run configuration these flags ask for.
-    pub fn into_config(self) -> Result<AgentConfig, ConfigError> {
+    pub(crate) fn into_config(self) -> Result<AgentConfig, ConfigError> {
         if self.metrics_listen == Some(self.listen) {
             return Err(ConfigError::SameListen(self.listen));
         }
@@ -93,8 +93,8 @@ impl RunArgs {
     }
 }
 
-pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/metadata-gate";
-pub const DEFAULT_STATE_DIR: &str = "/var/lib/metadata-gate";
+pub(crate) const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/metadata-gate";
+pub(crate) const DEFAULT_STATE_DIR: &str = "/var/lib/metadata-gate";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -112,13 +112,13 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/metadata-gate";
         is replaced in place (bpf_link update). `status` shows the pinned gate, with or \
         without an agent; `cleanup` is the only way to open the gate."
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     pub command: Command,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Load the gate, apply a policy, keep the allow list current. Standalone with --policy
     /// and --cgroup-root; cluster mode (the DaemonSet) without --policy
     Run(Box<RunArgs>),
@@ -220,7 +220,7 @@ pub enum Command {
 }
 
 #[derive(Debug, clap::Args)]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     /// Policy file: standalone mode (needs --cgroup-root). Without it, `run` is in cluster
     /// mode: the policy comes from the platform's ConfigMap
     #[arg(long, value_name = "FILE", requires = "cgroup_root")]
@@ -326,7 +326,7 @@ pub struct RunArgs {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     Text,
     Json,
 }
@@ -351,7 +351,7 @@ impl From<ScopeArg> for Scope {
 
 /// `--egress-program`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum EgressArg {
+pub(crate) enum EgressArg {
     /// With pid/comm in events where the kernel allows, else without.
     Auto,
     /// With pid/comm (fails where the kernel refuses the helpers).
@@ -372,7 +372,7 @@ impl From<EgressArg> for EgressProgram {
 
 /// `--tc-mode`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum TcModeArg {
+pub(crate) enum TcModeArg {
     /// tcx where the kernel has it (6.6+), else clsact.
     Auto,
     Tcx,

@@ -6,7 +6,7 @@ use crate::{cluster::identity::Scope, loader::EgressProgram, node::NodeConfig, s
 
 /// Everything `run` needs.
 #[derive(Clone, Debug)]
-pub struct AgentConfig {
+pub(crate) struct AgentConfig {
     /// Where policies and the allow set come from.
     pub mode: RunMode,
     pub gate: GateConfig,
@@ -21,14 +21,14 @@ pub struct AgentConfig {
 
 /// Standalone (a policy file, cgroup globs) or cluster (a ConfigMap, pods).
 #[derive(Clone, Debug)]
-pub enum RunMode {
+pub(crate) enum RunMode {
     Standalone { policy: PathBuf, cgroup_root: PathBuf },
     Cluster(ClusterConfig),
 }
 
 /// How the gate is loaded and kept.
 #[derive(Clone, Debug)]
-pub struct GateConfig {
+pub(crate) struct GateConfig {
     /// bpffs directory for pins (`<pin_dir>/v<ABI>/…`).
     pub pin_dir: PathBuf,
     /// Whether bpffs may be mounted on the pin dir's parent when it is missing: standalone
@@ -43,7 +43,7 @@ pub struct GateConfig {
 
 /// Cluster mode: where the agent finds the API server, its node and its policy.
 #[derive(Clone, Debug)]
-pub struct ClusterConfig {
+pub(crate) struct ClusterConfig {
     pub kubeconfig: Option<PathBuf>,
     pub node_name: String,
     /// The agent's namespace, where the policy ConfigMaps live.

@@ -31,7 +31,7 @@ use crate::{
 };
 
 /// How a mode finds the allow set of a policy.
-pub trait AllowSource: Send {
+pub(crate) trait AllowSource: Send {
     /// The cgroups the policy's allow entries select now.
     fn allow_set(&self, policy: &Policy) -> AllowSet;
 }
@@ -136,7 +136,7 @@ fn bring_up(
 
 /// The outcome of offering a policy text.
 #[derive(Debug)]
-pub enum Offer {
+pub(crate) enum Offer {
     /// Written to the maps and in force.
     Applied,
     /// The same text as last time (applied or refused): nothing to do.
@@ -146,7 +146,7 @@ pub enum Offer {
 }
 
 /// The running gate and the policy in force.
-pub struct Engine {
+pub(crate) struct Engine {
     pub policy: Policy,
     pub root: GatedRoot,
     pub gate: Arc<Mutex<Gate>>,
@@ -174,7 +174,7 @@ pub struct Engine {
 impl Engine {
     /// Bring the gate up with `policy`, start the event reader and the health/metrics server,
     /// and report ready. `names` turns cgroup ids into workload names for denial events.
-    pub async fn start(
+    pub(crate) async fn start(
         cfg: &AgentConfig,
         policy: Policy,
         root: GatedRoot,
@@ -316,7 +316,7 @@ impl Engine {
     /// Log and count a policy that was refused: the one place both modes report it. Until a
     /// policy is applied (or the newest text turns out to be the live policy),
     /// `metadata_gate_policy_rejected` stays 1.
-    pub fn refuse(&self, source: &str, trigger: &str, why: &str) {
+    pub(crate) fn refuse(&self, source: &str, trigger: &str, why: &str) {
         tracing::error!(
             trigger, policy = %source, error = %why, live_policy_hash = %self.policy.hash(),
             "policy rejected; the last good policy stays in force"
@@ -329,7 +329,7 @@ impl Engine {
     /// The text counts as judged only once it is in force or refused as invalid: an apply
     /// that fails (a map the kernel would not write) leaves the last good policy in force and
     /// is retried with backoff.
-    pub async fn offer(&mut self, source: &str, text: &str, trigger: &str) -> Offer {
+    pub(crate) async fn offer(&mut self, source: &str, text: &str, trigger: &str) -> Offer {
         let started = Instant::now();
         if self.last_text.as_deref() == Some(text) {
             tracing::debug!(trigger, "policy unchanged");
@@ -425,7 +425,7 @@ impl Engine {
 
     /// Bring the allow set up to date (new or vanished cgroups, pods) and retry a failed
     /// apply whose time has come. The node level keeps itself current (see [`node::watch`]).
-    pub async fn sync(&mut self) {
+    pub(crate) async fn sync(&mut self) {
         self.retry_due().await;
         self.verify();
         let want = self.allow.allow_set(&self.policy);
@@ -518,7 +518,7 @@ impl Engine {
     }
 
     /// Stop serving ready; the gate stays pinned.
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         self.ready.store(false, Ordering::Release);
         if let Ok(g) = self.gate.lock() {
             tracing::info!(

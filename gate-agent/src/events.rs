@@ -23,12 +23,12 @@ use crate::{
 
 /// Identifies a workload from its cgroup path relative to the gated root (cluster mode: the
 /// pod, its container and owner); `None` keeps the path.
-pub type Namer = std::sync::Arc<dyn Fn(&std::path::Path) -> Option<Identity> + Send + Sync>;
+pub(crate) type Namer = std::sync::Arc<dyn Fn(&std::path::Path) -> Option<Identity> + Send + Sync>;
 
 /// Turns cgroup ids into workload names: the path relative to the gated root, or what the
 /// mode's [`Namer`] makes of it. Paths are cached; names are not, so a pod seen after its
 /// first denial is named from then on.
-pub struct CgroupNames {
+pub(crate) struct CgroupNames {
     root: GatedRoot,
     cache: std::collections::HashMap<u64, PathBuf>,
     namer: Option<Namer>,
@@ -43,18 +43,18 @@ const WALK_EVERY: Duration = Duration::from_millis(200);
 const NAME_CACHE: usize = 65_536;
 
 impl CgroupNames {
-    pub fn new(root: GatedRoot) -> Self {
+    pub(crate) fn new(root: GatedRoot) -> Self {
         Self { root, cache: Default::default(), namer: None, walked: None }
     }
 
-    pub fn with_namer(root: GatedRoot, namer: Namer) -> Self {
+    pub(crate) fn with_namer(root: GatedRoot, namer: Namer) -> Self {
         Self { root, cache: Default::default(), namer: Some(namer), walked: None }
     }
 
     /// The cgroup's path relative to the gated root, if it still exists: from the cache, by
     /// file handle, or from a walk that indexes the whole tree at once (at most one per
     /// [`WALK_EVERY`], so a thousand new cgroups cost a walk, not a thousand).
-    pub fn path(&mut self, id: u64) -> Option<PathBuf> {
+    pub(crate) fn path(&mut self, id: u64) -> Option<PathBuf> {
         if id == 0 {
             return None;
         }
@@ -81,7 +81,7 @@ impl CgroupNames {
     }
 
     /// Who the cgroup belongs to.
-    pub fn identity(&mut self, id: u64) -> Identity {
+    pub(crate) fn identity(&mut self, id: u64) -> Identity {
         match self.path(id) {
             Some(p) => self
                 .namer
@@ -98,14 +98,14 @@ impl CgroupNames {
     }
 
     /// What logs and metrics call the cgroup's workload.
-    pub fn name(&mut self, id: u64) -> String {
+    pub(crate) fn name(&mut self, id: u64) -> String {
         self.identity(id).workload
     }
 }
 
 /// A denial that was logged (so within the rate limit), for cluster mode's Kubernetes Events.
 #[derive(Clone, Debug)]
-pub struct Denied {
+pub(crate) struct Denied {
     /// cgroup path relative to the gated root, if it still exists.
     pub cgroup: Option<PathBuf>,
     pub event: DenyEvent,
@@ -113,7 +113,7 @@ pub struct Denied {
 }
 
 /// The name of the endpoint an event names: the policy's, or what stands for none.
-pub fn endpoint_name(ev: &DenyEvent, endpoints: &[String]) -> String {
+pub(crate) fn endpoint_name(ev: &DenyEvent, endpoints: &[String]) -> String {
     if ev.endpoint == ENDPOINT_NONE {
         return if ev.sockopt().is_some() { "(side door)" } else { "(unreadable frame)" }.into();
     }
@@ -121,7 +121,7 @@ pub fn endpoint_name(ev: &DenyEvent, endpoints: &[String]) -> String {
 }
 
 /// Log one event. `endpoints` maps endpoint index to its policy name.
-pub fn log_event(ev: &DenyEvent, cgroup: &str, endpoints: &[String]) {
+pub(crate) fn log_event(ev: &DenyEvent, cgroup: &str, endpoints: &[String]) {
     let endpoint = endpoint_name(ev, endpoints);
     let dst = ev.dst_text();
     let proto = ev.proto_name();
@@ -142,14 +142,14 @@ pub fn log_event(ev: &DenyEvent, cgroup: &str, endpoints: &[String]) {
 }
 
 /// Log rate limit: this many events per workload per window, then one summary.
-pub const LOG_BURST: u32 = 5;
-pub const LOG_WINDOW: Duration = Duration::from_secs(10);
+pub(crate) const LOG_BURST: u32 = 5;
+pub(crate) const LOG_WINDOW: Duration = Duration::from_secs(10);
 /// Distinct workload labels on the denial metric.
-pub const WORKLOAD_LABELS: usize = 256;
+pub(crate) const WORKLOAD_LABELS: usize = 256;
 
 /// What the event reader shares with the rest of the agent.
 #[derive(Clone)]
-pub struct EventSinks {
+pub(crate) struct EventSinks {
     /// Endpoint names of the live policy, by index.
     pub endpoints: Arc<RwLock<Vec<String>>>,
     /// Denials per workload, for /metrics.
@@ -163,7 +163,7 @@ pub struct EventSinks {
 }
 
 impl EventSinks {
-    pub fn new(endpoints: Vec<String>) -> Self {
+    pub(crate) fn new(endpoints: Vec<String>) -> Self {
         Self {
             endpoints: Arc::new(RwLock::new(endpoints)),
             by_workload: Arc::new(Mutex::new(WorkloadCounts::new(WORKLOAD_LABELS))),
@@ -182,7 +182,7 @@ impl EventSinks {
 /// report every denial that was not logged — also those the kernel counted without sending
 /// an event (it sends at most EVENT_BURST per cgroup, endpoint and second, so that a
 /// hammering workload cannot crowd a quiet one out of the ring buffer).
-pub async fn run(
+pub(crate) async fn run(
     ring: RingBuf<MapData>,
     tally: AccessMap,
     sinks: EventSinks,

@@ -7,11 +7,11 @@ use std::{
 };
 
 /// Label that absorbs workloads beyond [`WorkloadCounts`]'s cap.
-pub const OTHER: &str = "_other";
+pub(crate) const OTHER: &str = "_other";
 
 /// Whether to log an event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Admit {
+pub(crate) enum Admit {
     Log,
     Suppress,
 }
@@ -44,7 +44,7 @@ impl Window {
 
 /// At most `burst` log events per workload per `window`; the rest are counted and reported
 /// by [`flush`](Self::flush) as one summary per workload and window.
-pub struct RateLimiter {
+pub(crate) struct RateLimiter {
     burst: u32,
     window: Duration,
     max_keys: usize,
@@ -52,11 +52,11 @@ pub struct RateLimiter {
 }
 
 impl RateLimiter {
-    pub fn new(burst: u32, window: Duration, max_keys: usize) -> Self {
+    pub(crate) fn new(burst: u32, window: Duration, max_keys: usize) -> Self {
         Self { burst, window, max_keys: max_keys.max(1), windows: HashMap::new() }
     }
 
-    pub fn admit(&mut self, key: &str, now: Instant) -> Admit {
+    pub(crate) fn admit(&mut self, key: &str, now: Instant) -> Admit {
         if !self.windows.contains_key(key) && self.windows.len() >= self.max_keys {
             // Too many distinct workloads at once: they share one bucket.
             return self.admit_in(OTHER.to_owned(), now);
@@ -81,7 +81,7 @@ impl RateLimiter {
     /// Add `n` denials of `key` counted elsewhere (the kernel's tally) to its current window:
     /// a window's summary then reports every denial that was not logged, also those that
     /// never arrived as events.
-    pub fn tally(&mut self, key: &str, n: u64, now: Instant) {
+    pub(crate) fn tally(&mut self, key: &str, n: u64, now: Instant) {
         let key = if !self.windows.contains_key(key) && self.windows.len() >= self.max_keys {
             OTHER
         } else {
@@ -96,7 +96,7 @@ impl RateLimiter {
 
     /// Summaries `(workload, unlogged)` of every window that has ended, and forget those
     /// windows. Call it periodically.
-    pub fn flush(&mut self, now: Instant) -> Vec<(String, u64)> {
+    pub(crate) fn flush(&mut self, now: Instant) -> Vec<(String, u64)> {
         let mut out = Vec::new();
         self.windows.retain(|key, w| {
             if now.duration_since(w.start) < self.window {
@@ -114,22 +114,22 @@ impl RateLimiter {
 
 /// Denials per workload, at most `cap` distinct labels; the rest count under [`OTHER`].
 #[derive(Debug, Default)]
-pub struct WorkloadCounts {
+pub(crate) struct WorkloadCounts {
     cap: usize,
     counts: HashMap<String, u64>,
 }
 
 impl WorkloadCounts {
-    pub fn new(cap: usize) -> Self {
+    pub(crate) fn new(cap: usize) -> Self {
         Self { cap, counts: HashMap::new() }
     }
 
     #[cfg(test)]
-    pub fn add(&mut self, workload: &str) {
+    pub(crate) fn add(&mut self, workload: &str) {
         self.add_n(workload, 1);
     }
 
-    pub fn add_n(&mut self, workload: &str, n: u64) {
+    pub(crate) fn add_n(&mut self, workload: &str, n: u64) {
         if let Some(c) = self.counts.get_mut(workload) {
             *c += n;
         } else if self.counts.len() < self.cap {
@@ -139,7 +139,7 @@ impl WorkloadCounts {
         }
     }
 
-    pub fn snapshot(&self) -> Vec<(String, u64)> {
+    pub(crate) fn snapshot(&self) -> Vec<(String, u64)> {
         let mut v: Vec<_> = self.counts.iter().map(|(k, &c)| (k.clone(), c)).collect();
         v.sort();
         v

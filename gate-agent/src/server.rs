@@ -17,7 +17,7 @@ use prometheus_client::registry::Registry;
 
 /// Where each endpoint is served.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Listen {
+pub(crate) struct Listen {
     /// /healthz and /readyz, and /metrics unless `metrics` is set.
     pub probes: SocketAddr,
     /// /metrics alone, if apart from the probes.
@@ -27,7 +27,7 @@ pub struct Listen {
 /// An address that could not be bound.
 #[derive(Debug, thiserror::Error)]
 #[error("listening on {addr} for {what}")]
-pub struct BindError {
+pub(crate) struct BindError {
     pub addr: SocketAddr,
     /// `/healthz, /readyz and /metrics`, `/healthz and /readyz` or `/metrics`.
     pub what: &'static str,
@@ -37,7 +37,7 @@ pub struct BindError {
 
 /// The running listeners, with the addresses they got (a port 0 asked for any).
 #[derive(Debug)]
-pub struct Server {
+pub(crate) struct Server {
     /// Where /healthz and /readyz answer.
     pub probes: SocketAddr,
     /// Where /metrics answers (the probes' address when not apart).
@@ -96,7 +96,7 @@ fn spawn(
 }
 
 /// Bind every address now (so that a bad one fails the start) and serve in the background.
-pub async fn serve(
+pub(crate) async fn serve(
     listen: Listen,
     ready: Arc<AtomicBool>,
     registry: Registry,

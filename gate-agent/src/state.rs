@@ -15,21 +15,21 @@ const BINARY: &str = "bin/gate-agent";
 
 /// One allowed cgroup, by path relative to the gated root.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AllowedPath {
+pub(crate) struct AllowedPath {
     pub path: PathBuf,
     pub entry: u32,
 }
 
 /// A node's state directory (default `/var/lib/metadata-gate` in a cluster).
 #[derive(Clone, Debug)]
-pub struct StateDir(PathBuf);
+pub(crate) struct StateDir(PathBuf);
 
 impl StateDir {
-    pub fn new(dir: &Path) -> StateDir {
+    pub(crate) fn new(dir: &Path) -> StateDir {
         StateDir(dir.to_path_buf())
     }
 
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         &self.0
     }
 
@@ -43,21 +43,21 @@ impl StateDir {
         fs::rename(tmp, path)
     }
 
-    pub fn save_policy(&self, text: &str) -> io::Result<()> {
+    pub(crate) fn save_policy(&self, text: &str) -> io::Result<()> {
         self.write(POLICY, text.as_bytes())
     }
 
-    pub fn load_policy(&self) -> io::Result<String> {
+    pub(crate) fn load_policy(&self) -> io::Result<String> {
         fs::read_to_string(self.0.join(POLICY))
     }
 
-    pub fn save_allow(&self, allowed: &[AllowedPath]) -> io::Result<()> {
+    pub(crate) fn save_allow(&self, allowed: &[AllowedPath]) -> io::Result<()> {
         let json = serde_json::to_vec_pretty(allowed).map_err(io::Error::other)?;
         self.write(ALLOW, &json)
     }
 
     /// The saved allow set; empty if none was saved.
-    pub fn load_allow(&self) -> io::Result<Vec<AllowedPath>> {
+    pub(crate) fn load_allow(&self) -> io::Result<Vec<AllowedPath>> {
         match fs::read(self.0.join(ALLOW)) {
             Ok(b) => serde_json::from_slice(&b).map_err(io::Error::other),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
@@ -66,7 +66,7 @@ impl StateDir {
     }
 
     /// Copy the running binary to `bin/gate-agent` (if it differs), for the boot unit.
-    pub fn install_binary(&self) -> io::Result<PathBuf> {
+    pub(crate) fn install_binary(&self) -> io::Result<PathBuf> {
         let me = fs::read("/proc/self/exe")?;
         let dst = self.0.join(BINARY);
         if fs::read(&dst).is_ok_and(|b| b == me) {

@@ -16,7 +16,7 @@ use serde::Serialize;
 use crate::loader::{Layout, LoaderError, Maps, pins};
 
 #[derive(Debug, Serialize)]
-pub struct Status {
+pub(crate) struct Status {
     pub pin_dir: PathBuf,
     /// Whether a gate of this agent's ABI is pinned (programs attached).
     pub installed: bool,
@@ -39,7 +39,7 @@ pub struct Status {
 
 /// What the last terminate-established scan could see.
 #[derive(Debug, Default, Serialize)]
-pub struct TerminateScan {
+pub(crate) struct TerminateScan {
     /// Network namespaces scanned.
     pub netns: u32,
     /// Gated processes whose network namespace the agent could not open (a pod without
@@ -48,7 +48,7 @@ pub struct TerminateScan {
 }
 
 #[derive(Debug, Serialize)]
-pub struct Attachment {
+pub(crate) struct Attachment {
     pub hook: String,
     pub link_id: u32,
     pub program_id: u32,
@@ -64,7 +64,7 @@ pub struct Attachment {
 }
 
 #[derive(Debug, Serialize)]
-pub struct PolicyStatus {
+pub(crate) struct PolicyStatus {
     pub generation: u64,
     pub hash: String,
     pub platform: String,
@@ -76,7 +76,7 @@ pub struct PolicyStatus {
 }
 
 #[derive(Debug, Serialize)]
-pub struct EndpointStatus {
+pub(crate) struct EndpointStatus {
     pub name: String,
     pub allowed: u64,
     pub denied: u64,
@@ -84,7 +84,7 @@ pub struct EndpointStatus {
 }
 
 #[derive(Debug, Serialize)]
-pub struct HookCounters {
+pub(crate) struct HookCounters {
     pub hook: &'static str,
     pub unmatched: u64,
     pub allowed: u64,
@@ -93,7 +93,7 @@ pub struct HookCounters {
 }
 
 #[derive(Debug, Serialize)]
-pub struct Denial {
+pub(crate) struct Denial {
     /// Seconds before this status was taken.
     pub age_s: f64,
     pub cgroup_id: u64,
@@ -116,7 +116,7 @@ fn monotonic_now_ns() -> u64 {
 
 impl Status {
     /// Read the gate pinned under `pin_dir`.
-    pub fn read(pin_dir: &Path) -> Result<Status, LoaderError> {
+    pub(crate) fn read(pin_dir: &Path) -> Result<Status, LoaderError> {
         let layout = Layout::new(pin_dir);
         let other_versions = pins::other_versions(pin_dir).into_iter().map(|(_, p)| p).collect();
         let mut status = Status {
@@ -217,7 +217,7 @@ impl Status {
         Ok(status)
     }
 
-    pub fn render_text(&self) -> String {
+    pub(crate) fn render_text(&self) -> String {
         let mut o = String::new();
         if !self.installed {
             let _ = writeln!(

@@ -395,22 +395,22 @@ fn sock_addr(ctx: &SockAddrContext, hook: u32, v6: bool) -> i32 {
 }
 
 #[cgroup_sock_addr(connect4)]
-pub fn gate_connect4(ctx: SockAddrContext) -> i32 {
+fn gate_connect4(ctx: SockAddrContext) -> i32 {
     sock_addr(&ctx, HOOK_CONNECT4, false)
 }
 
 #[cgroup_sock_addr(connect6)]
-pub fn gate_connect6(ctx: SockAddrContext) -> i32 {
+fn gate_connect6(ctx: SockAddrContext) -> i32 {
     sock_addr(&ctx, HOOK_CONNECT6, true)
 }
 
 #[cgroup_sock_addr(sendmsg4)]
-pub fn gate_sendmsg4(ctx: SockAddrContext) -> i32 {
+fn gate_sendmsg4(ctx: SockAddrContext) -> i32 {
     sock_addr(&ctx, HOOK_SENDMSG4, false)
 }
 
 #[cgroup_sock_addr(sendmsg6)]
-pub fn gate_sendmsg6(ctx: SockAddrContext) -> i32 {
+fn gate_sendmsg6(ctx: SockAddrContext) -> i32 {
     sock_addr(&ctx, HOOK_SENDMSG6, true)
 }
 
@@ -427,7 +427,7 @@ const XDP_LAST_SETUP_OPT: i32 = 6;
 /// tc egress: PACKET_QDISC_BYPASS (AF_PACKET straight to the driver) and the rings and UMEM
 /// of AF_XDP. Everything else passes untouched.
 #[cgroup_sockopt(setsockopt)]
-pub fn gate_setsockopt(ctx: SockoptContext) -> i32 {
+fn gate_setsockopt(ctx: SockoptContext) -> i32 {
     // SAFETY: the context pointer is valid for the program's duration.
     let so = unsafe { &mut *ctx.sockopt };
     let (level, optname) = (so.level, so.optname);
@@ -510,14 +510,14 @@ fn egress(ctx: &SkBuffContext, task: bool) -> i32 {
 /// Egress with the sending task's pid and comm in denial events (kernels that offer
 /// bpf_get_current_pid_tgid/comm to cgroup_skb programs).
 #[cgroup_skb(egress)]
-pub fn gate_egress(ctx: SkBuffContext) -> i32 {
+fn gate_egress(ctx: SkBuffContext) -> i32 {
     egress(&ctx, true)
 }
 
 /// The same without task helpers, for older kernels (the loader falls back to it when the
 /// verifier refuses `gate_egress`).
 #[cgroup_skb(egress)]
-pub fn gate_egress_notask(ctx: SkBuffContext) -> i32 {
+fn gate_egress_notask(ctx: SkBuffContext) -> i32 {
     egress(&ctx, false)
 }
 
@@ -542,7 +542,7 @@ const TC_ACT_SHOT: i32 = 2;
 /// Everything else goes on to the next program: host processes outside the gated root
 /// (kubelet, CRI-O, the kernel's own sockets), replies, other addresses.
 #[classifier]
-pub fn gate_tc(ctx: TcContext) -> i32 {
+fn gate_tc(ctx: TcContext) -> i32 {
     let skb = ctx.skb.skb;
     // Fast path: the Ethernet type and the destination address alone.
     let ethertype = head::<[u8; 2]>(&ctx.skb, 12).map(u16::from_be_bytes);

@@ -34,7 +34,7 @@ const URL: &str = "http://169.254.169.254/latest/meta-data/instance-id";
 const SERVED: &str = "metadata-gate-e2e-served";
 const CONTEXT: &str = "kind-metadata-gate-e2e";
 
-pub struct Options {
+pub(crate) struct Options {
     /// Keep the cluster at the end (also after a failure).
     pub keep: bool,
     /// Build the image first.
@@ -54,7 +54,7 @@ const CLIENTS: &[Client] = &[
     Client { namespace: "openshift-cloud-controller-manager", pod: "aws-ccm", allowed: true },
 ];
 
-pub fn e2e(opts: Options) -> Result<()> {
+pub(crate) fn e2e(opts: Options) -> Result<()> {
     require_tools()?;
     if opts.build {
         run(Command::new("docker").args(["build", "-t", IMAGE, "-f", "Dockerfile", "."]))?;

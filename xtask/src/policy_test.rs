@@ -48,7 +48,7 @@ struct Target {
     what: String,
 }
 
-pub fn run(file: &Path, platform: Option<&str>) -> Result<()> {
+pub(crate) fn run(file: &Path, platform: Option<&str>) -> Result<()> {
     if let Some(why) = missing_privileges() {
         bail!("the policy test {why}: run it as root (sudo -E cargo xtask policy-test FILE)");
     }

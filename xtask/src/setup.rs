@@ -7,10 +7,10 @@ use integration_tests::sys::is_root;
 
 use crate::util::{output, run};
 
-pub const BPF_LINKER_VERSION: &str = "0.10.1";
+pub(crate) const BPF_LINKER_VERSION: &str = "0.10.1";
 
 /// Install what is missing; skip what is there (CI runs this on every clean clone).
-pub fn ensure() -> Result<()> {
+pub(crate) fn ensure() -> Result<()> {
     let installed = output(Command::new("rustup").args([
         "component",
         "list",

@@ -8,7 +8,7 @@ use integration_tests::sys::{in_ci, is_root};
 
 use crate::util;
 
-pub fn run(filter: Option<&str>) -> Result<()> {
+pub(crate) fn run(filter: Option<&str>) -> Result<()> {
     util::run(Command::new("cargo").args([
         "test",
         "-p",

@@ -46,7 +46,7 @@ use crate::{
 };
 
 /// The key of the policy in its ConfigMap.
-pub const POLICY_KEY: &str = "policy.yaml";
+pub(crate) const POLICY_KEY: &str = "policy.yaml";
 
 /// The kubepods cgroup: `--cgroup-root`, else the first of the kubelet's usual places under
 /// the cgroup2 mount.
@@ -323,7 +323,7 @@ impl State {
 
 /// Wait for the first good policy and the first full pod list, then start the engine and
 /// keep policy, pods and platform current.
-pub async fn run(cfg: &AgentConfig, args: &ClusterConfig) -> Result<()> {
+pub(crate) async fn run(cfg: &AgentConfig, args: &ClusterConfig) -> Result<()> {
     let node = args.node_name.clone();
     let client = watches::client(args.kubeconfig.as_deref()).await?;
     let detected = platform::detect(&client, &node, args.platform.as_deref()).await?;

@@ -16,11 +16,11 @@ use kube::{
 use serde_json::json;
 
 /// The taint new nodes carry until the gate is closed on them.
-pub const NOT_READY_TAINT: &str = "metadata-gate.io/not-ready";
+pub(crate) const NOT_READY_TAINT: &str = "metadata-gate.io/not-ready";
 
 /// Remove [`NOT_READY_TAINT`] from `node`, retrying with backoff until it is gone (or was
 /// never there). Runs until done; errors are logged once per change of kind.
-pub async fn remove_not_ready(client: Client, node: String) {
+pub(crate) async fn remove_not_ready(client: Client, node: String) {
     let api: Api<Node> = Api::all(client);
     let mut backoff = Duration::from_millis(500);
     let mut failing = false;

@@ -44,7 +44,7 @@ impl Tables for PinnedTables<'_> {
 }
 
 /// A destination as written: `ADDR[:PORT][/PROTO]` (`[v6]:port` for IPv6 with a port).
-pub fn parse_dst(s: &str) -> Result<Dst, String> {
+pub(crate) fn parse_dst(s: &str) -> Result<Dst, String> {
     let (hostport, proto) = match s.rsplit_once('/') {
         Some((h, p)) => (h, Some(p)),
         None => (s, None),
@@ -77,7 +77,7 @@ pub fn parse_dst(s: &str) -> Result<Dst, String> {
 
 /// One cgroup on the way from the root to the workload's, and whether it is on the allow set.
 #[derive(Debug, Serialize)]
-pub struct Step {
+pub(crate) struct Step {
     pub cgroup: String,
     pub id: u64,
     /// Index of the allow entry that put it on the allow set.
@@ -86,7 +86,7 @@ pub struct Step {
 
 /// The verdict for one destination.
 #[derive(Debug, Serialize)]
-pub struct Explanation {
+pub(crate) struct Explanation {
     pub generation: u32,
     pub mode: &'static str,
     pub cgroup: String,
@@ -103,7 +103,7 @@ pub struct Explanation {
 
 impl Explanation {
     /// The exit code for scripts: 0 passes (unprotected or allowed), 1 denied, 2 audited.
-    pub fn exit_code(&self) -> u8 {
+    pub(crate) fn exit_code(&self) -> u8 {
         match self.verdict {
             "denied" => 1,
             "audited" => 2,
@@ -111,7 +111,7 @@ impl Explanation {
         }
     }
 
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut o = String::new();
         let _ = writeln!(
             o,
@@ -165,7 +165,11 @@ fn steps(root: &GatedRoot, cgroup: &Path) -> Result<Vec<(PathBuf, u64)>, Inspect
 }
 
 /// Explain the verdict for traffic from `cgroup` (an absolute cgroup directory) to `dst`.
-pub fn explain(pinned: &Pinned, cgroup: &Path, dst: &Dst) -> Result<Explanation, InspectError> {
+pub(crate) fn explain(
+    pinned: &Pinned,
+    cgroup: &Path,
+    dst: &Dst,
+) -> Result<Explanation, InspectError> {
     let root = pinned.root.as_ref().ok_or_else(|| InspectError::Target {
         what: pinned.root_path.clone(),
         reason: "the gated root the gate protects no longer exists".into(),
@@ -233,7 +237,7 @@ pub fn explain(pinned: &Pinned, cgroup: &Path, dst: &Dst) -> Result<Explanation,
 
 /// Every protected destination of the live policy, one per (prefix, port, protocol) rule:
 /// the prefix's first address (what `explain` checks when no destination is named).
-pub fn protected_destinations(pinned: &Pinned) -> Vec<Dst> {
+pub(crate) fn protected_destinations(pinned: &Pinned) -> Vec<Dst> {
     let g = pinned.generation;
     let mut rules: std::collections::BTreeMap<u32, Vec<(u16, u8)>> = Default::default();
     for k in pinned.maps.rules.keys().flatten() {
@@ -267,7 +271,7 @@ pub fn protected_destinations(pinned: &Pinned) -> Vec<Dst> {
 /// The cgroup of `NAMESPACE/POD[/CONTAINER]` on this node, from the pod the API server
 /// reports and the kubelet's cgroup naming below the gated root: the container's cgroup if
 /// one is named, else the pod's.
-pub async fn pod_cgroup(
+pub(crate) async fn pod_cgroup(
     kubeconfig: Option<&Path>,
     target: &str,
     root: &GatedRoot,

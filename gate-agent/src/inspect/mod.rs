@@ -2,7 +2,7 @@
 //! endpoints, and allow entries written from that evidence) and `explain` (the verdict for
 //! one workload and destination, and why). They read bpffs, and the agent's state dir where
 //! it names workloads; they work with or without a running agent.
-pub mod explain;
+pub(crate) mod explain;
 
 use std::{
     path::{Path, PathBuf},
@@ -19,7 +19,7 @@ use crate::{
 
 /// What keeps `report` and `explain` from reading a gate.
 #[derive(Debug, thiserror::Error)]
-pub enum InspectError {
+pub(crate) enum InspectError {
     #[error("no gate is pinned under {0}")]
     NotInstalled(PathBuf),
     #[error(transparent)]
@@ -31,7 +31,7 @@ pub enum InspectError {
 }
 
 /// The pinned gate's maps, opened.
-pub struct Pinned {
+pub(crate) struct Pinned {
     pub maps: Maps,
     pub generation: u32,
     /// Endpoint names of the live policy, by index.
@@ -42,7 +42,7 @@ pub struct Pinned {
 }
 
 impl Pinned {
-    pub fn open(pin_dir: &Path) -> Result<Pinned, InspectError> {
+    pub(crate) fn open(pin_dir: &Path) -> Result<Pinned, InspectError> {
         let layout = Layout::new(pin_dir);
         if !layout.dir.join("maps").exists() {
             return Err(InspectError::NotInstalled(pin_dir.to_path_buf()));
@@ -78,7 +78,10 @@ fn clocks() -> (u64, u64) {
 /// Every workload that touched a protected endpoint, with counts by verdict and the last
 /// time: from the pinned ACCESS tally, named by the identities the agent kept in
 /// `state_dir` (pods, owners) or else by cgroup path.
-pub fn report(pin_dir: &Path, state_dir: Option<&Path>) -> Result<Vec<AccessRecord>, InspectError> {
+pub(crate) fn report(
+    pin_dir: &Path,
+    state_dir: Option<&Path>,
+) -> Result<Vec<AccessRecord>, InspectError> {
     let pinned = Pinned::open(pin_dir)?;
     let known = state_dir.and_then(|d| Known::load(d).ok()).unwrap_or_default();
     let entries: Vec<_> = pinned.maps.access.iter().flatten().collect();
@@ -96,6 +99,6 @@ pub fn report(pin_dir: &Path, state_dir: Option<&Path>) -> Result<Vec<AccessReco
 }
 
 /// Now, in ms since the Unix epoch (for rendering ages).
-pub fn now_unix_ms() -> u64 {
+pub(crate) fn now_unix_ms() -> u64 {
     clocks().1
 }

@@ -14,7 +14,7 @@ use crate::cgroup::GatedRoot;
 
 /// What happened to one attach point in [`Gate::attach`].
 #[derive(Clone, Debug)]
-pub struct HookChange {
+pub(crate) struct HookChange {
     pub point: AttachPoint,
     pub program: Program,
     /// Program id before (adopted links) and after.
@@ -24,7 +24,7 @@ pub struct HookChange {
 
 /// Something [`Gate::repair`] found missing and put back.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Repair {
+pub(crate) enum Repair {
     /// The link of this attach point was missing, detached, or on another cgroup.
     Link(AttachPoint),
     /// The pin of this map was removed.
@@ -35,7 +35,7 @@ pub enum Repair {
 
 impl Repair {
     /// The `what` label of the repair metric.
-    pub fn what(&self) -> &'static str {
+    pub(crate) fn what(&self) -> &'static str {
         match self {
             Repair::Link(_) => "link",
             Repair::MapPin(_) => "map-pin",
@@ -87,7 +87,7 @@ impl Gate {
     ///
     /// A cgroup bpf_link always coexists with other programs on the cgroup (the kernel treats
     /// it as multi-attach), so the link takes no flags.
-    pub fn attach(&mut self, root: &GatedRoot) -> Result<Vec<HookChange>, LoaderError> {
+    pub(crate) fn attach(&mut self, root: &GatedRoot) -> Result<Vec<HookChange>, LoaderError> {
         let mut changes = Vec::new();
         for point in AttachPoint::CGROUP {
             let prog = self.program_for(point);
@@ -105,7 +105,7 @@ impl Gate {
     /// programs from the agent's own descriptors, re-attach links that were detached,
     /// unpinned or are on another cgroup (a root recreated under the same path). Returns what
     /// was repaired; an error means the gate is not whole.
-    pub fn repair(&mut self, root: &GatedRoot) -> Result<Vec<Repair>, LoaderError> {
+    pub(crate) fn repair(&mut self, root: &GatedRoot) -> Result<Vec<Repair>, LoaderError> {
         let mut repaired = Vec::new();
         for sub in ["maps", "progs", "links"] {
             let dir = self.layout.dir.join(sub);

@@ -27,7 +27,7 @@ use crate::cgroup::GatedRoot;
 
 /// A policy as the loader installs it: the compiled image plus what `status` and the
 /// metrics read back. Generation-free; [`Gate::apply`] stamps the generation.
-pub struct Install<'a> {
+pub(crate) struct Install<'a> {
     pub image: &'a Image,
     pub mode: Mode,
     /// Endpoint names by index.
@@ -113,7 +113,11 @@ impl Generations {
 impl Gate {
     /// Install a policy image and its allow set as the next generation and make it live.
     /// On error the live generation is untouched.
-    pub fn apply(&mut self, install: &Install<'_>, root: &GatedRoot) -> Result<(), LoaderError> {
+    pub(crate) fn apply(
+        &mut self,
+        install: &Install<'_>,
+        root: &GatedRoot,
+    ) -> Result<(), LoaderError> {
         let next = self.gens.active ^ 1;
         self.settle_stale();
         self.clear(next)?;
@@ -213,7 +217,7 @@ impl Gate {
 
     /// Record whether established connections are terminated, and what the last scan could
     /// see (namespaces scanned, gated processes it could not look into), for `status`.
-    pub fn set_terminate(
+    pub(crate) fn set_terminate(
         &mut self,
         state: TerminateState,
         netns: usize,
@@ -228,7 +232,7 @@ impl Gate {
     /// Make the live allow set equal `want` (cgroups that appeared under or vanished from a
     /// glob or a pod). Single inserts and deletes, each atomic on its own. Returns (added,
     /// removed).
-    pub fn sync_allow(&mut self, want: &AllowSet) -> Result<(usize, usize), LoaderError> {
+    pub(crate) fn sync_allow(&mut self, want: &AllowSet) -> Result<(usize, usize), LoaderError> {
         let live = self.gens.active;
         let w = &mut self.gens.written[live as usize];
         let mut added = 0;
@@ -253,7 +257,7 @@ impl Gate {
     }
 
     /// The live allow set.
-    pub fn allowed(&self) -> &AllowSet {
+    pub(crate) fn allowed(&self) -> &AllowSet {
         &self.gens.live().allowed
     }
 
@@ -282,7 +286,7 @@ impl Gate {
 
     /// Entries the live generation holds, per map, for the capacity metric:
     /// (map, used, capacity).
-    pub fn usage(&self) -> [(&'static str, usize, u32); 4] {
+    pub(crate) fn usage(&self) -> [(&'static str, usize, u32); 4] {
         let w = self.gens.live();
         [
             (names::PREFIX_V4, w.v4.len(), MAX_ENDPOINTS),

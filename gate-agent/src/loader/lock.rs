@@ -13,12 +13,12 @@ use super::LoaderError;
 
 /// The held lock; dropping it releases the pin dir.
 #[derive(Debug)]
-pub struct PinLock {
+pub(crate) struct PinLock {
     _dir: File,
 }
 
 /// Take the pin dir's lock, or say who holds it.
-pub fn lock(pin_dir: &Path) -> Result<PinLock, LoaderError> {
+pub(crate) fn lock(pin_dir: &Path) -> Result<PinLock, LoaderError> {
     let dir = File::open(pin_dir).map_err(|source| LoaderError::Io {
         what: "opening the pin dir to lock",
         path: pin_dir.to_path_buf(),
@@ -40,7 +40,7 @@ pub fn lock(pin_dir: &Path) -> Result<PinLock, LoaderError> {
 
 /// The pid of the process holding the pin dir's lock, if any (as `/proc/locks` shows it in
 /// this pid namespace).
-pub fn holder(pin_dir: &Path) -> Option<u32> {
+pub(crate) fn holder(pin_dir: &Path) -> Option<u32> {
     let meta = std::fs::metadata(pin_dir).ok()?;
     let locks = std::fs::read_to_string("/proc/locks").ok()?;
     holder_in(&locks, meta.dev(), meta.ino())
@@ -60,7 +60,7 @@ fn holder_in(locks: &str, dev: u64, ino: u64) -> Option<u32> {
 }
 
 /// Whether a pin dir is locked by a running agent, for `cleanup` (which refuses then).
-pub fn running_agent(pin_dir: &Path) -> Option<u32> {
+pub(crate) fn running_agent(pin_dir: &Path) -> Option<u32> {
     let dir = File::open(pin_dir).ok()?;
     // SAFETY: flock on a valid fd we own; released when `dir` drops.
     let free = unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;

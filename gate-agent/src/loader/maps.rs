@@ -13,7 +13,7 @@ use gate_common::abi::{
 
 use super::{LoaderError, map_err, pins::Layout};
 
-pub struct Maps {
+pub(crate) struct Maps {
     pub config: Array<MapData, u32>,
     pub meta: Array<MapData, PolicyMeta>,
     pub v4: LpmTrie<MapData, PrefixV4, PrefixValue>,
@@ -32,7 +32,7 @@ pub struct Maps {
 
 /// Counters read back from the kernel.
 #[derive(Clone, Debug, Default)]
-pub struct Stats {
+pub(crate) struct Stats {
     /// `[hook][verdict]` summed over CPUs.
     pub decisions: Vec<Vec<u64>>,
     pub events_lost: u64,
@@ -79,7 +79,7 @@ macro_rules! open_all {
 
 impl Maps {
     /// The map of a name, untyped (to pin it again).
-    pub fn data(&self, name: &str) -> Option<&MapData> {
+    pub(crate) fn data(&self, name: &str) -> Option<&MapData> {
         Some(match name {
             names::CONFIG => self.config.map(),
             names::POLICY_META => self.meta.map(),
@@ -99,29 +99,29 @@ impl Maps {
         })
     }
 
-    pub fn take(ebpf: &mut Ebpf) -> Result<Maps, LoaderError> {
+    pub(crate) fn take(ebpf: &mut Ebpf) -> Result<Maps, LoaderError> {
         open_all!(take, ebpf)
     }
 
-    pub fn from_pins(layout: &Layout) -> Result<Maps, LoaderError> {
+    pub(crate) fn from_pins(layout: &Layout) -> Result<Maps, LoaderError> {
         open_all!(from_pin, layout)
     }
 
     /// The live generation (0 or 1).
-    pub fn active(&self) -> Result<u32, LoaderError> {
+    pub(crate) fn active(&self) -> Result<u32, LoaderError> {
         Ok(self.config.get(&CONFIG_ACTIVE_GEN, 0).map_err(map_err(names::CONFIG))? & 1)
     }
 
-    pub fn info(&self) -> Result<GateInfo, LoaderError> {
+    pub(crate) fn info(&self) -> Result<GateInfo, LoaderError> {
         self.info.get(&0, 0).map_err(map_err(names::GATE_INFO))
     }
 
-    pub fn policy_meta(&self, generation: u32) -> Result<PolicyMeta, LoaderError> {
+    pub(crate) fn policy_meta(&self, generation: u32) -> Result<PolicyMeta, LoaderError> {
         self.meta.get(&generation, 0).map_err(map_err(names::POLICY_META))
     }
 
     /// Endpoint names of a generation, by index (missing ones as `?`).
-    pub fn endpoint_names(&self, generation: u32, count: u32) -> Vec<String> {
+    pub(crate) fn endpoint_names(&self, generation: u32, count: u32) -> Vec<String> {
         (0..count.min(MAX_ENDPOINTS))
             .map(|index| {
                 self.names
@@ -133,7 +133,7 @@ impl Maps {
     }
 
     /// All counters.
-    pub fn stats(&self, endpoints: u32) -> Result<Stats, LoaderError> {
+    pub(crate) fn stats(&self, endpoints: u32) -> Result<Stats, LoaderError> {
         let read = |slot: u32| -> Result<u64, LoaderError> {
             let v = self.stats.get(&slot, 0).map_err(map_err(names::STATS))?;
             Ok(v.iter().sum())
@@ -154,7 +154,7 @@ impl Maps {
     }
 
     /// The last denials, oldest first.
-    pub fn recent(&self) -> Result<Vec<DenyEvent>, LoaderError> {
+    pub(crate) fn recent(&self) -> Result<Vec<DenyEvent>, LoaderError> {
         let cursor = self.config.get(&CONFIG_RECENT_CURSOR, 0).map_err(map_err(names::CONFIG))?;
         let n = cursor.min(RECENT_DENIALS);
         let mut out = Vec::new();
@@ -166,7 +166,7 @@ impl Maps {
     }
 
     /// Entries per generation in the allow set: `[gen0, gen1]`.
-    pub fn allowed_counts(&self) -> [usize; 2] {
+    pub(crate) fn allowed_counts(&self) -> [usize; 2] {
         let mut n = [0; 2];
         for k in self.allowed.keys().flatten() {
             n[(k.generation & 1) as usize] += 1;

@@ -17,9 +17,9 @@
 //! aya lacks.
 mod attach;
 mod generations;
-pub mod lock;
+pub(crate) mod lock;
 mod maps;
-pub mod pins;
+pub(crate) mod pins;
 mod sys;
 mod tc;
 
@@ -34,23 +34,23 @@ use gate_common::{
     abi::{GateInfo, names},
     user::{AttachPoint, Program},
 };
-pub use generations::Install;
-pub use maps::{Maps, Stats};
-pub use pins::{Layout, cleanup};
-pub use sys::{LinkInfo, LinkTarget};
-pub use tc::{TcMode, TcPlan, TcReport, TcTarget};
+pub(crate) use generations::Install;
+pub(crate) use maps::{Maps, Stats};
+pub(crate) use pins::{Layout, cleanup};
+pub(crate) use sys::{LinkInfo, LinkTarget};
+pub(crate) use tc::{TcMode, TcPlan, TcReport, TcTarget};
 
 use crate::cgroup::GatedRoot;
 
 /// The access tally (ACCESS), typed.
-pub type AccessMap =
+pub(crate) type AccessMap =
     aya::maps::HashMap<MapData, gate_common::abi::AccessKey, gate_common::abi::AccessStats>;
 
 /// The eBPF object built by build.rs (gate-ebpf for bpfel-unknown-none).
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gate"));
 
 #[derive(Debug, thiserror::Error)]
-pub enum LoaderError {
+pub(crate) enum LoaderError {
     #[error("loading the eBPF object: {0}")]
     Load(#[from] aya::EbpfError),
     #[error("program {name}: {source}")]
@@ -91,7 +91,7 @@ fn map_err(name: &'static str) -> impl FnOnce(MapError) -> LoaderError {
 
 /// Which cgroup_skb egress program to load.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum EgressProgram {
+pub(crate) enum EgressProgram {
     /// With pid/comm in events where the kernel allows, else without.
     #[default]
     Auto,
@@ -103,7 +103,7 @@ pub enum EgressProgram {
 
 /// How the gate came up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Start {
+pub(crate) enum Start {
     /// Nothing was pinned: a first install (or after `cleanup`).
     Fresh,
     /// A pinned gate was taken over; it never stopped enforcing.
@@ -111,7 +111,7 @@ pub enum Start {
 }
 
 /// The loaded, pinned gate.
-pub struct Gate {
+pub(crate) struct Gate {
     ebpf: Ebpf,
     layout: Layout,
     maps: Maps,
@@ -147,7 +147,7 @@ impl Gate {
     /// already pinned (nothing attached changes here).
     /// `may_mount`: whether bpffs may be mounted on the pin dir's parent when it is missing
     /// (standalone; never in a pod, where the mount would not outlive the container).
-    pub fn open(
+    pub(crate) fn open(
         pin_dir: &Path,
         egress: EgressProgram,
         may_mount: bool,
@@ -196,12 +196,12 @@ impl Gate {
         })
     }
 
-    pub fn start(&self) -> Start {
+    pub(crate) fn start(&self) -> Start {
         self.start
     }
 
     /// What was last applied (for an adopted gate: by the previous agent).
-    pub fn info(&self) -> &GateInfo {
+    pub(crate) fn info(&self) -> &GateInfo {
         &self.info
     }
 
@@ -209,7 +209,7 @@ impl Gate {
     /// A gate pinned for the same path whose cgroup was recreated (a new id: a kubelet that
     /// restarted its slices, a node that rebooted with pins kept) is taken over: its links
     /// are re-attached to the cgroup that is there now.
-    pub fn check_root(&self, root: &GatedRoot) -> Result<(), LoaderError> {
+    pub(crate) fn check_root(&self, root: &GatedRoot) -> Result<(), LoaderError> {
         let pinned = self.info.root_cgroup_id;
         let pinned_path = gate_common::abi::fixed_str_value(&self.info.root_path);
         let same_path = Path::new(pinned_path) == root.path;
@@ -226,7 +226,7 @@ impl Gate {
 
     /// Unpin other ABI versions under the same pin dir, once this one enforces: a clean
     /// hand-over (both enforced while they overlapped). Returns what was removed.
-    pub fn retire_other_versions(&self) -> Vec<PathBuf> {
+    pub(crate) fn retire_other_versions(&self) -> Vec<PathBuf> {
         let Some(pin_dir) = self.layout.dir.parent() else { return Vec::new() };
         let mut removed = Vec::new();
         for (abi, dir) in pins::other_versions(pin_dir) {
@@ -243,7 +243,7 @@ impl Gate {
 
     /// What the event reader reads (taken once): the denial event ring buffer, and the
     /// access tally (ACCESS, opened again so that the reader needs no lock).
-    pub fn take_events(&mut self) -> Option<(RingBuf<MapData>, AccessMap)> {
+    pub(crate) fn take_events(&mut self) -> Option<(RingBuf<MapData>, AccessMap)> {
         let ring = self.events.take()?;
         let data = MapData::from_pin(self.layout.map(names::ACCESS)).ok()?;
         let tally = aya::maps::Map::from_map_data(data).ok()?.try_into().ok()?;
@@ -251,16 +251,16 @@ impl Gate {
     }
 
     /// Read all counters of the live policy.
-    pub fn stats(&self, endpoints: u32) -> Result<Stats, LoaderError> {
+    pub(crate) fn stats(&self, endpoints: u32) -> Result<Stats, LoaderError> {
         self.maps.stats(endpoints)
     }
 
-    pub fn pin_dir(&self) -> &Path {
+    pub(crate) fn pin_dir(&self) -> &Path {
         &self.layout.dir
     }
 
     /// The egress program variant the kernel accepted.
-    pub fn egress_program(&self) -> Program {
+    pub(crate) fn egress_program(&self) -> Program {
         self.egress
     }
 }

@@ -6,7 +6,7 @@
 
 /// Counter or gauge.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// Samples are named `<name>_total`.
     Counter,
     Gauge,
@@ -14,7 +14,7 @@ pub enum Kind {
 
 /// One metric family.
 #[derive(Clone, Copy, Debug)]
-pub struct Family {
+pub(crate) struct Family {
     /// The name as registered (a counter's samples add `_total`).
     pub name: &'static str,
     pub kind: Kind,
@@ -25,7 +25,7 @@ pub struct Family {
 
 impl Family {
     /// The name a query uses: a counter's with `_total`.
-    pub fn sample_name(&self) -> String {
+    pub(crate) fn sample_name(&self) -> String {
         match self.kind {
             Kind::Counter => format!("{}_total", self.name),
             Kind::Gauge => self.name.to_owned(),
@@ -33,73 +33,73 @@ impl Family {
     }
 }
 
-pub const DECISIONS: Family = Family {
+pub(crate) const DECISIONS: Family = Family {
     name: "metadata_gate_decisions",
     kind: Kind::Counter,
     help: "Hook invocations by hook and verdict (unmatched: destination not protected)",
     labels: &["hook", "verdict"],
 };
-pub const ENDPOINT_DECISIONS: Family = Family {
+pub(crate) const ENDPOINT_DECISIONS: Family = Family {
     name: "metadata_gate_endpoint_decisions",
     kind: Kind::Counter,
     help: "Decisions on traffic that matched a protected endpoint (reset when a policy is applied)",
     labels: &["endpoint", "verdict"],
 };
-pub const WORKLOAD_DENIALS: Family = Family {
+pub(crate) const WORKLOAD_DENIALS: Family = Family {
     name: "metadata_gate_workload_denials",
     kind: Kind::Counter,
     help: "Denial events by workload (cgroup below the gated root; at most 256 workloads, the rest as _other)",
     labels: &["workload"],
 };
-pub const WORKLOAD_ACCESSES: Family = Family {
+pub(crate) const WORKLOAD_ACCESSES: Family = Family {
     name: "metadata_gate_workload_accesses",
     kind: Kind::Counter,
     help: "Accesses to protected endpoints by workload and verdict, allowed ones included (at most 256 workloads per verdict, the rest as _other)",
     labels: &["workload", "verdict"],
 };
-pub const EVENTS_LOST: Family = Family {
+pub(crate) const EVENTS_LOST: Family = Family {
     name: "metadata_gate_events_lost",
     kind: Kind::Counter,
     help: "Denial events dropped because the ring buffer was full",
     labels: &[],
 };
-pub const POLICY_GENERATION: Family = Family {
+pub(crate) const POLICY_GENERATION: Family = Family {
     name: "metadata_gate_policy_generation",
     kind: Kind::Gauge,
     help: "Policies applied over the life of the pinned gate",
     labels: &[],
 };
-pub const MAP_ENTRIES: Family = Family {
+pub(crate) const MAP_ENTRIES: Family = Family {
     name: "metadata_gate_map_entries",
     kind: Kind::Gauge,
     help: "Entries the live policy holds per map",
     labels: &["map"],
 };
-pub const MAP_CAPACITY: Family = Family {
+pub(crate) const MAP_CAPACITY: Family = Family {
     name: "metadata_gate_map_capacity",
     kind: Kind::Gauge,
     help: "Entries one policy may hold per map",
     labels: &["map"],
 };
-pub const POLICY_RELOADS: Family = Family {
+pub(crate) const POLICY_RELOADS: Family = Family {
     name: "metadata_gate_policy_reloads",
     kind: Kind::Counter,
     help: "Policy reloads by result (failure: refused, the last good policy stays)",
     labels: &["result"],
 };
-pub const POLICY_REJECTED: Family = Family {
+pub(crate) const POLICY_REJECTED: Family = Family {
     name: "metadata_gate_policy_rejected",
     kind: Kind::Gauge,
     help: "1 while the newest policy offered (file or ConfigMap) was refused and the last good one stays in force; 0 once the newest is in force",
     labels: &[],
 };
-pub const REPAIRS: Family = Family {
+pub(crate) const REPAIRS: Family = Family {
     name: "metadata_gate_repairs",
     kind: Kind::Counter,
     help: "Parts of the gate found missing and put back by the running agent, by what",
     labels: &["what"],
 };
-pub const PREGATE_PACKET_SOCKETS: Family = Family {
+pub(crate) const PREGATE_PACKET_SOCKETS: Family = Family {
     name: "metadata_gate_pregate_packet_sockets",
     kind: Kind::Gauge,
     help: "AF_PACKET sockets that gated processes opened before the gate (found at start; one that set PACKET_QDISC_BYPASS skips tc: restart its pod)",
@@ -107,7 +107,7 @@ pub const PREGATE_PACKET_SOCKETS: Family = Family {
 };
 
 /// Every family the agent exports.
-pub const ALL: &[Family] = &[
+pub(crate) const ALL: &[Family] = &[
     DECISIONS,
     ENDPOINT_DECISIONS,
     WORKLOAD_DENIALS,

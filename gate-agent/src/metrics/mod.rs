@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 // Parts of the catalog (`ALL`, labels, sample names) are read only by the scrape test and by
 // xtask, which compiles the file in by path.
 #[cfg_attr(not(test), allow(dead_code))]
-pub mod families;
+pub(crate) mod families;
 
 use prometheus_client::{
     collector::Collector,
@@ -31,14 +31,14 @@ use families::{
 };
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReloadLabels {
+pub(crate) struct ReloadLabels {
     /// `success`, `failure` or `unchanged`.
     pub result: &'static str,
 }
 
 /// Agent-side metrics the rest of the agent updates.
 #[derive(Clone)]
-pub struct AgentMetrics {
+pub(crate) struct AgentMetrics {
     pub reloads: Family<ReloadLabels, Counter>,
     pub repairs: Family<RepairLabels, Counter>,
     /// 1 while the newest policy offered was refused (the last good one stays in force).
@@ -48,9 +48,9 @@ pub struct AgentMetrics {
 }
 
 /// Every `result` of a reload.
-pub const RELOAD_RESULTS: [&str; 3] = ["success", "failure", "unchanged"];
+pub(crate) const RELOAD_RESULTS: [&str; 3] = ["success", "failure", "unchanged"];
 /// Every part of the gate the agent repairs.
-pub const REPAIRED: [&str; 5] = ["root", "link", "map-pin", "program-pin", "tc"];
+pub(crate) const REPAIRED: [&str; 5] = ["root", "link", "map-pin", "program-pin", "tc"];
 
 impl Default for AgentMetrics {
     /// Every reload result and repaired part starts at 0, so that an alert on `increase()`
@@ -73,24 +73,24 @@ impl Default for AgentMetrics {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RepairLabels {
+pub(crate) struct RepairLabels {
     /// `root`, `link`, `map-pin`, `program-pin` or `tc`.
     pub what: &'static str,
 }
 
 impl AgentMetrics {
-    pub fn reload(&self, result: &'static str) {
+    pub(crate) fn reload(&self, result: &'static str) {
         self.reloads.get_or_create(&ReloadLabels { result }).inc();
     }
 
-    pub fn repaired(&self, what: &'static str) {
+    pub(crate) fn repaired(&self, what: &'static str) {
         self.repairs.get_or_create(&RepairLabels { what }).inc();
     }
 }
 
 /// What the collector needs: the gate (for its maps) and the event reader's state.
 #[derive(Clone)]
-pub struct Shared {
+pub(crate) struct Shared {
     pub gate: Arc<Mutex<Gate>>,
     pub sinks: EventSinks,
 }
@@ -216,7 +216,7 @@ fn encode_snapshot(s: &Snapshot, mut enc: DescriptorEncoder) -> Result<(), std::
     Ok(())
 }
 
-pub fn registry(shared: Shared, agent: &AgentMetrics) -> Registry {
+pub(crate) fn registry(shared: Shared, agent: &AgentMetrics) -> Registry {
     let mut r = Registry::default();
     register_agent(&mut r, agent);
     r.register_collector(Box::new(GateCollector(shared)));

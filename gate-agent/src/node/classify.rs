@@ -27,14 +27,14 @@ use crate::loader::TcTarget;
 /// Interface-name globs that are not valid.
 #[derive(Debug, thiserror::Error)]
 #[error("interface glob {pattern:?}: {reason}")]
-pub struct GlobError {
+pub(crate) struct GlobError {
     pub pattern: String,
     pub reason: String,
 }
 
 /// The rules the classification follows besides the namespace itself.
 #[derive(Clone, Debug)]
-pub struct Rules {
+pub(crate) struct Rules {
     /// Node-level discovery on: egress on every interface, ingress per `workload_ingress`.
     /// Off: only what the flags name.
     pub discover: bool,
@@ -51,7 +51,7 @@ pub struct Rules {
 }
 
 impl Rules {
-    pub fn new(
+    pub(crate) fn new(
         discover: bool,
         workload_ingress: bool,
         strict_found: bool,
@@ -80,7 +80,7 @@ fn globset(patterns: &[String]) -> Result<GlobSet, GlobError> {
 
 /// Where the program goes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Classified {
+pub(crate) struct Classified {
     /// (ifindex, name, direction) of every attachment.
     pub targets: BTreeSet<TcTarget>,
     /// Workload-facing interfaces where only an allowed gated socket passes.
@@ -90,7 +90,7 @@ pub struct Classified {
 }
 
 /// Where the program goes, by the rules above.
-pub fn classify(
+pub(crate) fn classify(
     links: &[Link],
     routes: &[Route],
     protected: &[IpAddr],

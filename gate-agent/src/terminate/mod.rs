@@ -52,12 +52,12 @@ mod diag;
 mod packet;
 mod scan;
 
-pub use diag::WireError;
-pub use scan::terminate_established;
+pub(crate) use diag::WireError;
+pub(crate) use scan::terminate_established;
 
 /// What can stop a scan, or one namespace of it.
 #[derive(Debug, thiserror::Error)]
-pub enum TerminateError {
+pub(crate) enum TerminateError {
     #[error("network namespace {netns}: {op}: {source}")]
     Io { netns: String, op: &'static str, source: io::Error },
     #[error("network namespace {netns}: malformed sock_diag reply: {error}")]
@@ -70,7 +70,7 @@ pub enum TerminateError {
 
 /// Why the kernel cannot terminate established connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unsupported {
+pub(crate) enum Unsupported {
     /// `SOCK_DESTROY` answered `EOPNOTSUPP` (kernel without `CONFIG_INET_DIAG_DESTROY`).
     SockDestroy,
     /// sock_diag replies carry no cgroup id (kernel older than 5.7), so the gated sockets
@@ -93,7 +93,7 @@ impl fmt::Display for Unsupported {
 
 /// One socket that matched: destroyed (enforce) or would have been (audit).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Conn {
+pub(crate) struct Conn {
     pub cgroup_id: u64,
     /// Path of its cgroup relative to the gated root (`.` for the root itself).
     pub cgroup: PathBuf,
@@ -107,7 +107,7 @@ pub struct Conn {
 
 /// What a scan found and did.
 #[derive(Debug, Default)]
-pub struct Report {
+pub(crate) struct Report {
     /// Network namespaces scanned.
     pub netns: usize,
     /// Sockets inspected (all connected TCP and UDP sockets of those namespaces).
@@ -133,7 +133,7 @@ pub struct Report {
 
 impl Report {
     /// One line for status output.
-    pub fn status_line(&self) -> String {
+    pub(crate) fn status_line(&self) -> String {
         match self.unsupported {
             Some(why) => format!("terminate-established: unsupported by this kernel ({why})"),
             None => format!(
@@ -170,7 +170,7 @@ impl Report {
 
 /// The decision context: the compiled policy and allow set, in the form the kernel programs
 /// read them.
-pub struct Judge {
+pub(crate) struct Judge {
     tables: HostTables,
     generation: u32,
     mode: u32,
@@ -179,7 +179,7 @@ pub struct Judge {
 
 impl Judge {
     /// The policy's compiled image and the allow set as written to the maps.
-    pub fn new(policy: &Policy, root: &GatedRoot, allow: &AllowSet) -> Judge {
+    pub(crate) fn new(policy: &Policy, root: &GatedRoot, allow: &AllowSet) -> Judge {
         let generation = 0;
         let mut tables = HostTables::default();
         tables.load(policy.image(), generation);
@@ -214,7 +214,7 @@ impl Judge {
 /// gate is attached, and again after each policy change. Runs the scan off the async runtime.
 /// `allow` is the mode's allow set for `policy`, resolved afresh by the caller (a cgroup that
 /// has just appeared under an allowed glob or pod is spared even if the maps lag behind).
-pub async fn after_policy_change(
+pub(crate) async fn after_policy_change(
     root: &GatedRoot,
     policy: &Policy,
     allow: AllowSet,
@@ -273,7 +273,7 @@ pub async fn after_policy_change(
 
 /// Name every AF_PACKET socket a gated, not allowed process holds (see [`packet`]); call it
 /// once the gate is attached. Returns how many there are (`None`: the scan failed).
-pub async fn packet_sockets_before_gate(
+pub(crate) async fn packet_sockets_before_gate(
     root: &GatedRoot,
     policy: &Policy,
     allow: AllowSet,

@@ -23,7 +23,7 @@ use crate::cgroup::GatedRoot;
 
 /// A gated process holding an AF_PACKET socket.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PacketHolder {
+pub(super) struct PacketHolder {
     pub pid: u32,
     /// `/proc/<pid>/comm`.
     pub comm: String,
@@ -34,7 +34,7 @@ pub struct PacketHolder {
 }
 
 /// Every AF_PACKET socket that a process in a gated, not allowed cgroup holds now.
-pub fn packet_holders(root: &GatedRoot, judge: &Judge) -> Vec<PacketHolder> {
+pub(super) fn packet_holders(root: &GatedRoot, judge: &Judge) -> Vec<PacketHolder> {
     let index = CgroupIndex::new(root.id, root.walk());
     // Packet socket inodes per network namespace (device, inode of the namespace file).
     let mut by_netns: HashMap<(u64, u64), HashSet<u64>> = HashMap::new();

@@ -64,7 +64,7 @@ impl CgroupIndex {
 }
 
 /// The blocking scan: every namespace of the gated processes plus the agent's own.
-pub fn terminate_established(root: &GatedRoot, judge: &Judge) -> Report {
+pub(crate) fn terminate_established(root: &GatedRoot, judge: &Judge) -> Report {
     let index = CgroupIndex::new(root.id, root.walk());
     let mut report = scan_here("agent", judge, &index);
     let mut seen: HashSet<(u64, u64)> =

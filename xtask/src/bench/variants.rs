@@ -15,7 +15,7 @@ use integration_tests::{
 use super::world::{World, cgroup_rel, nft_cgroup_path};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Variant {
+pub(super) enum Variant {
     None,
     Gate,
     /// nftables `socket cgroupv2` + `reject with tcp reset`
@@ -27,7 +27,7 @@ pub enum Variant {
 }
 
 impl Variant {
-    pub fn key(self) -> &'static str {
+    pub(super) fn key(self) -> &'static str {
         match self {
             Variant::None => "none",
             Variant::Gate => "gate",
@@ -37,7 +37,7 @@ impl Variant {
         }
     }
 
-    pub fn label(self) -> &'static str {
+    pub(super) fn label(self) -> &'static str {
         match self {
             Variant::None => "no gate",
             Variant::Gate => "metadata-gate",
@@ -49,14 +49,14 @@ impl Variant {
 }
 
 /// A variant in force in a world; removed on drop.
-pub enum Active {
+pub(super) enum Active {
     None,
     Gate(Box<Agent>),
     Rules { netns: String, tables: &'static [&'static str] },
 }
 
 impl Active {
-    pub fn agent(&self) -> Option<&Agent> {
+    pub(super) fn agent(&self) -> Option<&Agent> {
         match self {
             Active::Gate(a) => Some(a),
             _ => None,
@@ -77,7 +77,7 @@ impl Drop for Active {
 
 /// The nftables ruleset a careful administrator would write: cheap address match first,
 /// the allow-listed cgroup accepted, the rest of the gated cgroup refused.
-pub fn nft_ruleset(world: &World, verdict: &str) -> Result<String> {
+pub(super) fn nft_ruleset(world: &World, verdict: &str) -> Result<String> {
     let (_, level) = cgroup_rel(&world.cg.gated())?;
     let gated = nft_cgroup_path(&world.cg.gated())?;
     let allowed = nft_cgroup_path(&world.allowed)?;
@@ -108,7 +108,7 @@ fn ipt_rules(world: &World, dst: &str) -> Result<String> {
 /// Put `v` in force in `world` (`policy` is the gate's policy file) and check that it
 /// enforces the policy: the workload is refused, the allow-listed cgroup served.
 /// `bins` is the build under test (gate-agent, and bench-probe for the check).
-pub fn apply(v: Variant, world: &World, policy: &Path, bins: &Bins) -> Result<Active> {
+pub(super) fn apply(v: Variant, world: &World, policy: &Path, bins: &Bins) -> Result<Active> {
     let netns = world.net.node_path();
     let active = match v {
         Variant::None => Active::None,

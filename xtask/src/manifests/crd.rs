@@ -7,7 +7,7 @@
 //! against k8s-openapi's ObjectMeta by the caller.
 use serde_json::Value;
 
-pub enum Shape {
+pub(super) enum Shape {
     /// Not checked.
     Any,
     Str,
@@ -130,7 +130,7 @@ const ENDPOINT: Shape = Obj(
     &[],
 );
 
-pub const SERVICE_MONITOR: Shape = Obj(
+pub(super) const SERVICE_MONITOR: Shape = Obj(
     &[
         ("apiVersion", Str),
         ("kind", Str),
@@ -171,7 +171,7 @@ pub const SERVICE_MONITOR: Shape = Obj(
     &["spec"],
 );
 
-pub const PROMETHEUS_RULE: Shape = Obj(
+pub(super) const PROMETHEUS_RULE: Shape = Obj(
     &[
         ("apiVersion", Str),
         ("kind", Str),
@@ -216,7 +216,7 @@ pub const PROMETHEUS_RULE: Shape = Obj(
 );
 
 /// Every way `v` departs from `shape`, each with its field path.
-pub fn check(v: &Value, shape: &Shape, path: &str, errs: &mut Vec<String>) {
+pub(super) fn check(v: &Value, shape: &Shape, path: &str, errs: &mut Vec<String>) {
     let at = |p: &str| if p.is_empty() { "the object".to_owned() } else { p.to_owned() };
     let mut expect = |what: &str| errs.push(format!("{}: expected {what}, got {v}", at(path)));
     match shape {
@@ -285,7 +285,7 @@ pub fn check(v: &Value, shape: &Shape, path: &str, errs: &mut Vec<String>) {
 
 /// `0`, or one or more of `<digits><unit>` with the units in the order y w d h m s ms, each
 /// at most once (the CRDs' pattern, without the empty string it also admits).
-pub fn is_duration(s: &str) -> bool {
+pub(super) fn is_duration(s: &str) -> bool {
     const UNITS: &[&str] = &["y", "w", "d", "h", "m", "s", "ms"];
     if s == "0" {
         return true;

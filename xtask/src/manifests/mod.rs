@@ -39,7 +39,7 @@ use serde_json::Value;
 use crate::util::{output, root, show};
 
 /// Kustomize directories, relative to the workspace root. Each must render.
-pub const TARGETS: &[&str] = &[
+pub(crate) const TARGETS: &[&str] = &[
     "deploy/base",
     "deploy/policies",
     "deploy/overlays/openshift",
@@ -51,12 +51,13 @@ pub const TARGETS: &[&str] = &[
 ];
 
 /// Plain manifests (applied with `kubectl apply -f`), checked object by object.
-pub const PLAIN_DIRS: &[&str] = &["deploy/kind/e2e"];
+pub(crate) const PLAIN_DIRS: &[&str] = &["deploy/kind/e2e"];
 
 /// Targets applied together, checked as one render: a component that only adds objects
 /// (`kubectl apply -k` of each, or the component listed under `components:`) together with
 /// the overlay it goes on. overlays/openshift includes components/monitoring itself.
-pub const COMBINED: &[&[&str]] = &[&["deploy/overlays/kind", "deploy/components/monitoring"]];
+pub(crate) const COMBINED: &[&[&str]] =
+    &[&["deploy/overlays/kind", "deploy/components/monitoring"]];
 
 /// Namespace of the agent and of its policy ConfigMaps.
 const NAMESPACE: &str = "metadata-gate";
@@ -93,7 +94,7 @@ impl Object {
     }
 }
 
-pub fn run() -> Result<()> {
+pub(crate) fn run() -> Result<()> {
     let mut problems = Vec::new();
     let mut objects_seen = 0;
     for target in TARGETS {

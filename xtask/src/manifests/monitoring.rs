@@ -32,7 +32,7 @@ mod families;
 /// Metrics of other exporters the rules may use, with their labels: kube-state-metrics v2
 /// (docs/metrics/workload/pod-metrics.md and daemonset-metrics.md) and Prometheus' own `up`
 /// (whose labels are its target's).
-pub const EXTERNAL: &[(&str, &[&str])] = &[
+pub(super) const EXTERNAL: &[(&str, &[&str])] = &[
     ("up", &[]),
     (
         "kube_pod_info",
@@ -168,7 +168,7 @@ fn volume_for<'a>(spec: &'a Value, container: &Value, path: &str) -> Option<&'a 
 }
 
 /// The DaemonSet rules about its listeners.
-pub fn check_daemonset(
+pub(super) fn check_daemonset(
     objects: &[Object],
     label: &str,
     spec: &Value,
@@ -414,7 +414,7 @@ fn target(ds: &Object, port: &Value) -> Result<Listener, String> {
 
 /// Services: they select a DaemonSet's pods and reach a listener off loopback, never the
 /// agent's plain /metrics; a service CA certificate is served by the listener it targets.
-pub fn check_services(objects: &[Object]) -> Vec<String> {
+pub(super) fn check_services(objects: &[Object]) -> Vec<String> {
     let mut problems = Vec::new();
     for svc in objects.iter().filter(|o| o.kind() == "Service") {
         let label = svc.label();
@@ -482,7 +482,7 @@ pub fn check_services(objects: &[Object]) -> Vec<String> {
 
 /// What the rules may refer to in one render.
 #[derive(Debug, Default)]
-pub struct Scrapes {
+pub(super) struct Scrapes {
     /// Job names of the agent's scrapes (the Service's name, or its `jobLabel` label).
     jobs: BTreeSet<String>,
     /// Labels the agent's scrapes carry: the scrape's own and the relabelings' targets.
@@ -492,7 +492,7 @@ pub struct Scrapes {
 /// ServiceMonitors: each selects Services of the render by a port they have, in the
 /// listener's scheme, with the credentials and certificate checks the listener needs; some
 /// service account can both discover the targets and read /metrics.
-pub fn check_service_monitors(objects: &[Object]) -> (Vec<String>, Scrapes) {
+pub(super) fn check_service_monitors(objects: &[Object]) -> (Vec<String>, Scrapes) {
     let mut problems = Vec::new();
     let mut scrapes = Scrapes {
         target_labels: SCRAPE_LABELS.iter().map(|l| (*l).to_owned()).collect(),
@@ -696,7 +696,7 @@ fn template_labels(text: &str) -> Vec<String> {
 }
 
 /// Every alerting rule of every PrometheusRule in the render.
-pub fn check_rules(objects: &[Object], scrapes: &Scrapes) -> Vec<String> {
+pub(super) fn check_rules(objects: &[Object], scrapes: &Scrapes) -> Vec<String> {
     let mut problems = Vec::new();
     let namespaces: BTreeSet<&str> =
         objects.iter().filter(|o| o.kind() == "Namespace").map(Object::name).collect();

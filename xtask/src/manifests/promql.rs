@@ -9,13 +9,13 @@
 /// One series selector: `name{label op "value", ...}` (the name may also come as a
 /// `__name__` matcher).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Selector {
+pub(super) struct Selector {
     pub metric: String,
     pub matchers: Vec<Matcher>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Matcher {
+pub(super) struct Matcher {
     pub label: String,
     /// `=`, `!=`, `=~` or `!~`.
     pub op: String,
@@ -24,7 +24,7 @@ pub struct Matcher {
 
 /// What an expression refers to.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Refs {
+pub(super) struct Refs {
     pub selectors: Vec<Selector>,
     /// Labels of `by`, `without`, `on`, `ignoring`, `group_left`, `group_right`.
     pub grouping: Vec<String>,
@@ -211,7 +211,7 @@ fn lex(expr: &str) -> Result<Vec<Tok>, String> {
 }
 
 /// What `expr` refers to, or why it cannot be read.
-pub fn refs(expr: &str) -> Result<Refs, String> {
+pub(super) fn refs(expr: &str) -> Result<Refs, String> {
     let toks = lex(expr)?;
     let mut refs = Refs::default();
     // Brackets must balance; `[...]` holds a range or a subquery step and nothing else.
