@@ -5,6 +5,9 @@
 //!
 //! A policy flows downhill: the engine parses it ([`Policy`], compiled once into its image),
 //! turns it into a loader [`Install`] with the mode's allow set, and the loader writes it.
+//!
+//! Rooms: this module brings the gate up and applies policies; `heal` retries failed applies
+//! and repairs what went missing.
 use std::{
     net::IpAddr,
     sync::{
@@ -16,6 +19,8 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use gate_common::user::{AllowSet, TerminateState};
+
+mod heal;
 
 use crate::{
     cgroup::GatedRoot,
@@ -29,6 +34,7 @@ use crate::{
     state::{AllowedPath, StateDir},
     terminate,
 };
+use heal::Retry;
 
 /// How a mode finds the allow set of a policy.
 pub(crate) trait AllowSource: Send {
@@ -416,13 +422,6 @@ impl Engine {
         Offer::Applied
     }
 
-    /// Retry a policy whose apply failed, once its backoff has passed.
-    async fn retry_due(&mut self) {
-        let Some(r) = self.retry.as_ref().filter(|r| Instant::now() >= r.at) else { return };
-        let (source, text) = (r.source.clone(), r.text.clone());
-        self.offer(&source, &text, "retry").await;
-    }
-
     /// Bring the allow set up to date (new or vanished cgroups, pods) and retry a failed
     /// apply whose time has come. The node level keeps itself current (see [`node::watch`]).
     pub(crate) async fn sync(&mut self) {
@@ -441,82 +440,6 @@ impl Engine {
         }
     }
 
-    /// Check that the gate is whole — the gated root is the cgroup the programs are on, every
-    /// link attached, every pin in place — and put back what is missing. `/readyz` answers
-    /// ready only while it is whole.
-    fn verify(&mut self) {
-        let mut whole = true;
-        let mut repaired: Vec<String> = Vec::new();
-        match GatedRoot::open(&self.root.path) {
-            Ok(now) if now.id != self.root.id => {
-                // Recreated under the same path: the live policy goes onto the new cgroup.
-                let allow = self.allow.allow_set(&self.policy);
-                let names = self.policy.endpoint_names();
-                let applied =
-                    self.gate.lock().map_err(|_| anyhow::anyhow!("gate lock poisoned")).and_then(
-                        |mut g| {
-                            g.apply(
-                                &install(&self.policy, &names, &allow, self.node.node_flags()),
-                                &now,
-                            )
-                            .context("writing the policy maps for the recreated root")?;
-                            Ok(())
-                        },
-                    );
-                match applied {
-                    Ok(()) => {
-                        repaired.push(format!("root (cgroup id {} -> {})", self.root.id, now.id));
-                        self.metrics.repaired("root");
-                        self.root = now;
-                    }
-                    Err(e) => {
-                        whole = false;
-                        tracing::error!(
-                            error = format!("{e:#}"),
-                            "taking over the recreated gated root"
-                        );
-                    }
-                }
-            }
-            Ok(_) => {}
-            Err(e) => {
-                whole = false;
-                if self.ready.load(Ordering::Acquire) {
-                    tracing::error!(error = %e, "the gated root is gone; not ready until it is back");
-                }
-            }
-        }
-        if whole {
-            let result = self
-                .gate
-                .lock()
-                .map_err(|_| anyhow::anyhow!("gate lock poisoned"))
-                .and_then(|mut g| Ok(g.repair(&self.root)?));
-            match result {
-                Ok(r) => {
-                    for what in &r {
-                        self.metrics.repaired(what.what());
-                    }
-                    repaired.extend(r.iter().map(ToString::to_string));
-                }
-                Err(e) => {
-                    whole = false;
-                    tracing::error!(
-                        error = format!("{e:#}"),
-                        "repairing the gate; not ready until it is whole"
-                    );
-                }
-            }
-        }
-        if !repaired.is_empty() {
-            tracing::warn!(what = repaired.join(", "), "gate repaired");
-        }
-        let was = self.ready.swap(whole, Ordering::AcqRel);
-        if !was && whole {
-            tracing::info!("the gate is whole again; ready");
-        }
-    }
-
     /// Stop serving ready; the gate stays pinned.
     pub(crate) fn stop(&self) {
         self.ready.store(false, Ordering::Release);
@@ -527,19 +450,6 @@ impl Engine {
             );
         }
     }
-}
-
-/// A valid policy text whose apply failed.
-struct Retry {
-    source: String,
-    text: String,
-    at: Instant,
-    backoff: std::time::Duration,
-}
-
-impl Retry {
-    const FIRST: std::time::Duration = std::time::Duration::from_millis(500);
-    const MAX: std::time::Duration = std::time::Duration::from_secs(30);
 }
 
 /// A background task that ends with its owner.
