@@ -210,6 +210,19 @@ impl Judge {
 
 // ---- entry points ----------------------------------------------------------------------------
 
+/// Run `scan` off the async runtime with the decision context of `policy` and `allow`.
+async fn judged<T: Send + 'static>(
+    root: &GatedRoot,
+    policy: &Policy,
+    allow: AllowSet,
+    scan: fn(&GatedRoot, &Judge) -> T,
+) -> Result<T, TerminateError> {
+    let (root, policy) = (root.clone(), policy.clone());
+    tokio::task::spawn_blocking(move || scan(&root, &Judge::new(&policy, &root, &allow)))
+        .await
+        .map_err(|e| TerminateError::Task(e.to_string()))
+}
+
 /// Destroy the sockets the current policy denies, logging each and a summary; call it once the
 /// gate is attached, and again after each policy change. Runs the scan off the async runtime.
 /// `allow` is the mode's allow set for `policy`, resolved afresh by the caller (a cgroup that
@@ -219,16 +232,8 @@ pub(crate) async fn after_policy_change(
     policy: &Policy,
     allow: AllowSet,
 ) -> Option<Report> {
-    let (root, policy) = (root.clone(), policy.clone());
-    let result = tokio::task::spawn_blocking(move || {
-        let judge = Judge::new(&policy, &root, &allow);
-        let report = terminate_established(&root, &judge);
-        Ok::<_, TerminateError>((report, policy))
-    })
-    .await
-    .map_err(|e| TerminateError::Task(e.to_string()))
-    .and_then(|r| r);
-    let (report, policy) = match result {
+    let scan = judged(root, policy, allow, terminate_established).await;
+    let report = match scan {
         Ok(r) => r,
         Err(e) => {
             tracing::error!(error = %e, "terminating established connections");
@@ -278,11 +283,7 @@ pub(crate) async fn packet_sockets_before_gate(
     policy: &Policy,
     allow: AllowSet,
 ) -> Option<usize> {
-    let (root, policy) = (root.clone(), policy.clone());
-    let holders = tokio::task::spawn_blocking(move || {
-        packet::packet_holders(&root, &Judge::new(&policy, &root, &allow))
-    })
-    .await;
+    let holders = judged(root, policy, allow, packet::packet_holders).await;
     let holders = match holders {
         Ok(h) => h,
         Err(e) => {
