@@ -10,7 +10,7 @@
 
 /// Bumped whenever a type, map or program below changes incompatibly; the agent pins under
 /// `<pin-dir>/v<ABI_VERSION>/`.
-pub const ABI_VERSION: u32 = 3;
+pub const ABI_VERSION: u32 = 4;
 
 /// Map names as they appear in the eBPF object (and under the pin dir).
 pub mod names {
@@ -41,9 +41,13 @@ pub mod names {
     /// User space only: tc programs attached the clsact (netlink) way on kernels without tcx.
     /// Unlike tcx links they are not pinned files, so `cleanup` finds them here.
     pub const TC_CLSACT: &str = "TC_CLSACT";
+    /// PREFILTER[0]: the packet programs' first and, for most traffic, only look at the
+    /// policy ([`Prefilter`](super::Prefilter)): a superset of the live generation's
+    /// first bytes, generation-free (see [`Prefilter::union`](super::Prefilter::union)).
+    pub const PREFILTER: &str = "PREFILTER";
 
     /// Every map of the object, in pin order.
-    pub const ALL: [&str; 15] = [
+    pub const ALL: [&str; 16] = [
         CONFIG,
         POLICY_META,
         PREFIX_V4,
@@ -59,6 +63,7 @@ pub mod names {
         ACCESS,
         STRICT_IFACES,
         TC_CLSACT,
+        PREFILTER,
     ];
 }
 
@@ -118,15 +123,15 @@ pub const NUM_VERDICTS: u32 = 4;
 
 pub const HOOK_CONNECT4: u32 = 0;
 pub const HOOK_CONNECT6: u32 = 1;
-pub const HOOK_SENDMSG4: u32 = 2;
-pub const HOOK_SENDMSG6: u32 = 3;
-pub const HOOK_EGRESS4: u32 = 4;
-pub const HOOK_EGRESS6: u32 = 5;
-pub const HOOK_TC4: u32 = 6;
-pub const HOOK_TC6: u32 = 7;
+/// cgroup_skb egress, IPv4 and IPv6: also where an unconnected UDP `sendto()` is judged
+/// (ABI 4 dropped the sendmsg4/6 hooks: a refused datagram fails the call with EPERM here).
+pub const HOOK_EGRESS4: u32 = 2;
+pub const HOOK_EGRESS6: u32 = 3;
+pub const HOOK_TC4: u32 = 4;
+pub const HOOK_TC6: u32 = 5;
 /// cgroup/setsockopt: a side door around tc (PACKET_QDISC_BYPASS, AF_XDP) refused.
-pub const HOOK_SETSOCKOPT: u32 = 8;
-pub const NUM_HOOKS: u32 = 9;
+pub const HOOK_SETSOCKOPT: u32 = 6;
+pub const NUM_HOOKS: u32 = 7;
 
 /// STATS slot of a (hook, verdict) pair.
 pub const fn stat_slot(hook: u32, verdict: u32) -> u32 {
@@ -197,6 +202,22 @@ impl Prefilter {
     pub fn may(&self, v6: bool, first: u8) -> bool {
         let set = if v6 { &self.v6 } else { &self.v4 };
         set[usize::from(first >> 5) & 7] & (1 << (first & 31)) != 0
+    }
+
+    /// The filter that lets through only what both let through: what PREFILTER holds while a
+    /// generation flips. The agent writes `live ∪ next` before the flip and `next` after it,
+    /// so PREFILTER is at every moment a superset of the live generation's filter, whichever
+    /// generation a program goes on to read (a torn read of a word mixes two supersets, bit
+    /// for bit, and is one too).
+    pub fn union(&self, other: &Prefilter) -> Prefilter {
+        let mut out = *self;
+        for (a, b) in out.v4.iter_mut().zip(other.v4) {
+            *a |= b;
+        }
+        for (a, b) in out.v6.iter_mut().zip(other.v6) {
+            *a |= b;
+        }
+        out
     }
 }
 
@@ -477,5 +498,20 @@ mod prefilter_tests {
         // /0 covers everything.
         p.add(false, 0, 0);
         assert!((0..=255u8).all(|b| p.may(false, b)));
+    }
+
+    #[test]
+    fn union_lets_through_only_what_both_do() {
+        let (mut a, mut b) = (Prefilter::default(), Prefilter::default());
+        a.add(false, 169, 32);
+        b.add(false, 100, 32);
+        b.add(true, 0xfd, 128);
+        let u = a.union(&b);
+        for v6 in [false, true] {
+            for byte in 0..=255u8 {
+                assert_eq!(u.may(v6, byte), a.may(v6, byte) || b.may(v6, byte), "{v6} {byte}");
+            }
+        }
+        assert_eq!(a.union(&a), a);
     }
 }

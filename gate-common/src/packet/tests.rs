@@ -6,7 +6,7 @@ use super::*;
 use crate::{
     abi::{PROTO_TCP, PROTO_UDP},
     compile::{EndpointSpec, HostTables, Net, compile},
-    verdict::packet_endpoint,
+    verdict::packet_subject,
 };
 
 const IMDS: [u8; 4] = [169, 254, 169, 254];
@@ -183,6 +183,88 @@ fn ipv6_extension_chains() {
     assert_eq!(p.dst.addr, Addr::V4(IMDS));
 }
 
+/// IPv4 with the given raw option bytes (padded with end-of-options to a word).
+fn ipv4_opts(dst: [u8; 4], opts: &[u8], payload: &[u8]) -> Vec<u8> {
+    let words = opts.len().div_ceil(4);
+    let mut ip = ipv4(dst, PROTO_UDP, words, 0, payload);
+    ip[20..20 + opts.len()].copy_from_slice(opts);
+    ip
+}
+
+#[test]
+fn ipv4_source_routes_fail_closed() {
+    let dgram = udp(80, b"x");
+    let neighbour = [10, 0, 0, 9];
+    // A loose source route through the neighbour to the metadata service.
+    let lsrr = [IPOPT_LSRR, 7, 4, 169, 254, 169, 254];
+    let p = v4(&ipv4_opts(neighbour, &lsrr, &dgram)).unwrap();
+    assert!(p.routed && !p.judgeable(), "{p:?}");
+    assert_eq!((p.dst.addr, p.dst.port, p.complete), (Addr::V4(neighbour), 80, true));
+    // Strict, after no-ops.
+    let ssrr = [1, 1, IPOPT_SSRR, 7, 4, 169, 254, 169, 254];
+    assert!(v4(&ipv4_opts(neighbour, &ssrr, &dgram)).unwrap().routed);
+    // Record route and a timestamp are no route; nor are options that end early.
+    let rr = [7, 7, 4, 0, 0, 0, 0, 0, IPOPT_LSRR];
+    assert!(!v4(&ipv4_opts(neighbour, &rr[..8], &dgram)).unwrap().routed);
+    let eol_first = [0, IPOPT_LSRR, 7, 4, 1, 2, 3, 4];
+    assert!(!v4(&ipv4_opts(neighbour, &eol_first, &dgram)).unwrap().routed);
+    // What cannot be walked is taken for a route: a length below 2, one past the header.
+    assert!(v4(&ipv4_opts(neighbour, &[68, 1, 0, 0], &dgram)).unwrap().routed);
+    assert!(v4(&ipv4_opts(neighbour, &[68, 12, 0, 0], &dgram)).unwrap().routed);
+    // More options than we walk: taken for a route, however harmless (no-ops cannot pad a
+    // route out of sight); as many as we walk, and the end, are read.
+    let nops = [1u8; MAX_IPV4_OPTIONS + 1];
+    assert!(v4(&ipv4_opts(neighbour, &nops, &dgram)).unwrap().routed);
+    let mut padded = vec![1u8; MAX_IPV4_OPTIONS - 1];
+    padded.extend_from_slice(&lsrr);
+    assert!(v4(&ipv4_opts(neighbour, &padded, &dgram)).unwrap().routed);
+    let nops = [1u8; MAX_IPV4_OPTIONS];
+    assert!(!v4(&ipv4_opts(neighbour, &nops, &dgram)).unwrap().routed);
+    let words = [1u8, 1, 1, 0];
+    assert!(!v4(&ipv4_opts(neighbour, &words, &dgram)).unwrap().routed);
+    // A source route in a fragment: still routed.
+    let mut frag = ipv4_opts(neighbour, &lsrr, &dgram);
+    frag[6] = 0x20;
+    assert!(v4(&frag).unwrap().routed);
+    // No options: no route, and the fast path takes the destination as it is.
+    let plain = ipv4(neighbour, PROTO_UDP, 0, 0, &dgram);
+    assert!(!v4(&plain).unwrap().routed);
+    let head: [u8; 20] = plain[..20].try_into().unwrap();
+    assert_eq!(direct_ipv4(&head), Some(Addr::V4(neighbour)));
+    // Any options, or not IPv4: the full parse decides.
+    let head: [u8; 20] = ipv4_opts(neighbour, &lsrr, &dgram)[..20].try_into().unwrap();
+    assert_eq!(direct_ipv4(&head), None);
+    let mut v6head = head;
+    v6head[0] = 0x60;
+    assert_eq!(direct_ipv4(&v6head), None);
+}
+
+#[test]
+fn ipv6_routing_headers_fail_closed() {
+    let dgram = udp(80, b"x");
+    let neighbour: [u8; 16] = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9];
+    // A routing header (segment routing, type 4) with one segment left.
+    let mut ip = ipv6(neighbour, &[(60, 0), (43, 2)], PROTO_UDP, &dgram);
+    ip[40 + 8 + 2] = 4;
+    ip[40 + 8 + 3] = 1;
+    let p = v6(&ip).unwrap();
+    assert!(p.routed && p.complete, "{p:?}");
+    assert_eq!(p.dst.port, 80);
+    // Segments left 0: the route is done, the destination is the last stop.
+    ip[40 + 8 + 3] = 0;
+    assert!(!v6(&ip).unwrap().routed);
+    // The fast path leaves every chain that may hold a routing header to the full parse.
+    for next in [0u8, 43, 60] {
+        assert_eq!(direct_ipv6(next, neighbour), None, "next header {next}");
+    }
+    assert_eq!(direct_ipv6(PROTO_UDP, neighbour), Some(Addr::V6(neighbour)));
+    assert_eq!(direct_ipv6(44, neighbour), Some(Addr::V6(neighbour)), "a fragment has no route");
+    let mut mapped = [0u8; 16];
+    mapped[10..12].copy_from_slice(&[0xff, 0xff]);
+    mapped[12..].copy_from_slice(&IMDS);
+    assert_eq!(direct_ipv6(PROTO_TCP, mapped), Some(Addr::V4(IMDS)));
+}
+
 /// The AWS-like policy the property below judges against: TCP 80 on the IPv4 address, any
 /// protocol on port 80 of the IPv6 one; port 53 stays open.
 fn tables() -> HostTables {
@@ -285,7 +367,7 @@ proptest! {
                         prop_assert_eq!(p.dst.port, s.port);
                     }
                 }
-                let hit = packet_endpoint(&t, 0, &p).is_some();
+                let hit = packet_subject(&t, Some(0), &p).is_some();
                 if truth_protected {
                     prop_assert!(hit, "protected frame judged unprotected: {:?}", p);
                 }
