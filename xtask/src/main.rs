@@ -72,6 +72,12 @@ enum Cmd {
         /// A short smoke run (numbers are not meaningful; never fails on timing)
         #[arg(long)]
         quick: bool,
+        /// Interleaved rounds (default 10; quick 2): 95 % intervals need at least 6
+        #[arg(long, value_name = "N")]
+        rounds: Option<usize>,
+        /// Seconds per rate measurement (default 2; quick 0.3)
+        #[arg(long, value_name = "SECS")]
+        secs: Option<f64>,
         /// Only redraw chart.png from an existing target/bench/report.json
         #[arg(long, conflicts_with = "quick")]
         redraw: bool,
@@ -103,9 +109,9 @@ fn main() -> Result<()> {
         Cmd::Manifests => manifests::run(),
         Cmd::E2eKind { keep, no_build } => kind::e2e(kind::Options { keep, build: !no_build }),
         Cmd::Bench { redraw: true, .. } => bench::redraw(),
-        Cmd::Bench { quick, .. } => {
+        Cmd::Bench { quick, rounds, secs, .. } => {
             setup::ensure()?;
-            bench::run_bench(quick)
+            bench::run_bench(bench::Options { quick, rounds, secs })
         }
     }
 }

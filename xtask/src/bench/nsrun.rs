@@ -1,0 +1,140 @@
+//! Scenario 8: what each program costs per run, by the kernel's own BPF statistics, in a
+//! pass of its own: statistics on cost two clock reads per run, so the rates of scenarios
+//! 1–3 are measured with them off. The gate as shipped runs each rate workload for the
+//! measurement time; per program, the run count and run time it added (`gate-agent status`
+//! reads both from the program's info) give the nanoseconds per run.
+//!
+//! Statistics are switched on with BPF_ENABLE_STATS, which holds them on for as long as its
+//! file descriptor is open: they go back off when this pass ends, fails, panics or is
+//! killed, and the `kernel.bpf_stats_enabled` sysctl is left as it was. (On a kernel
+//! without that command, the sysctl is set and put back on drop.)
+use std::{
+    collections::BTreeMap,
+    os::fd::{FromRawFd as _, OwnedFd},
+};
+
+use anyhow::{Context as _, Result, bail};
+use integration_tests::agent::Agent;
+use serde_json::{Value, json};
+
+use super::{
+    Cfg, Report,
+    policy::{self, Extra},
+    rates::{SCENARIOS, measure},
+    variants::{self, Variant},
+    world::World,
+};
+
+const SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
+/// `enum bpf_cmd`: BPF_ENABLE_STATS.
+const BPF_ENABLE_STATS: libc::c_long = 32;
+/// `enum bpf_stats_type`: BPF_STATS_RUN_TIME.
+const BPF_STATS_RUN_TIME: u32 = 0;
+
+/// BPF run-time statistics on while this lives.
+pub enum StatsOn {
+    /// The BPF_ENABLE_STATS descriptor: closing it (on drop) switches them off.
+    Fd { _held: OwnedFd },
+    /// The sysctl's value before it was set to 1.
+    Sysctl(String),
+}
+
+impl StatsOn {
+    pub fn enable() -> Result<StatsOn> {
+        // union bpf_attr for BPF_ENABLE_STATS: { __u32 type; }, padded.
+        let mut attr = [0u8; 64];
+        attr[..4].copy_from_slice(&BPF_STATS_RUN_TIME.to_ne_bytes());
+        // SAFETY: bpf(2) with a valid, sized attribute buffer; a non-negative return is a
+        // new file descriptor that nothing else owns.
+        let fd = unsafe {
+            libc::syscall(libc::SYS_bpf, BPF_ENABLE_STATS, attr.as_mut_ptr(), attr.len() as u32)
+        };
+        if fd >= 0 {
+            // SAFETY: see above.
+            return Ok(StatsOn::Fd { _held: unsafe { OwnedFd::from_raw_fd(fd as i32) } });
+        }
+        let old = std::fs::read_to_string(SYSCTL).with_context(|| format!("read {SYSCTL}"))?;
+        std::fs::write(SYSCTL, "1").with_context(|| format!("write {SYSCTL}"))?;
+        Ok(StatsOn::Sysctl(old.trim().to_owned()))
+    }
+}
+
+impl Drop for StatsOn {
+    fn drop(&mut self) {
+        if let StatsOn::Sysctl(old) = self {
+            let _ = std::fs::write(SYSCTL, old.as_bytes());
+        }
+    }
+}
+
+/// Per attach point (`connect4`, `egress`, `setsockopt`, `tc` for the node-level program
+/// wherever it is attached): (run count, run time ns) of its program, from `status --json`
+/// (the node-level program, one program on lo and the uplink, counts once).
+fn counters(agent: &Agent) -> Result<BTreeMap<String, (u64, u64)>> {
+    let (_, status) = agent.status()?;
+    let mut seen = BTreeMap::new();
+    for a in status["attachments"].as_array().into_iter().flatten() {
+        let hook = a["hook"].as_str().unwrap_or("?");
+        let point = if hook.starts_with("tc-") { "tc" } else { hook }.to_owned();
+        let id = a["program_id"].as_u64().unwrap_or(0);
+        let run = (a["run_count"].as_u64().unwrap_or(0), a["run_time_ns"].as_u64().unwrap_or(0));
+        seen.insert((point, id), run);
+    }
+    let mut out: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for ((program, _), (n, t)) in seen {
+        let e = out.entry(program).or_default();
+        e.0 += n;
+        e.1 += t;
+    }
+    Ok(out)
+}
+
+pub fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
+    let w = World::new()?;
+    let policy =
+        w.write_policy("policy.yaml", &policy::aws(&Extra { endpoints: vec![], allow: vec![] }))?;
+    let active = variants::apply(Variant::Gate, &w, &policy, &cfg.bins)?;
+    let Some(agent) = active.agent() else { bail!("no agent") };
+    let stats = StatsOn::enable().context("switching on BPF statistics")?;
+    let mut detail = serde_json::Map::new();
+    for s in &SCENARIOS {
+        let before = counters(agent)?;
+        let (_, r) = measure(cfg, &w, s, cfg.secs)?;
+        let after = counters(agent)?;
+        // The workload's operations: calls, or for bulk 128 KiB writes.
+        let (ops, op) = match r["ops"].as_f64() {
+            Some(n) => (n, "call"),
+            None => (r["bytes"].as_f64().unwrap_or(0.0) / (128.0 * 1024.0), "128 KiB write"),
+        };
+        let mut parts = Vec::new();
+        let mut per = serde_json::Map::new();
+        for (point, &(n1, t1)) in &after {
+            let (n0, t0) = before.get(point).copied().unwrap_or_default();
+            let (runs, ns) = (n1.saturating_sub(n0), t1.saturating_sub(t0));
+            if runs == 0 {
+                continue;
+            }
+            let per_run = ns as f64 / runs as f64;
+            let short = point.as_str();
+            rep.set_num(&format!("ns_per_run_{}_{short}", s.name), per_run);
+            per.insert(point.clone(), json!({"runs": runs, "ns": ns, "ns_per_run": per_run}));
+            // Runs per operation of the workload: how often the program is on the path.
+            let per_op = runs as f64 / ops.max(1.0);
+            rep.set_num(&format!("runs_per_op_{}_{short}", s.name), per_op);
+            parts.push(format!("{short}: {per_run:.0} ns × {per_op:.2} per {op}"));
+        }
+        eprintln!("   {:<8} {}", s.name, parts.join(", "));
+        detail.insert(s.name.into(), Value::Object(per));
+        rep.row(
+            "8. ns per program run (bpf_stats, separate pass)",
+            &format!("metadata-gate, {}", s.name),
+            parts.join("; "),
+            None,
+            "",
+            "",
+        );
+    }
+    drop(stats);
+    rep.detail("bpf_stats", Value::Object(detail));
+    Ok(())
+}
