@@ -161,8 +161,8 @@ pub fn packet_subject<T: Tables>(
 #[inline(always)]
 pub fn surely_unprotected(filter: &Prefilter, addr: &Addr) -> bool {
     match addr {
-        Addr::V4(a) => !filter.may(false, a[0]),
-        Addr::V6(a) => !filter.may(true, a[0]),
+        Addr::V4(a) => !filter.may(false, a[0], a[3]),
+        Addr::V6(a) => !filter.may(true, a[0], a[15]),
     }
 }
 
@@ -296,12 +296,14 @@ mod tests {
     #[test]
     fn prefilter_fast_path() {
         let mut f = Prefilter::default();
-        f.add(false, 169, 32);
-        f.add(true, 0xfd, 128);
-        assert!(!surely_unprotected(&f, &Addr::V4([169, 254, 169, 254])));
-        assert!(surely_unprotected(&f, &Addr::V4([10, 0, 0, 1])));
         let mut v6 = [0u8; 16];
         v6[0] = 0xfd;
+        v6[15] = 0x54;
+        f.add(false, &[169, 254, 169, 254], 32);
+        f.add(true, &v6, 128);
+        assert!(!surely_unprotected(&f, &Addr::V4([169, 254, 169, 254])));
+        assert!(surely_unprotected(&f, &Addr::V4([10, 0, 0, 1])));
+        assert!(surely_unprotected(&f, &Addr::V4([169, 254, 169, 253])), "the DNS neighbour");
         assert!(!surely_unprotected(&f, &Addr::V6(v6)));
         // 169 as an IPv6 first byte is not IPv4's 169.
         v6[0] = 169;

@@ -134,8 +134,8 @@ impl Tables for KernelTables {
         // Unreadable: it may (fail closed).
         let Some(meta) = POLICY_META.get(generation) else { return true };
         match addr {
-            Addr::V4(a) => meta.prefilter.may(false, a[0]),
-            Addr::V6(a) => meta.prefilter.may(true, a[0]),
+            Addr::V4(a) => meta.prefilter.may(false, a[0], a[3]),
+            Addr::V6(a) => meta.prefilter.may(true, a[0], a[15]),
         }
     }
 }
@@ -320,8 +320,9 @@ fn live_generation() -> Option<u32> {
 }
 
 /// The fast path: whether traffic to `addr` surely concerns no protected endpoint, by
-/// PREFILTER's bit for its first byte. One array read (inlined by the verifier) and a bit
-/// test, no generation: most packets end here. Unreadable: it may (fail closed).
+/// PREFILTER's bits for its first and last byte. One array read (inlined by the verifier)
+/// and two bit tests, no generation: most packets end here. Unreadable: it may (fail
+/// closed).
 #[inline(always)]
 fn passes_fast(addr: &Addr) -> bool {
     PREFILTER.get(0).is_some_and(|f| surely_unprotected(f, addr))
