@@ -16,10 +16,11 @@
 //!   destinations beyond the header's: such a packet is [`Parsed::routed`], and the programs
 //!   decide it as if it were bound for a protected address too. (No socket hook stands
 //!   before egress for an unconnected UDP datagram, and a raw socket never had one.)
-//! * [`direct_ipv4`] and [`direct_ipv6`]: the packet programs' fast path, from the fixed
-//!   header alone: the destination when the packet surely goes there and nowhere else.
+//! * [`passes_fast_v4`] and [`passes_fast_v6`]: the packet programs' fast path, on four
+//!   bytes of the fixed header and the PREFILTER map: what surely concerns no protected
+//!   endpoint passes without another look.
 use crate::{
-    abi::{PORT_ANY, PROTO_TCP, PROTO_UDP},
+    abi::{PORT_ANY, PROTO_TCP, PROTO_UDP, Prefilter},
     verdict::{Addr, Dst},
 };
 
@@ -197,20 +198,28 @@ pub fn ipv4_source_routed<P: Packet + ?Sized>(p: &P, l3: usize, ihl: usize) -> b
     off != end
 }
 
-/// The destination of a packet whose first 20 bytes are `h`, when it is an IPv4 packet
-/// without options: then it goes there and nowhere else. `None` sends the packet to the full
-/// parse ([`parse_ip`]).
+/// The packet programs' fast path on an IPv4 header: `ver_ihl` its first byte, `first` and
+/// `last` its destination's first and last bytes. True: the packet goes to that destination
+/// and nowhere else (version 4, no options that could hold a route), and `filter` says no
+/// protected prefix holds it: it passes without another look. False decides nothing: the
+/// full parse does.
 #[inline(always)]
-pub fn direct_ipv4(h: &[u8; 20]) -> Option<Addr> {
-    if h[0] == 0x45 { Some(Addr::V4([h[16], h[17], h[18], h[19]])) } else { None }
+pub fn passes_fast_v4(filter: &Prefilter, ver_ihl: u8, first: u8, last: u8) -> bool {
+    ver_ihl == 0x45 && !filter.may(false, first, last)
 }
 
-/// The destination of an IPv6 packet whose next-header field is `next` and destination
-/// `daddr`, unless a routing header may follow (directly, or after hop-by-hop or destination
-/// options, which may precede one). `None` sends the packet to the full parse.
+/// The fast path on an IPv6 header: `ver` its first byte, `next` its next-header field,
+/// `first` and `last` its destination's first and last bytes. Not when a routing header may
+/// follow (directly, or after hop-by-hop or destination options), nor for a destination
+/// starting with 0, which may be IPv4-mapped (judged as the IPv4 address by the full path).
 #[inline(always)]
-pub fn direct_ipv6(next: u8, daddr: [u8; 16]) -> Option<Addr> {
-    if next == 0 || next == 43 || next == 60 { None } else { Some(Addr::from_v6(daddr)) }
+pub fn passes_fast_v6(filter: &Prefilter, ver: u8, next: u8, first: u8, last: u8) -> bool {
+    ver >> 4 == 6
+        && next != 0
+        && next != 43
+        && next != 60
+        && first != 0
+        && !filter.may(true, first, last)
 }
 
 /// What the transport header at `l4` says (`end`: where the IP packet ends).

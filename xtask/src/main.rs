@@ -78,6 +78,9 @@ enum Cmd {
         /// Seconds per rate measurement (default 2; quick 0.3)
         #[arg(long, value_name = "SECS")]
         secs: Option<f64>,
+        /// Only these scenarios: rates, deny, scale, apply, stats (repeatable)
+        #[arg(long, value_name = "SCENARIO")]
+        only: Option<Vec<String>>,
         /// Only redraw chart.png from an existing target/bench/report.json
         #[arg(long, conflicts_with = "quick")]
         redraw: bool,
@@ -109,9 +112,9 @@ fn main() -> Result<()> {
         Cmd::Manifests => manifests::run(),
         Cmd::E2eKind { keep, no_build } => kind::e2e(kind::Options { keep, build: !no_build }),
         Cmd::Bench { redraw: true, .. } => bench::redraw(),
-        Cmd::Bench { quick, rounds, secs, .. } => {
+        Cmd::Bench { quick, rounds, secs, only, .. } => {
             setup::ensure()?;
-            bench::run_bench(bench::Options { quick, rounds, secs })
+            bench::run_bench(bench::Options { quick, rounds, secs, only })
         }
     }
 }

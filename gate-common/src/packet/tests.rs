@@ -226,17 +226,9 @@ fn ipv4_source_routes_fail_closed() {
     let mut frag = ipv4_opts(neighbour, &lsrr, &dgram);
     frag[6] = 0x20;
     assert!(v4(&frag).unwrap().routed);
-    // No options: no route, and the fast path takes the destination as it is.
+    // No options: no route.
     let plain = ipv4(neighbour, PROTO_UDP, 0, 0, &dgram);
     assert!(!v4(&plain).unwrap().routed);
-    let head: [u8; 20] = plain[..20].try_into().unwrap();
-    assert_eq!(direct_ipv4(&head), Some(Addr::V4(neighbour)));
-    // Any options, or not IPv4: the full parse decides.
-    let head: [u8; 20] = ipv4_opts(neighbour, &lsrr, &dgram)[..20].try_into().unwrap();
-    assert_eq!(direct_ipv4(&head), None);
-    let mut v6head = head;
-    v6head[0] = 0x60;
-    assert_eq!(direct_ipv4(&v6head), None);
 }
 
 #[test]
@@ -253,16 +245,83 @@ fn ipv6_routing_headers_fail_closed() {
     // Segments left 0: the route is done, the destination is the last stop.
     ip[40 + 8 + 3] = 0;
     assert!(!v6(&ip).unwrap().routed);
-    // The fast path leaves every chain that may hold a routing header to the full parse.
+}
+
+#[test]
+fn fast_path_passes_only_what_the_full_path_passes() {
+    let t = tables();
+    let filter = {
+        let mut f = crate::abi::Prefilter::default();
+        f.add(false, &IMDS, 32);
+        f.add(true, &IMDS6, 128);
+        f
+    };
+    let dgram = udp(80, b"x");
+    // IPv4: the DNS neighbour passes on the fast path; the service, a header with options,
+    // a wrong version do not (the full path decides them).
+    let h = ipv4([169, 254, 169, 253], PROTO_UDP, 0, 0, &dgram);
+    assert!(passes_fast_v4(&filter, h[0], h[16], h[19]));
+    let h = ipv4(IMDS, PROTO_UDP, 0, 0, &dgram);
+    assert!(!passes_fast_v4(&filter, h[0], h[16], h[19]));
+    let h = ipv4([10, 0, 0, 1], PROTO_UDP, 1, 0, &dgram);
+    assert!(!passes_fast_v4(&filter, h[0], h[16], h[19]));
+    assert!(!passes_fast_v4(&filter, 0x65, 10, 1));
+    // IPv6: an unprotected address passes; the service, a chain that may hold a route, an
+    // address that may be IPv4-mapped, a wrong version do not.
+    let mut other = IMDS6;
+    other[15] = 0x53;
+    let h = ipv6(other, &[], PROTO_UDP, &dgram);
+    assert!(passes_fast_v6(&filter, h[0], h[6], h[24], h[39]));
+    let h = ipv6(IMDS6, &[], PROTO_UDP, &dgram);
+    assert!(!passes_fast_v6(&filter, h[0], h[6], h[24], h[39]));
     for next in [0u8, 43, 60] {
-        assert_eq!(direct_ipv6(next, neighbour), None, "next header {next}");
+        assert!(!passes_fast_v6(&filter, 0x60, next, 0xfd, 0x53), "next header {next}");
     }
-    assert_eq!(direct_ipv6(PROTO_UDP, neighbour), Some(Addr::V6(neighbour)));
-    assert_eq!(direct_ipv6(44, neighbour), Some(Addr::V6(neighbour)), "a fragment has no route");
-    let mut mapped = [0u8; 16];
-    mapped[10..12].copy_from_slice(&[0xff, 0xff]);
-    mapped[12..].copy_from_slice(&IMDS);
-    assert_eq!(direct_ipv6(PROTO_TCP, mapped), Some(Addr::V4(IMDS)));
+    assert!(!passes_fast_v6(&filter, 0x60, PROTO_UDP, 0, 0xfe), "may be IPv4-mapped");
+    assert!(!passes_fast_v6(&filter, 0x40, PROTO_UDP, 0xfd, 0x53));
+    // Whatever the fast path passes, the full path passes too (it is only a shortcut).
+    for (dst, opts) in
+        [([10u8, 0, 0, 1], 0usize), ([169, 254, 169, 253], 0), ([169, 254, 1, 254], 0)]
+    {
+        let h = ipv4(dst, PROTO_UDP, opts, 0, &dgram);
+        if passes_fast_v4(&filter, h[0], h[16], h[19]) {
+            assert_eq!(packet_subject(&t, Some(0), &v4(&h).unwrap()), None, "{dst:?}");
+        }
+    }
+}
+
+proptest! {
+    /// The fast path never passes what the full path would judge: for any IPv4 or IPv6
+    /// header bytes, a fast pass means the full parse finds no protected endpoint.
+    #[test]
+    fn fast_path_is_a_shortcut(v6 in any::<bool>(), dst in any::<[u8; 16]>(), b0 in any::<u8>(),
+                               next in prop_oneof![Just(0u8), Just(43), Just(60), Just(6), Just(17), any::<u8>()],
+                               near in any::<bool>()) {
+        let t = tables();
+        let mut filter = crate::abi::Prefilter::default();
+        filter.add(false, &IMDS, 32);
+        filter.add(true, &IMDS6, 128);
+        let dgram = udp(80, b"x");
+        if v6 {
+            let mut d = dst;
+            if near { d[..15].copy_from_slice(&IMDS6[..15]); }
+            let mut h = ipv6(d, &[], next, &dgram);
+            h[0] = b0;
+            if passes_fast_v6(&filter, h[0], h[6], h[24], h[39]) {
+                let p = parse_ipv6(&h[..], 0);
+                prop_assert_eq!(packet_subject(&t, Some(0), &p), None);
+            }
+        } else {
+            let mut d = [dst[0], dst[1], dst[2], dst[3]];
+            if near { d[..3].copy_from_slice(&IMDS[..3]); }
+            let mut h = ipv4(d, PROTO_TCP, 0, 0, &tcp(80, 2, b""));
+            h[0] = b0;
+            if passes_fast_v4(&filter, h[0], h[16], h[19]) {
+                let p = parse_ipv4(&h[..], 0);
+                prop_assert_eq!(packet_subject(&t, Some(0), &p), None);
+            }
+        }
+    }
 }
 
 /// The AWS-like policy the property below judges against: TCP 80 on the IPv4 address, any
