@@ -153,6 +153,9 @@ fn complete(rep: &Report, out: &std::path::Path) -> Result<()> {
         missing.push(format!("connect_rate_ratio_gate_{k}"));
     }
     missing.push("ns_per_run_connect_connect4".into());
+    for p in ["egress", "tc", "empty_program"] {
+        missing.push(format!("ns_per_test_run_{p}"));
+    }
     missing.retain(|k| rep.get(k).is_none_or(|v| !v.is_finite()));
     for v in
         ["connect_gate_vs_nft", "udp_gate_vs_nft", "bulk_gate_vs_nft", "bulk_gate_at_least_0.99"]
