@@ -102,8 +102,8 @@ pub(crate) const DEFAULT_STATE_DIR: &str = "/var/lib/metadata-gate";
     version,
     about = "Keeps workloads away from cloud instance-metadata services (169.254.169.254 and friends)",
     long_about = "Keeps workloads away from cloud instance-metadata services.\n\n\
-        eBPF programs attached to a gated cgroup refuse connect()/sendmsg() to protected \
-        endpoints with EPERM and drop any other packet to them on egress, unless the \
+        eBPF programs attached to a gated cgroup refuse connect() and UDP sendto() to \
+        protected endpoints with EPERM and drop any other packet to them on egress, unless the \
         process's cgroup (or an ancestor below the gated root) is allow-listed. Processes \
         outside the gated cgroup are not affected.\n\n\
         Lifecycle: `run` pins its programs, links and maps under --pin-dir/v<ABI>, so the gate \

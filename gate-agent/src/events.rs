@@ -115,7 +115,15 @@ pub(crate) struct Denied {
 /// The name of the endpoint an event names: the policy's, or what stands for none.
 pub(crate) fn endpoint_name(ev: &DenyEvent, endpoints: &[String]) -> String {
     if ev.endpoint == ENDPOINT_NONE {
-        return if ev.sockopt().is_some() { "(side door)" } else { "(unreadable frame)" }.into();
+        return if ev.sockopt().is_some() {
+            "(side door)"
+        } else if matches!(ev.family, 4 | 6) {
+            // A readable destination judged as if protected: a source route named others.
+            "(source-routed)"
+        } else {
+            "(unreadable frame)"
+        }
+        .into();
     }
     endpoints.get(ev.endpoint as usize).cloned().unwrap_or_else(|| "?".into())
 }

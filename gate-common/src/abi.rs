@@ -10,7 +10,7 @@
 
 /// Bumped whenever a type, map or program below changes incompatibly; the agent pins under
 /// `<pin-dir>/v<ABI_VERSION>/`.
-pub const ABI_VERSION: u32 = 3;
+pub const ABI_VERSION: u32 = 4;
 
 /// Map names as they appear in the eBPF object (and under the pin dir).
 pub mod names {
@@ -41,9 +41,13 @@ pub mod names {
     /// User space only: tc programs attached the clsact (netlink) way on kernels without tcx.
     /// Unlike tcx links they are not pinned files, so `cleanup` finds them here.
     pub const TC_CLSACT: &str = "TC_CLSACT";
+    /// PREFILTER[0]: the packet programs' first and, for most traffic, only look at the
+    /// policy ([`Prefilter`](super::Prefilter)): a superset of the live generation's
+    /// first bytes, generation-free (see [`Prefilter::union`](super::Prefilter::union)).
+    pub const PREFILTER: &str = "PREFILTER";
 
     /// Every map of the object, in pin order.
-    pub const ALL: [&str; 15] = [
+    pub const ALL: [&str; 16] = [
         CONFIG,
         POLICY_META,
         PREFIX_V4,
@@ -59,6 +63,7 @@ pub mod names {
         ACCESS,
         STRICT_IFACES,
         TC_CLSACT,
+        PREFILTER,
     ];
 }
 
@@ -118,15 +123,15 @@ pub const NUM_VERDICTS: u32 = 4;
 
 pub const HOOK_CONNECT4: u32 = 0;
 pub const HOOK_CONNECT6: u32 = 1;
-pub const HOOK_SENDMSG4: u32 = 2;
-pub const HOOK_SENDMSG6: u32 = 3;
-pub const HOOK_EGRESS4: u32 = 4;
-pub const HOOK_EGRESS6: u32 = 5;
-pub const HOOK_TC4: u32 = 6;
-pub const HOOK_TC6: u32 = 7;
+/// cgroup_skb egress, IPv4 and IPv6: also where an unconnected UDP `sendto()` is judged
+/// (ABI 4 dropped the sendmsg4/6 hooks: a refused datagram fails the call with EPERM here).
+pub const HOOK_EGRESS4: u32 = 2;
+pub const HOOK_EGRESS6: u32 = 3;
+pub const HOOK_TC4: u32 = 4;
+pub const HOOK_TC6: u32 = 5;
 /// cgroup/setsockopt: a side door around tc (PACKET_QDISC_BYPASS, AF_XDP) refused.
-pub const HOOK_SETSOCKOPT: u32 = 8;
-pub const NUM_HOOKS: u32 = 9;
+pub const HOOK_SETSOCKOPT: u32 = 6;
+pub const NUM_HOOKS: u32 = 7;
 
 /// STATS slot of a (hook, verdict) pair.
 pub const fn stat_slot(hook: u32, verdict: u32) -> u32 {
@@ -170,33 +175,74 @@ pub struct PolicyMeta {
     pub prefilter: Prefilter,
 }
 
-/// A 256-bit set per address family of the first address byte of every protected prefix
-/// (all the bytes a prefix shorter than /8 covers).
+/// Per address family, two 256-bit sets: the first address bytes of the protected prefixes
+/// (all the bytes a prefix shorter than /8 covers), and their last bytes (every byte unless
+/// the prefix fixes bits of the last one: a /32 or /128 fixes it whole). An address whose
+/// first or last byte is in no set is under no protected prefix: 169.254.169.253, the
+/// metadata service's DNS neighbour, ends on the fast path as surely as 10.0.0.1.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Prefilter {
     pub v4: [u32; 8],
     pub v6: [u32; 8],
+    pub v4_last: [u32; 8],
+    pub v6_last: [u32; 8],
+}
+
+/// Set in `set` every byte whose top `keep` bits are those of `byte`.
+fn add_byte(set: &mut [u32; 8], byte: u8, keep: u32) {
+    let mask: u8 = if keep == 0 { 0 } else { 0xff << (8 - keep.min(8)) };
+    for b in 0..=255u8 {
+        if b & mask == byte & mask {
+            set[usize::from(b >> 5)] |= 1 << (b & 31);
+        }
+    }
+}
+
+#[inline(always)]
+fn has_byte(set: &[u32; 8], byte: u8) -> bool {
+    set[usize::from(byte >> 5) & 7] & (1 << (byte & 31)) != 0
 }
 
 impl Prefilter {
-    /// Add a prefix whose first byte is `first` and length `len` (bits).
-    pub fn add(&mut self, v6: bool, first: u8, len: u32) {
-        let set = if v6 { &mut self.v6 } else { &mut self.v4 };
-        let keep = len.min(8);
-        let mask: u8 = if keep == 0 { 0 } else { 0xff << (8 - keep) };
-        for b in 0..=255u8 {
-            if b & mask == first & mask {
-                set[usize::from(b >> 5)] |= 1 << (b & 31);
-            }
+    /// Add a prefix: its address bytes (4 or 16, host bits clear or not) and length in bits.
+    pub fn add(&mut self, v6: bool, addr: &[u8], len: u32) {
+        let (first, last) = (addr.first().copied().unwrap_or(0), addr.last().copied().unwrap_or(0));
+        let bits = addr.len() as u32 * 8;
+        let (f, l) =
+            if v6 { (&mut self.v6, &mut self.v6_last) } else { (&mut self.v4, &mut self.v4_last) };
+        add_byte(f, first, len.min(8));
+        add_byte(l, last, len.saturating_sub(bits.saturating_sub(8)));
+    }
+
+    /// Whether an address with this first and last byte may fall under a protected prefix.
+    #[inline(always)]
+    pub fn may(&self, v6: bool, first: u8, last: u8) -> bool {
+        if v6 {
+            has_byte(&self.v6, first) && has_byte(&self.v6_last, last)
+        } else {
+            has_byte(&self.v4, first) && has_byte(&self.v4_last, last)
         }
     }
 
-    /// Whether an address with this first byte may fall under a protected prefix.
-    #[inline(always)]
-    pub fn may(&self, v6: bool, first: u8) -> bool {
-        let set = if v6 { &self.v6 } else { &self.v4 };
-        set[usize::from(first >> 5) & 7] & (1 << (first & 31)) != 0
+    /// The filter that lets through only what both let through: what PREFILTER holds while a
+    /// generation flips. The agent writes `live ∪ next` before the flip and `next` after it,
+    /// so PREFILTER is at every moment a superset of the live generation's filter, whichever
+    /// generation a program goes on to read (a torn read of a word mixes two supersets, bit
+    /// for bit, and is one too).
+    pub fn union(&self, other: &Prefilter) -> Prefilter {
+        let mut out = *self;
+        for (a, b) in [
+            (&mut out.v4, other.v4),
+            (&mut out.v6, other.v6),
+            (&mut out.v4_last, other.v4_last),
+            (&mut out.v6_last, other.v6_last),
+        ] {
+            for (x, y) in a.iter_mut().zip(b) {
+                *x |= y;
+            }
+        }
+        out
     }
 }
 
@@ -446,8 +492,8 @@ const _: () = {
     assert!(size_of::<TcClsact>() == 256);
     assert!(size_of::<EndpointName>() == ENDPOINT_NAME_BYTES);
     assert!(RECENT_DENIALS.is_power_of_two());
-    assert!(size_of::<PolicyMeta>() == 88);
-    assert!(size_of::<Prefilter>() == 64);
+    assert!(size_of::<PolicyMeta>() == 152);
+    assert!(size_of::<Prefilter>() == 128);
     assert!(size_of::<PrefixV4>() == 8);
     assert!(size_of::<PrefixV6>() == 20);
     assert!(size_of::<PrefixValue>() == 12);
@@ -465,17 +511,49 @@ mod prefilter_tests {
     use super::Prefilter;
 
     #[test]
-    fn first_bytes_of_prefixes() {
+    fn first_and_last_bytes_of_prefixes() {
         let mut p = Prefilter::default();
-        p.add(false, 169, 32);
-        assert!(p.may(false, 169));
-        assert!(!p.may(false, 168) && !p.may(false, 10) && !p.may(true, 169));
-        // A /4 covers 16 first bytes: 96..=111.
-        p.add(true, 0x60, 4);
-        assert_eq!((0..=255u8).filter(|&b| p.may(true, b)).count(), 16);
-        assert!(p.may(true, 0x6f) && !p.may(true, 0x70));
+        p.add(false, &[169, 254, 169, 254], 32);
+        assert!(p.may(false, 169, 254));
+        // The DNS neighbour: same first byte, another last one.
+        assert!(!p.may(false, 169, 253));
+        assert!(!p.may(false, 168, 254) && !p.may(false, 10, 1) && !p.may(true, 169, 254));
+        // A /30 fixes the top six bits of the last byte: 252..=255.
+        p.add(false, &[100, 100, 100, 200], 30);
+        assert!(p.may(false, 100, 200) && p.may(false, 100, 203) && !p.may(false, 100, 204));
+        // A /4 (IPv6) covers 16 first bytes and every last one.
+        let mut a = [0u8; 16];
+        a[0] = 0x60;
+        p.add(true, &a, 4);
+        assert_eq!((0..=255u8).filter(|&b| p.may(true, b, 7)).count(), 16);
+        assert!(p.may(true, 0x6f, 0) && !p.may(true, 0x70, 0));
+        assert!((0..=255u8).all(|b| p.may(true, 0x60, b)));
         // /0 covers everything.
-        p.add(false, 0, 0);
-        assert!((0..=255u8).all(|b| p.may(false, b)));
+        p.add(false, &[0; 4], 0);
+        assert!((0..=255u8).all(|b| p.may(false, b, b ^ 0x5a)));
+    }
+
+    #[test]
+    fn union_lets_through_only_what_both_do() {
+        let (mut a, mut b) = (Prefilter::default(), Prefilter::default());
+        a.add(false, &[169, 254, 169, 254], 32);
+        b.add(false, &[100, 100, 100, 200], 32);
+        let mut v6 = [0u8; 16];
+        v6[0] = 0xfd;
+        v6[15] = 0x54;
+        b.add(true, &v6, 128);
+        let u = a.union(&b);
+        for v6 in [false, true] {
+            for first in [0u8, 100, 169, 0xfd] {
+                for last in [0u8, 0x54, 200, 254] {
+                    let either = a.may(v6, first, last) || b.may(v6, first, last);
+                    assert!(!either || u.may(v6, first, last), "{v6} {first} {last}");
+                }
+            }
+        }
+        // The union is at most as permissive as its per-byte sets allow: what neither
+        // filter's sets hold stays out.
+        assert!(!u.may(false, 10, 1));
+        assert_eq!(a.union(&a), a);
     }
 }

@@ -217,11 +217,11 @@ pub fn compile(endpoints: &[EndpointSpec]) -> Result<Image, CompileError> {
         let value = PrefixValue { set_id, kinds, endpoint: lowest };
         match net {
             Net::V4 { addr, len } => {
-                out.prefilter.add(false, addr[0], u32::from(len));
+                out.prefilter.add(false, &addr, u32::from(len));
                 out.v4.push((len, addr, value));
             }
             Net::V6 { addr, len } => {
-                out.prefilter.add(true, addr[0], u32::from(len));
+                out.prefilter.add(true, &addr, u32::from(len));
                 out.v6.push((len, addr, value));
             }
         }
@@ -275,8 +275,8 @@ impl Tables for HostTables {
     fn may_match(&self, generation: u32, addr: &crate::verdict::Addr) -> bool {
         let Some(p) = self.prefilter.get(&generation) else { return true };
         match addr {
-            crate::verdict::Addr::V4(a) => p.may(false, a[0]),
-            crate::verdict::Addr::V6(a) => p.may(true, a[0]),
+            crate::verdict::Addr::V4(a) => p.may(false, a[0], a[3]),
+            crate::verdict::Addr::V6(a) => p.may(true, a[0], a[15]),
         }
     }
 }

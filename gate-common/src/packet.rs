@@ -12,8 +12,15 @@
 //!   ports of a fragmented datagram are not trustworthy until it is reassembled).
 //! * A frame whose network header cannot be read at all is [`CARRIES_UNREADABLE`]; the
 //!   programs decide it as if it were bound for a protected address.
+//! * A source route (IPv4 LSRR/SSRR, an IPv6 routing header with segments left) names
+//!   destinations beyond the header's: such a packet is [`Parsed::routed`], and the programs
+//!   decide it as if it were bound for a protected address too. (No socket hook stands
+//!   before egress for an unconnected UDP datagram, and a raw socket never had one.)
+//! * [`passes_fast_v4`] and [`passes_fast_v6`]: the packet programs' fast path, on four
+//!   bytes of the fixed header and the PREFILTER map: what surely concerns no protected
+//!   endpoint passes without another look.
 use crate::{
-    abi::{PORT_ANY, PROTO_TCP, PROTO_UDP},
+    abi::{PORT_ANY, PROTO_TCP, PROTO_UDP, Prefilter},
     verdict::{Addr, Dst},
 };
 
@@ -112,6 +119,9 @@ pub struct Parsed {
     /// Whether the network header (and with it the destination address) could be read.
     /// `false`: decide as if the packet were bound for a protected address.
     pub readable: bool,
+    /// A source route names further destinations (or the options holding it could not be
+    /// walked): decide as if the packet were bound for a protected address.
+    pub routed: bool,
 }
 
 impl Parsed {
@@ -123,22 +133,93 @@ impl Parsed {
         bare: false,
         complete: false,
         readable: false,
+        routed: false,
     };
 
     /// A destination known in full (the socket hooks').
     pub const fn complete(dst: Dst) -> Parsed {
-        Parsed { dst, rst: false, bare: false, complete: true, readable: true }
+        Parsed { dst, rst: false, bare: false, complete: true, readable: true, routed: false }
     }
 
-    fn address_only(addr: Addr, proto: u8) -> Parsed {
+    fn address_only(addr: Addr, proto: u8, routed: bool) -> Parsed {
         Parsed {
             dst: Dst { addr, port: PORT_ANY, proto },
             rst: false,
             bare: false,
             complete: false,
             readable: true,
+            routed,
         }
     }
+
+    /// Whether the destination in the header is all there is to judge: readable, and no
+    /// source route naming others.
+    #[inline(always)]
+    pub fn judgeable(&self) -> bool {
+        self.readable && !self.routed
+    }
+}
+
+/// IPv4 option types that carry a source route (loose, strict).
+pub const IPOPT_LSRR: u8 = 131;
+pub const IPOPT_SSRR: u8 = 137;
+/// IPv4 options walked at most (no-operation bytes count). Real packets carry one or two; a
+/// list longer than this is taken for a route (no-ops cannot pad one out of sight), which
+/// keeps the walk small enough for the verifier on every path that parses a packet.
+pub const MAX_IPV4_OPTIONS: usize = 4;
+
+/// Whether the IPv4 options between `l3 + 20` and `l3 + ihl` hold a source route, or cannot
+/// be walked (cut off, a length below 2 or past the header, more than [`MAX_IPV4_OPTIONS`]
+/// before the end): either way the packet may be bound for more than its destination field
+/// says.
+#[inline(always)]
+pub fn ipv4_source_routed<P: Packet + ?Sized>(p: &P, l3: usize, ihl: usize) -> bool {
+    let end = l3 + ihl;
+    let mut off = l3 + 20;
+    let mut i = 0;
+    while i < MAX_IPV4_OPTIONS && off < end {
+        let Some([kind]) = p.bytes::<1>(off) else { return true };
+        match kind {
+            // End of options.
+            0 => return false,
+            // No operation: one byte.
+            1 => off += 1,
+            IPOPT_LSRR | IPOPT_SSRR => return true,
+            _ => {
+                let Some([_, len]) = p.bytes::<2>(off) else { return true };
+                if len < 2 {
+                    return true;
+                }
+                off += usize::from(len);
+            }
+        }
+        i += 1;
+    }
+    off != end
+}
+
+/// The packet programs' fast path on an IPv4 header: `ver_ihl` its first byte, `first` and
+/// `last` its destination's first and last bytes. True: the packet goes to that destination
+/// and nowhere else (version 4, no options that could hold a route), and `filter` says no
+/// protected prefix holds it: it passes without another look. False decides nothing: the
+/// full parse does.
+#[inline(always)]
+pub fn passes_fast_v4(filter: &Prefilter, ver_ihl: u8, first: u8, last: u8) -> bool {
+    ver_ihl == 0x45 && !filter.may(false, first, last)
+}
+
+/// The fast path on an IPv6 header: `ver` its first byte, `next` its next-header field,
+/// `first` and `last` its destination's first and last bytes. Not when a routing header may
+/// follow (directly, or after hop-by-hop or destination options), nor for a destination
+/// starting with 0, which may be IPv4-mapped (judged as the IPv4 address by the full path).
+#[inline(always)]
+pub fn passes_fast_v6(filter: &Prefilter, ver: u8, next: u8, first: u8, last: u8) -> bool {
+    ver >> 4 == 6
+        && next != 0
+        && next != 43
+        && next != 60
+        && first != 0
+        && !filter.may(true, first, last)
 }
 
 /// What the transport header at `l4` says (`end`: where the IP packet ends).
@@ -182,9 +263,10 @@ pub fn parse_ipv4<P: Packet + ?Sized>(p: &P, l3: usize) -> Parsed {
     let proto = h[9];
     let ihl = usize::from(h[0] & 0x0f) * 4;
     let frag = u16::from_be_bytes([h[6], h[7]]);
+    let routed = ihl > 20 && ipv4_source_routed(p, l3, ihl);
     // MF set or a fragment offset: any fragment.
     if ihl < 20 || frag & 0x3fff != 0 {
-        return Parsed::address_only(addr, proto);
+        return Parsed::address_only(addr, proto, routed);
     }
     let end = l3 + usize::from(u16::from_be_bytes([h[2], h[3]]));
     match transport(p, proto, l3 + ihl, end) {
@@ -194,8 +276,9 @@ pub fn parse_ipv4<P: Packet + ?Sized>(p: &P, l3: usize) -> Parsed {
             bare: t.bare,
             complete: true,
             readable: true,
+            routed,
         },
-        None => Parsed::address_only(addr, proto),
+        None => Parsed::address_only(addr, proto, routed),
     }
 }
 
@@ -214,32 +297,50 @@ pub fn parse_ipv6<P: Packet + ?Sized>(p: &P, l3: usize) -> Parsed {
     let mut next = h[6];
     let mut off = l3 + 40;
     let mut i = 0;
+    // A routing header with segments left names destinations beyond the header's. (One
+    // behind more headers than we walk stays unseen; what processes it is a router with
+    // segment routing on, not a host by default.)
+    let mut routed = false;
     while i < MAX_V6_EXT_HEADERS {
         match next {
-            // hop-by-hop, routing, destination options, mobility, HIP, shim6, experimental:
-            // (length + 1) * 8 bytes
-            0 | 43 | 60 | 135 | 139 | 140 | 253 | 254 => {
-                let Some(e) = p.bytes::<2>(off) else { return Parsed::address_only(addr, next) };
+            // routing: (length + 1) * 8 bytes; segments left in its fourth byte
+            43 => {
+                let Some(e) = p.bytes::<4>(off) else {
+                    return Parsed::address_only(addr, next, routed);
+                };
+                routed |= e[3] != 0;
                 next = e[0];
                 off += (usize::from(e[1]) + 1) * 8;
             }
-            // fragment: any fragment leaves the transport unknown
-            44 => return Parsed::address_only(addr, next),
+            // hop-by-hop, destination options, mobility, HIP, shim6, experimental:
+            // (length + 1) * 8 bytes
+            0 | 60 | 135 | 139 | 140 | 253 | 254 => {
+                let Some(e) = p.bytes::<2>(off) else {
+                    return Parsed::address_only(addr, next, routed);
+                };
+                next = e[0];
+                off += (usize::from(e[1]) + 1) * 8;
+            }
+            // fragment: any fragment leaves the transport unknown (a routing header comes
+            // before it, if at all)
+            44 => return Parsed::address_only(addr, next, routed),
             // authentication header: (length + 2) * 4 bytes
             51 => {
-                let Some(e) = p.bytes::<2>(off) else { return Parsed::address_only(addr, next) };
+                let Some(e) = p.bytes::<2>(off) else {
+                    return Parsed::address_only(addr, next, routed);
+                };
                 next = e[0];
                 off += (usize::from(e[1]) + 2) * 4;
             }
             // ESP: the rest is encrypted
-            50 => return Parsed::address_only(addr, next),
+            50 => return Parsed::address_only(addr, next, routed),
             _ => break,
         }
         i += 1;
     }
     if is_v6_extension(next) {
         // The chain goes on past what we walk.
-        return Parsed::address_only(addr, next);
+        return Parsed::address_only(addr, next, routed);
     }
     match transport(p, next, off, end) {
         Some(t) => Parsed {
@@ -248,8 +349,9 @@ pub fn parse_ipv6<P: Packet + ?Sized>(p: &P, l3: usize) -> Parsed {
             bare: t.bare,
             complete: true,
             readable: true,
+            routed,
         },
-        None => Parsed::address_only(addr, next),
+        None => Parsed::address_only(addr, next, routed),
     }
 }
 

@@ -1,14 +1,16 @@
 //! The decisions the kernel programs make, as pure functions over a [`Tables`] view of the maps.
 //!
 //! Order of work per invocation, cheapest exit first:
+//! 0. [`surely_unprotected`]: the packet programs' fast path: one bit of the PREFILTER map
+//!    for the destination's first byte; most traffic ends here.
 //! 1. [`match_endpoint`]: one LPM lookup; a miss (the common case: not a metadata address)
 //!    ends it. A hit costs at most four hash lookups, only for the key shapes the prefix has.
 //! 2. [`cgroup_allowed`]: walks the cgroup's ancestors below the gated root (bounded).
 //! 3. [`decide`]: mode and allow → verdict.
 use crate::abi::{
-    AllowKey, KIND_ANYPORT_ANYPROTO, KIND_ANYPORT_PROTO, KIND_PORT_ANYPROTO, KIND_PORT_PROTO,
-    MAX_CGROUP_DEPTH, MODE_AUDIT, PORT_ANY, PROTO_ANY, PortRuleKey, PrefixValue, VERDICT_ALLOWED,
-    VERDICT_AUDITED, VERDICT_DENIED,
+    AllowKey, ENDPOINT_NONE, KIND_ANYPORT_ANYPROTO, KIND_ANYPORT_PROTO, KIND_PORT_ANYPROTO,
+    KIND_PORT_PROTO, MAX_CGROUP_DEPTH, MODE_AUDIT, PORT_ANY, PROTO_ANY, PortRuleKey, Prefilter,
+    PrefixValue, VERDICT_ALLOWED, VERDICT_AUDITED, VERDICT_DENIED,
 };
 
 /// A destination address as the hooks see it.
@@ -138,6 +140,32 @@ pub fn packet_endpoint<T: Tables>(
     }
 }
 
+/// The endpoint a packet is judged against: `Some(endpoint)` — [`ENDPOINT_NONE`] when where
+/// it goes cannot be known (its header unreadable, a source route naming further
+/// destinations, or no live generation to judge by), which is decided as if it were bound
+/// for a protected endpoint — or `None`: bound for no protected endpoint, it passes.
+#[inline(always)]
+pub fn packet_subject<T: Tables>(
+    t: &T,
+    generation: Option<u32>,
+    p: &crate::packet::Parsed,
+) -> Option<u32> {
+    match generation {
+        Some(g) if p.judgeable() => packet_endpoint(t, g, p),
+        _ => Some(ENDPOINT_NONE),
+    }
+}
+
+/// Whether `filter` says that no protected prefix can contain `addr` (the packet programs'
+/// first test: then the packet passes without another look).
+#[inline(always)]
+pub fn surely_unprotected(filter: &Prefilter, addr: &Addr) -> bool {
+    match addr {
+        Addr::V4(a) => !filter.may(false, a[0], a[3]),
+        Addr::V6(a) => !filter.may(true, a[0], a[15]),
+    }
+}
+
 /// Whether a cgroup, or one of its ancestors strictly below the gated root, is on the allow
 /// set; returns the allow entry index. `ancestor(level)` returns the cgroup id of the ancestor
 /// at that absolute level, or 0 past the cgroup's own level (what
@@ -248,6 +276,41 @@ mod tests {
         // The gated root on the allow set does not open the gate for everything below it.
         let t = Allow([((0, 2), 1)].into_iter().collect());
         assert_eq!(cgroup_allowed(&t, 0, 1, walker(&[1, 2, 3, 4])), None);
+    }
+
+    #[test]
+    fn packet_subject_fails_closed() {
+        use crate::packet::Parsed;
+        let t = Allow(HashMap::new());
+        let dst = Dst { addr: Addr::V4([10, 0, 0, 1]), port: 80, proto: 6 };
+        let p = Parsed::complete(dst);
+        // Nothing protected in the tables: the packet passes.
+        assert_eq!(packet_subject(&t, Some(0), &p), None);
+        // No generation, an unreadable packet, a source route: judged as if protected.
+        assert_eq!(packet_subject(&t, None, &p), Some(ENDPOINT_NONE));
+        assert_eq!(packet_subject(&t, Some(0), &Parsed::UNREADABLE), Some(ENDPOINT_NONE));
+        let routed = Parsed { routed: true, ..p };
+        assert_eq!(packet_subject(&t, Some(0), &routed), Some(ENDPOINT_NONE));
+    }
+
+    #[test]
+    fn prefilter_fast_path() {
+        let mut f = Prefilter::default();
+        let mut v6 = [0u8; 16];
+        v6[0] = 0xfd;
+        v6[15] = 0x54;
+        f.add(false, &[169, 254, 169, 254], 32);
+        f.add(true, &v6, 128);
+        assert!(!surely_unprotected(&f, &Addr::V4([169, 254, 169, 254])));
+        assert!(surely_unprotected(&f, &Addr::V4([10, 0, 0, 1])));
+        assert!(surely_unprotected(&f, &Addr::V4([169, 254, 169, 253])), "the DNS neighbour");
+        assert!(!surely_unprotected(&f, &Addr::V6(v6)));
+        // 169 as an IPv6 first byte is not IPv4's 169.
+        v6[0] = 169;
+        assert!(surely_unprotected(&f, &Addr::V6(v6)));
+        // An empty filter (a gate whose first policy is not yet written) protects nothing;
+        // the agent writes the policy before it attaches anything.
+        assert!(surely_unprotected(&Prefilter::default(), &Addr::V4([169, 254, 169, 254])));
     }
 
     #[test]

@@ -4,9 +4,13 @@
 //! (`verdict`, `packet`) for the verdict, count it, and report denials. All decisions live in
 //! gate-common, which is unit- and property-tested on the host.
 //!
-//! * `cgroup/connect4|6`, `cgroup/sendmsg4|6`: refuse with EPERM at the syscall.
-//! * `cgroup_skb/egress`: drops what the socket hooks cannot see: raw sockets, sockets
-//!   connected before the gate existed, anything else that reaches the wire.
+//! * `cgroup/connect4|6`: refuse a TCP or UDP `connect()` with EPERM at the syscall, judged
+//!   on the address the application named (before any NAT).
+//! * `cgroup_skb/egress`: judges every packet of a gated socket as it leaves, after NAT: an
+//!   unconnected UDP `sendto()` (refused here: the kernel hands the program's verdict back
+//!   as EPERM from the very call), raw sockets, sockets connected before the gate existed.
+//!   No sendmsg4/6 hooks: a datagram is judged once, not twice with the socket lock taken
+//!   in between.
 //! * `cgroup/setsockopt`: refuses the side doors around tc (PACKET_QDISC_BYPASS, AF_XDP).
 //! * `tc` (`gate_tc`, node level): on the uplinks' egress and the workload-facing interfaces'
 //!   ingress, refuses frames the cgroup hooks never judged: AF_PACKET sends, packets
@@ -41,17 +45,17 @@ use gate_common::{
         AccessKey, AccessStats, AllowKey, CONFIG_ACTIVE_GEN, CONFIG_RECENT_CURSOR, DenyEvent,
         ENDPOINT_NONE, EVENT_BURST, EVENT_WINDOW_NS, EVENTS_BYTES, EndpointCounters, EndpointName,
         EpNameKey, GEN_PREFIX_BITS, GateInfo, HOOK_CONNECT4, HOOK_CONNECT6, HOOK_EGRESS4,
-        HOOK_EGRESS6, HOOK_SENDMSG4, HOOK_SENDMSG6, HOOK_SETSOCKOPT, HOOK_TC4, HOOK_TC6,
-        MAX_ACCESS_KEYS, MAX_ALLOWED_CGROUPS, MAX_ENDPOINTS, MAX_PORT_RULES, MAX_TC_ATTACHMENTS,
-        NODE_GATE_FORWARDED, NUM_CONFIG, NUM_STATS, PolicyMeta, PortRuleKey, PrefixV4, PrefixV6,
-        PrefixValue, RECENT_DENIALS, STAT_EVENTS_LOST, TcClsact, VERDICT_ALLOWED, VERDICT_DENIED,
+        HOOK_EGRESS6, HOOK_SETSOCKOPT, HOOK_TC4, HOOK_TC6, MAX_ACCESS_KEYS, MAX_ALLOWED_CGROUPS,
+        MAX_ENDPOINTS, MAX_PORT_RULES, MAX_TC_ATTACHMENTS, NODE_GATE_FORWARDED, NUM_CONFIG,
+        NUM_STATS, PolicyMeta, PortRuleKey, Prefilter, PrefixV4, PrefixV6, PrefixValue,
+        RECENT_DENIALS, STAT_EVENTS_LOST, TcClsact, VERDICT_ALLOWED, VERDICT_DENIED,
         VERDICT_UNMATCHED, stat_slot,
     },
     packet::{
         self, CARRIES_IPV4, CARRIES_IPV6, CARRIES_OTHER, ETH_P_IP, ETH_P_IPV6, Packet, Parsed,
-        parse_ip, parse_ipv4, parse_ipv6,
+        parse_ip, parse_ipv4, parse_ipv6, passes_fast_v4, passes_fast_v6,
     },
-    verdict::{Addr, Dst, Tables, cgroup_allowed, decide, packet_endpoint},
+    verdict::{Addr, Dst, Tables, cgroup_allowed, decide, packet_subject, surely_unprotected},
 };
 
 // ---- maps (two generations each: see gate_common::abi) ---------------------------------------
@@ -96,6 +100,10 @@ static STRICT_IFACES: HashMap<u32, u32> =
 #[map]
 static TC_CLSACT: HashMap<u64, TcClsact> =
     HashMap::with_max_entries(MAX_TC_ATTACHMENTS, BPF_F_NO_PREALLOC);
+/// The fast path's filter, generation-free: a superset of the live generation's at every
+/// moment (see `Prefilter::union`).
+#[map]
+static PREFILTER: Array<Prefilter> = Array::with_max_entries(1, 0);
 
 /// The policy maps as gate-common's [`Tables`].
 struct KernelTables;
@@ -126,8 +134,8 @@ impl Tables for KernelTables {
         // Unreadable: it may (fail closed).
         let Some(meta) = POLICY_META.get(generation) else { return true };
         match addr {
-            Addr::V4(a) => meta.prefilter.may(false, a[0]),
-            Addr::V6(a) => meta.prefilter.may(true, a[0]),
+            Addr::V4(a) => meta.prefilter.may(false, a[0], a[3]),
+            Addr::V6(a) => meta.prefilter.may(true, a[0], a[15]),
         }
     }
 }
@@ -311,12 +319,12 @@ fn live_generation() -> Option<u32> {
     CONFIG.get(CONFIG_ACTIVE_GEN).map(|g| *g & 1)
 }
 
-/// Whether traffic to `addr` is surely unprotected: the live policy's prefilter says no
-/// protected prefix starts with its first byte. One array read and a bit test; packet
-/// programs call it on the destination alone, before parsing the rest.
+/// The connect hooks' fast path: whether traffic to `addr` surely concerns no protected
+/// endpoint, by PREFILTER's bits for its first and last byte. One array read (inlined by the
+/// verifier) and two bit tests, no generation. Unreadable: it may (fail closed).
 #[inline(always)]
-fn surely_unprotected(addr: &Addr) -> bool {
-    live_generation().is_some_and(|g| !KernelTables.may_match(g, addr))
+fn passes_fast(addr: &Addr) -> bool {
+    PREFILTER.get(0).is_some_and(|f| surely_unprotected(f, addr))
 }
 
 /// The decision for traffic that is (or, unparsed, is taken to be) bound for `endpoint`.
@@ -351,7 +359,8 @@ fn judge(
 }
 
 /// The whole decision for one destination of a gated socket. Returns whether the traffic
-/// may proceed. An unreadable packet is decided as if bound for a protected endpoint.
+/// may proceed. A packet whose destination cannot be known (unreadable, source-routed) is
+/// decided as if bound for a protected endpoint.
 #[inline(always)]
 fn gate(
     caller: &Caller,
@@ -360,18 +369,10 @@ fn gate(
     ancestor: impl FnMut(u32) -> u64,
 ) -> bool {
     let generation = live_generation();
-    let mut endpoint = ENDPOINT_NONE;
-    if p.readable
-        && let Some(g) = generation
-    {
-        match packet_endpoint(&KernelTables, g, p) {
-            Some(e) => endpoint = e,
-            None => {
-                count(caller.hook, VERDICT_UNMATCHED);
-                return true;
-            }
-        }
-    }
+    let Some(endpoint) = packet_subject(&KernelTables, generation, p) else {
+        count(caller.hook, VERDICT_UNMATCHED);
+        return true;
+    };
     let what = if p.readable { Reported::Dst(&p.dst) } else { Reported::Unparsed };
     judge(caller, generation, endpoint, what, cgroup_id, ancestor) != VERDICT_DENIED
 }
@@ -384,6 +385,10 @@ fn sock_addr(ctx: &SockAddrContext, hook: u32, v6: bool) -> i32 {
     let sa = unsafe { &*ctx.sock_addr };
     let addr =
         if v6 { Addr::from_v6_words(sa.user_ip6) } else { Addr::V4(sa.user_ip4.to_ne_bytes()) };
+    if passes_fast(&addr) {
+        count(hook, VERDICT_UNMATCHED);
+        return 1;
+    }
     let dst = Dst { addr, port: u16::from_be(sa.user_port as u16), proto: sa.protocol as u8 };
     let parsed = Parsed::complete(dst);
     let caller = Caller { hook, task: true };
@@ -402,16 +407,6 @@ fn gate_connect4(ctx: SockAddrContext) -> i32 {
 #[cgroup_sock_addr(connect6)]
 fn gate_connect6(ctx: SockAddrContext) -> i32 {
     sock_addr(&ctx, HOOK_CONNECT6, true)
-}
-
-#[cgroup_sock_addr(sendmsg4)]
-fn gate_sendmsg4(ctx: SockAddrContext) -> i32 {
-    sock_addr(&ctx, HOOK_SENDMSG4, false)
-}
-
-#[cgroup_sock_addr(sendmsg6)]
-fn gate_sendmsg6(ctx: SockAddrContext) -> i32 {
-    sock_addr(&ctx, HOOK_SENDMSG6, true)
 }
 
 // ---- setsockopt: side doors around tc ----------------------------------------------------------
@@ -451,45 +446,44 @@ fn gate_setsockopt(ctx: SockoptContext) -> i32 {
 
 // ---- egress ----------------------------------------------------------------------------------
 
-/// `T` at `off` of the packet by direct packet access (no helper call), falling back to
-/// bpf_skb_load_bytes where the bytes are not in the linear area.
+/// The packet's bytes `[off, off + N)` where they lie in the linear area, after one bounds
+/// check: the fast paths read the few bytes they need in place, copying nothing.
 #[inline(always)]
-fn head<T: Copy>(skb: &SkBuff, off: usize) -> Option<T> {
+fn linear<const N: usize>(skb: &SkBuff, off: usize) -> Option<&[u8; N]> {
     // SAFETY: reads fields of the context.
     let (data, end) = unsafe { ((*skb.skb).data as usize, (*skb.skb).data_end as usize) };
-    if data + off + size_of::<T>() <= end {
-        // SAFETY: bounds checked against data_end just above (the verifier checks it too).
-        Some(unsafe { core::ptr::read_unaligned((data + off) as *const T) })
+    if data + off + N <= end {
+        // SAFETY: bounds checked against data_end just above (the verifier checks it too);
+        // a byte array has no alignment.
+        Some(unsafe { &*((data + off) as *const [u8; N]) })
     } else {
-        skb.load::<T>(off).ok()
+        None
     }
 }
 
-/// The destination address of the IP packet at `l3`, read directly, if the version nibble
-/// says which. The fast path: most packets end at the prefilter on this alone.
+/// The packet programs' fast path on the IP header at `l3` (IPv6 when `v6`): one bounds
+/// check, four byte loads, one PREFILTER read and two bit tests (gate-common's
+/// `passes_fast_v4`/`_v6`). True: the packet passes without another look.
 #[inline(always)]
-fn ip_daddr(skb: &SkBuff, l3: usize, v6: bool) -> Option<Addr> {
+fn passes_fast_ip(skb: &SkBuff, l3: usize, v6: bool) -> bool {
     if v6 {
-        head::<[u8; 16]>(skb, l3 + 24).map(Addr::from_v6)
+        let Some(h) = linear::<40>(skb, l3) else { return false };
+        let Some(f) = PREFILTER.get(0) else { return false };
+        passes_fast_v6(f, h[0], h[6], h[24], h[39])
     } else {
-        head::<[u8; 4]>(skb, l3 + 16).map(Addr::V4)
+        let Some(h) = linear::<20>(skb, l3) else { return false };
+        let Some(f) = PREFILTER.get(0) else { return false };
+        passes_fast_v4(f, h[0], h[16], h[19])
     }
 }
 
 #[inline(always)]
 fn egress(ctx: &SkBuffContext, task: bool) -> i32 {
     let skb = ctx.skb.skb;
-    // The first 20 bytes hold the version and, for IPv4, the destination. (A one-byte read
-    // would compile to a bounds check the verifier does not take as one.)
-    let first = head::<[u8; 20]>(&ctx.skb, 0);
-    let version = first.map(|h| h[0] >> 4);
-    let v6 = version == Some(6);
-    let fast = match (version, first) {
-        (Some(4), Some(h)) => Some(Addr::V4([h[16], h[17], h[18], h[19]])),
-        (Some(6), _) => ip_daddr(&ctx.skb, 0, true),
-        _ => None,
-    };
-    if fast.is_some_and(|a| surely_unprotected(&a)) {
+    // The version nibble says which header; what is not IPv4 is taken for IPv6, whose fast
+    // path checks the version itself (and the full parse fails closed on either).
+    let v6 = linear::<20>(&ctx.skb, 0).is_some_and(|h| h[0] >> 4 == 6);
+    if passes_fast_ip(&ctx.skb, 0, v6) {
         return 1;
     }
     let parsed = parse_ip(&Skb(&ctx.skb), 0);
@@ -544,14 +538,14 @@ const TC_ACT_SHOT: i32 = 2;
 #[classifier]
 fn gate_tc(ctx: TcContext) -> i32 {
     let skb = ctx.skb.skb;
-    // Fast path: the Ethernet type and the destination address alone.
-    let ethertype = head::<[u8; 2]>(&ctx.skb, 12).map(u16::from_be_bytes);
-    let direct = match ethertype {
-        Some(ETH_P_IP) => ip_daddr(&ctx.skb, packet::ETH_HLEN, false),
-        Some(ETH_P_IPV6) => ip_daddr(&ctx.skb, packet::ETH_HLEN, true),
-        _ => None,
+    // Fast path: the Ethernet type and four bytes of the IP header.
+    let ethertype = linear::<14>(&ctx.skb, 0).map(|e| u16::from_be_bytes([e[12], e[13]]));
+    let fast = match ethertype {
+        Some(ETH_P_IP) => passes_fast_ip(&ctx.skb, packet::ETH_HLEN, false),
+        Some(ETH_P_IPV6) => passes_fast_ip(&ctx.skb, packet::ETH_HLEN, true),
+        _ => false,
     };
-    if direct.is_some_and(|a| surely_unprotected(&a)) {
+    if fast {
         return TC_NEXT;
     }
     let pkt = Skb(&ctx.skb);
@@ -566,15 +560,9 @@ fn gate_tc(ctx: TcContext) -> i32 {
         return TC_NEXT;
     }
     let generation = live_generation();
-    let mut endpoint = ENDPOINT_NONE;
-    if parsed.readable
-        && let Some(g) = generation
-    {
-        match packet_endpoint(&KernelTables, g, &parsed) {
-            Some(e) => endpoint = e,
-            None => return TC_NEXT,
-        }
-    }
+    let Some(endpoint) = packet_subject(&KernelTables, generation, &parsed) else {
+        return TC_NEXT;
+    };
     let meta = generation.and_then(|g| POLICY_META.get(g));
     // SAFETY: `skb` is the program's context pointer.
     let cgroup_id = unsafe { bpf_skb_cgroup_id(skb) };

@@ -45,6 +45,9 @@ pub struct Agent {
     pub netns: String,
     /// What selects the mode: `--policy P --cgroup-root R`, or cluster-mode flags.
     mode_args: Vec<std::ffi::OsString>,
+    /// The harness's own flags (`--log-format json --rescan-ms 200`); off: every flag but
+    /// the mode, the pin dir and `--listen` at its shipped default.
+    harness_flags: bool,
 }
 
 fn free_port() -> Result<u16> {
@@ -78,6 +81,20 @@ impl Agent {
         Self::start_mode(bins, netns, mode, false, extra)
     }
 
+    /// [`start`](Self::start) as shipped: no flag but the policy, the gated root, the pin dir
+    /// and `--listen` (text logs, the default rescan period, node-level enforcement on). What
+    /// the benchmark measures.
+    pub fn start_shipped(
+        bins: &Bins,
+        netns: &str,
+        policy: &Path,
+        cgroup_root: &Path,
+    ) -> Result<Agent> {
+        let mode =
+            vec!["--policy".into(), policy.into(), "--cgroup-root".into(), cgroup_root.into()];
+        Self::start_full(bins, netns, mode, false, &[], false)
+    }
+
     /// Cluster mode: `run` with these flags (kubeconfig, node name, …) and no --policy. The
     /// harness mounts bpffs on the pin root first, as the DaemonSet's host mount does (an agent
     /// in cluster mode never mounts it itself).
@@ -92,6 +109,17 @@ impl Agent {
         mount: bool,
         extra: &[&str],
     ) -> Result<Agent> {
+        Self::start_full(bins, netns, mode_args, mount, extra, true)
+    }
+
+    fn start_full(
+        bins: &Bins,
+        netns: &str,
+        mode_args: Vec<std::ffi::OsString>,
+        mount: bool,
+        extra: &[&str],
+        harness_flags: bool,
+    ) -> Result<Agent> {
         let pin_root = new_pin_root()?;
         if mount {
             crate::sys::sh("mount", &["-t", "bpf", "bpffs", &pin_root.to_string_lossy()])?;
@@ -105,6 +133,7 @@ impl Agent {
             listen: format!("127.0.0.1:{}", free_port()?),
             netns: netns.to_owned(),
             mode_args,
+            harness_flags,
         };
         agent.spawn(extra)?;
         agent.wait_ready(Duration::from_secs(30))?;
@@ -121,12 +150,16 @@ impl Agent {
 
     fn spawn(&mut self, extra: &[&str]) -> Result<()> {
         let mut cmd = agent_command(&self.bin)?;
-        cmd.args(["run", "--log-format", "json", "--listen", &self.listen]);
-        // A short rescan unless the test sets its own.
-        if !extra.contains(&"--rescan-ms") {
-            cmd.args(["--rescan-ms", "200"]);
+        cmd.arg("run");
+        if self.harness_flags {
+            cmd.args(["--log-format", "json"]);
+            // A short rescan unless the test sets its own.
+            if !extra.contains(&"--rescan-ms") {
+                cmd.args(["--rescan-ms", "200"]);
+            }
         }
-        cmd.args(&self.mode_args)
+        cmd.args(["--listen", &self.listen])
+            .args(&self.mode_args)
             .arg("--pin-dir")
             .arg(&self.pin_dir)
             .args(extra)
@@ -205,7 +238,8 @@ impl Agent {
     fn wait_ready(&self, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
-            let logged = self.find(|v| v["message"] == "ready").is_some();
+            // Text logs (as shipped) are not parsed: /readyz alone says it.
+            let logged = !self.harness_flags || self.find(|v| v["message"] == "ready").is_some();
             if logged && self.http_get("/readyz").is_ok_and(|(code, _)| code == 200) {
                 return Ok(());
             }

@@ -72,6 +72,15 @@ enum Cmd {
         /// A short smoke run (numbers are not meaningful; never fails on timing)
         #[arg(long)]
         quick: bool,
+        /// Interleaved rounds (default 10; quick 2): 95 % intervals need at least 6
+        #[arg(long, value_name = "N")]
+        rounds: Option<usize>,
+        /// Seconds per rate measurement (default 2; quick 0.3)
+        #[arg(long, value_name = "SECS")]
+        secs: Option<f64>,
+        /// Only these scenarios: rates, deny, scale, apply, stats (repeatable)
+        #[arg(long, value_name = "SCENARIO")]
+        only: Option<Vec<String>>,
         /// Only redraw chart.png from an existing target/bench/report.json
         #[arg(long, conflicts_with = "quick")]
         redraw: bool,
@@ -103,9 +112,9 @@ fn main() -> Result<()> {
         Cmd::Manifests => manifests::run(),
         Cmd::E2eKind { keep, no_build } => kind::e2e(kind::Options { keep, build: !no_build }),
         Cmd::Bench { redraw: true, .. } => bench::redraw(),
-        Cmd::Bench { quick, .. } => {
+        Cmd::Bench { quick, rounds, secs, only, .. } => {
             setup::ensure()?;
-            bench::run_bench(quick)
+            bench::run_bench(bench::Options { quick, rounds, secs, only })
         }
     }
 }

@@ -60,8 +60,6 @@ fn attach_type(point: AttachPoint) -> u32 {
         AttachPoint::Egress => 1,    // BPF_CGROUP_INET_EGRESS
         AttachPoint::Connect4 => 10, // BPF_CGROUP_INET4_CONNECT
         AttachPoint::Connect6 => 11, // BPF_CGROUP_INET6_CONNECT
-        AttachPoint::Sendmsg4 => 14, // BPF_CGROUP_UDP4_SENDMSG
-        AttachPoint::Sendmsg6 => 15, // BPF_CGROUP_UDP6_SENDMSG
         AttachPoint::Setsockopt => sys::BPF_CGROUP_SETSOCKOPT,
         AttachPoint::Tc => u32::MAX,
     }

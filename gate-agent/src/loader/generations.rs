@@ -160,8 +160,17 @@ impl Gate {
             prefilter: install.image.prefilter,
         };
         m.meta.set(next, meta, 0).map_err(map_err(names::POLICY_META))?;
+        // The fast path's filter covers both policies across the flip (it must never let
+        // through what the live generation protects), then only the new one.
+        let live = m.meta.get(&self.gens.active, 0).map_err(map_err(names::POLICY_META))?;
+        let both = live.prefilter.union(&install.image.prefilter);
+        m.prefilter.set(0, both, 0).map_err(map_err(names::PREFILTER))?;
         // The flip: one aligned 4-byte write. From here on the new policy is in force.
         m.config.set(CONFIG_ACTIVE_GEN, next, 0).map_err(map_err(names::CONFIG))?;
+        if let Err(e) = m.prefilter.set(0, install.image.prefilter, 0) {
+            // Still a superset of the live policy's: only slower for the other one's traffic.
+            tracing::warn!(error = %e, "narrowing the fast-path filter to the new policy");
+        }
         let old = self.gens.active;
         self.gens.active = next;
         match sys::rcu_grace_period() {

@@ -7,8 +7,8 @@ use aya::{
 use gate_common::abi::{
     AccessKey, AccessStats, AllowKey, CONFIG_ACTIVE_GEN, CONFIG_RECENT_CURSOR, DenyEvent,
     EndpointCounters, EndpointName, EpNameKey, GateInfo, MAX_ENDPOINTS, NUM_HOOKS, NUM_VERDICTS,
-    PolicyMeta, PortRuleKey, PrefixV4, PrefixV6, PrefixValue, RECENT_DENIALS, STAT_EVENTS_LOST,
-    TcClsact, fixed_str_value, names, stat_slot,
+    PolicyMeta, PortRuleKey, Prefilter, PrefixV4, PrefixV6, PrefixValue, RECENT_DENIALS,
+    STAT_EVENTS_LOST, TcClsact, fixed_str_value, names, stat_slot,
 };
 
 use super::{LoaderError, map_err, pins::Layout};
@@ -28,6 +28,7 @@ pub(crate) struct Maps {
     pub strict: HashMap<MapData, u32, u32>,
     pub access: HashMap<MapData, AccessKey, AccessStats>,
     pub clsact: HashMap<MapData, u64, TcClsact>,
+    pub prefilter: Array<MapData, Prefilter>,
 }
 
 /// Counters read back from the kernel.
@@ -73,6 +74,7 @@ macro_rules! open_all {
             strict: $f($src, names::STRICT_IFACES)?,
             access: $f($src, names::ACCESS)?,
             clsact: $f($src, names::TC_CLSACT)?,
+            prefilter: $f($src, names::PREFILTER)?,
         })
     };
 }
@@ -95,6 +97,7 @@ impl Maps {
             names::STRICT_IFACES => self.strict.map(),
             names::ACCESS => self.access.map(),
             names::TC_CLSACT => self.clsact.map(),
+            names::PREFILTER => self.prefilter.map(),
             _ => return None,
         })
     }

@@ -160,7 +160,7 @@ impl Gate {
             loader.map_pin_path(name, layout.map(name));
         }
         let mut ebpf = loader.load(OBJECT)?;
-        for point in &AttachPoint::CGROUP[..4] {
+        for point in [AttachPoint::Connect4, AttachPoint::Connect6] {
             let prog = point.program();
             let p: &mut CgroupSockAddr = program(&mut ebpf, prog)?;
             p.load().map_err(|source| LoaderError::Program { name: prog.name(), source })?;

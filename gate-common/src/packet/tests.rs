@@ -6,7 +6,7 @@ use super::*;
 use crate::{
     abi::{PROTO_TCP, PROTO_UDP},
     compile::{EndpointSpec, HostTables, Net, compile},
-    verdict::packet_endpoint,
+    verdict::packet_subject,
 };
 
 const IMDS: [u8; 4] = [169, 254, 169, 254];
@@ -183,6 +183,147 @@ fn ipv6_extension_chains() {
     assert_eq!(p.dst.addr, Addr::V4(IMDS));
 }
 
+/// IPv4 with the given raw option bytes (padded with end-of-options to a word).
+fn ipv4_opts(dst: [u8; 4], opts: &[u8], payload: &[u8]) -> Vec<u8> {
+    let words = opts.len().div_ceil(4);
+    let mut ip = ipv4(dst, PROTO_UDP, words, 0, payload);
+    ip[20..20 + opts.len()].copy_from_slice(opts);
+    ip
+}
+
+#[test]
+fn ipv4_source_routes_fail_closed() {
+    let dgram = udp(80, b"x");
+    let neighbour = [10, 0, 0, 9];
+    // A loose source route through the neighbour to the metadata service.
+    let lsrr = [IPOPT_LSRR, 7, 4, 169, 254, 169, 254];
+    let p = v4(&ipv4_opts(neighbour, &lsrr, &dgram)).unwrap();
+    assert!(p.routed && !p.judgeable(), "{p:?}");
+    assert_eq!((p.dst.addr, p.dst.port, p.complete), (Addr::V4(neighbour), 80, true));
+    // Strict, after no-ops.
+    let ssrr = [1, 1, IPOPT_SSRR, 7, 4, 169, 254, 169, 254];
+    assert!(v4(&ipv4_opts(neighbour, &ssrr, &dgram)).unwrap().routed);
+    // Record route and a timestamp are no route; nor are options that end early.
+    let rr = [7, 7, 4, 0, 0, 0, 0, 0, IPOPT_LSRR];
+    assert!(!v4(&ipv4_opts(neighbour, &rr[..8], &dgram)).unwrap().routed);
+    let eol_first = [0, IPOPT_LSRR, 7, 4, 1, 2, 3, 4];
+    assert!(!v4(&ipv4_opts(neighbour, &eol_first, &dgram)).unwrap().routed);
+    // What cannot be walked is taken for a route: a length below 2, one past the header.
+    assert!(v4(&ipv4_opts(neighbour, &[68, 1, 0, 0], &dgram)).unwrap().routed);
+    assert!(v4(&ipv4_opts(neighbour, &[68, 12, 0, 0], &dgram)).unwrap().routed);
+    // More options than we walk: taken for a route, however harmless (no-ops cannot pad a
+    // route out of sight); as many as we walk, and the end, are read.
+    let nops = [1u8; MAX_IPV4_OPTIONS + 1];
+    assert!(v4(&ipv4_opts(neighbour, &nops, &dgram)).unwrap().routed);
+    let mut padded = vec![1u8; MAX_IPV4_OPTIONS - 1];
+    padded.extend_from_slice(&lsrr);
+    assert!(v4(&ipv4_opts(neighbour, &padded, &dgram)).unwrap().routed);
+    let nops = [1u8; MAX_IPV4_OPTIONS];
+    assert!(!v4(&ipv4_opts(neighbour, &nops, &dgram)).unwrap().routed);
+    let words = [1u8, 1, 1, 0];
+    assert!(!v4(&ipv4_opts(neighbour, &words, &dgram)).unwrap().routed);
+    // A source route in a fragment: still routed.
+    let mut frag = ipv4_opts(neighbour, &lsrr, &dgram);
+    frag[6] = 0x20;
+    assert!(v4(&frag).unwrap().routed);
+    // No options: no route.
+    let plain = ipv4(neighbour, PROTO_UDP, 0, 0, &dgram);
+    assert!(!v4(&plain).unwrap().routed);
+}
+
+#[test]
+fn ipv6_routing_headers_fail_closed() {
+    let dgram = udp(80, b"x");
+    let neighbour: [u8; 16] = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9];
+    // A routing header (segment routing, type 4) with one segment left.
+    let mut ip = ipv6(neighbour, &[(60, 0), (43, 2)], PROTO_UDP, &dgram);
+    ip[40 + 8 + 2] = 4;
+    ip[40 + 8 + 3] = 1;
+    let p = v6(&ip).unwrap();
+    assert!(p.routed && p.complete, "{p:?}");
+    assert_eq!(p.dst.port, 80);
+    // Segments left 0: the route is done, the destination is the last stop.
+    ip[40 + 8 + 3] = 0;
+    assert!(!v6(&ip).unwrap().routed);
+}
+
+#[test]
+fn fast_path_passes_only_what_the_full_path_passes() {
+    let t = tables();
+    let filter = {
+        let mut f = crate::abi::Prefilter::default();
+        f.add(false, &IMDS, 32);
+        f.add(true, &IMDS6, 128);
+        f
+    };
+    let dgram = udp(80, b"x");
+    // IPv4: the DNS neighbour passes on the fast path; the service, a header with options,
+    // a wrong version do not (the full path decides them).
+    let h = ipv4([169, 254, 169, 253], PROTO_UDP, 0, 0, &dgram);
+    assert!(passes_fast_v4(&filter, h[0], h[16], h[19]));
+    let h = ipv4(IMDS, PROTO_UDP, 0, 0, &dgram);
+    assert!(!passes_fast_v4(&filter, h[0], h[16], h[19]));
+    let h = ipv4([10, 0, 0, 1], PROTO_UDP, 1, 0, &dgram);
+    assert!(!passes_fast_v4(&filter, h[0], h[16], h[19]));
+    assert!(!passes_fast_v4(&filter, 0x65, 10, 1));
+    // IPv6: an unprotected address passes; the service, a chain that may hold a route, an
+    // address that may be IPv4-mapped, a wrong version do not.
+    let mut other = IMDS6;
+    other[15] = 0x53;
+    let h = ipv6(other, &[], PROTO_UDP, &dgram);
+    assert!(passes_fast_v6(&filter, h[0], h[6], h[24], h[39]));
+    let h = ipv6(IMDS6, &[], PROTO_UDP, &dgram);
+    assert!(!passes_fast_v6(&filter, h[0], h[6], h[24], h[39]));
+    for next in [0u8, 43, 60] {
+        assert!(!passes_fast_v6(&filter, 0x60, next, 0xfd, 0x53), "next header {next}");
+    }
+    assert!(!passes_fast_v6(&filter, 0x60, PROTO_UDP, 0, 0xfe), "may be IPv4-mapped");
+    assert!(!passes_fast_v6(&filter, 0x40, PROTO_UDP, 0xfd, 0x53));
+    // Whatever the fast path passes, the full path passes too (it is only a shortcut).
+    for (dst, opts) in
+        [([10u8, 0, 0, 1], 0usize), ([169, 254, 169, 253], 0), ([169, 254, 1, 254], 0)]
+    {
+        let h = ipv4(dst, PROTO_UDP, opts, 0, &dgram);
+        if passes_fast_v4(&filter, h[0], h[16], h[19]) {
+            assert_eq!(packet_subject(&t, Some(0), &v4(&h).unwrap()), None, "{dst:?}");
+        }
+    }
+}
+
+proptest! {
+    /// The fast path never passes what the full path would judge: for any IPv4 or IPv6
+    /// header bytes, a fast pass means the full parse finds no protected endpoint.
+    #[test]
+    fn fast_path_is_a_shortcut(v6 in any::<bool>(), dst in any::<[u8; 16]>(), b0 in any::<u8>(),
+                               next in prop_oneof![Just(0u8), Just(43), Just(60), Just(6), Just(17), any::<u8>()],
+                               near in any::<bool>()) {
+        let t = tables();
+        let mut filter = crate::abi::Prefilter::default();
+        filter.add(false, &IMDS, 32);
+        filter.add(true, &IMDS6, 128);
+        let dgram = udp(80, b"x");
+        if v6 {
+            let mut d = dst;
+            if near { d[..15].copy_from_slice(&IMDS6[..15]); }
+            let mut h = ipv6(d, &[], next, &dgram);
+            h[0] = b0;
+            if passes_fast_v6(&filter, h[0], h[6], h[24], h[39]) {
+                let p = parse_ipv6(&h[..], 0);
+                prop_assert_eq!(packet_subject(&t, Some(0), &p), None);
+            }
+        } else {
+            let mut d = [dst[0], dst[1], dst[2], dst[3]];
+            if near { d[..3].copy_from_slice(&IMDS[..3]); }
+            let mut h = ipv4(d, PROTO_TCP, 0, 0, &tcp(80, 2, b""));
+            h[0] = b0;
+            if passes_fast_v4(&filter, h[0], h[16], h[19]) {
+                let p = parse_ipv4(&h[..], 0);
+                prop_assert_eq!(packet_subject(&t, Some(0), &p), None);
+            }
+        }
+    }
+}
+
 /// The AWS-like policy the property below judges against: TCP 80 on the IPv4 address, any
 /// protocol on port 80 of the IPv6 one; port 53 stays open.
 fn tables() -> HostTables {
@@ -285,7 +426,7 @@ proptest! {
                         prop_assert_eq!(p.dst.port, s.port);
                     }
                 }
-                let hit = packet_endpoint(&t, 0, &p).is_some();
+                let hit = packet_subject(&t, Some(0), &p).is_some();
                 if truth_protected {
                     prop_assert!(hit, "protected frame judged unprotected: {:?}", p);
                 }

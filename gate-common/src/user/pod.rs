@@ -2,7 +2,7 @@
 //! become structs in exactly one way ([`read_pod`]).
 use crate::abi::{
     AccessKey, AccessStats, AllowKey, DenyEvent, EndpointCounters, EndpointName, EpNameKey,
-    GateInfo, PolicyMeta, PortRuleKey, PrefixV4, PrefixV6, PrefixValue, TcClsact,
+    GateInfo, PolicyMeta, PortRuleKey, Prefilter, PrefixV4, PrefixV6, PrefixValue, TcClsact,
 };
 
 // SAFETY: all are #[repr(C)], Copy, with explicit padding and no invalid bit patterns.
@@ -33,6 +33,8 @@ unsafe impl aya::Pod for TcClsact {}
 unsafe impl aya::Pod for AccessKey {}
 // SAFETY: as above.
 unsafe impl aya::Pod for AccessStats {}
+// SAFETY: as above.
+unsafe impl aya::Pod for Prefilter {}
 
 /// A plain-data value copied out of the front of `bytes`; `None` if `bytes` is too short.
 /// Alignment does not matter (the copy is unaligned).

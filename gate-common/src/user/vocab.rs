@@ -61,8 +61,6 @@ named_enum! {
     pub enum Hook: u32 {
         Connect4 = (abi::HOOK_CONNECT4, "connect4"),
         Connect6 = (abi::HOOK_CONNECT6, "connect6"),
-        Sendmsg4 = (abi::HOOK_SENDMSG4, "sendmsg4"),
-        Sendmsg6 = (abi::HOOK_SENDMSG6, "sendmsg6"),
         Egress4 = (abi::HOOK_EGRESS4, "egress4"),
         Egress6 = (abi::HOOK_EGRESS6, "egress6"),
         Tc4 = (abi::HOOK_TC4, "tc4"),
@@ -110,14 +108,12 @@ named_enum! {
     pub enum Program: u8 {
         Connect4 = (0, "gate_connect4"),
         Connect6 = (1, "gate_connect6"),
-        Sendmsg4 = (2, "gate_sendmsg4"),
-        Sendmsg6 = (3, "gate_sendmsg6"),
         /// cgroup_skb egress with pid/comm in events.
-        Egress = (4, "gate_egress"),
+        Egress = (2, "gate_egress"),
         /// The same without the current-task helpers, for kernels that refuse them.
-        EgressNotask = (5, "gate_egress_notask"),
-        Tc = (6, "gate_tc"),
-        Setsockopt = (7, "gate_setsockopt"),
+        EgressNotask = (3, "gate_egress_notask"),
+        Tc = (4, "gate_tc"),
+        Setsockopt = (5, "gate_setsockopt"),
     }
 }
 
@@ -168,8 +164,6 @@ impl Program {
         match self {
             Program::Connect4 => AttachPoint::Connect4,
             Program::Connect6 => AttachPoint::Connect6,
-            Program::Sendmsg4 => AttachPoint::Sendmsg4,
-            Program::Sendmsg6 => AttachPoint::Sendmsg6,
             Program::Egress | Program::EgressNotask => AttachPoint::Egress,
             Program::Tc => AttachPoint::Tc,
             Program::Setsockopt => AttachPoint::Setsockopt,
@@ -183,20 +177,18 @@ impl Program {
 pub enum AttachPoint {
     Connect4,
     Connect6,
-    Sendmsg4,
-    Sendmsg6,
     Egress,
     Setsockopt,
     Tc,
 }
 
 impl AttachPoint {
-    /// The attach points on the gated cgroup, in attach order.
-    pub const CGROUP: [AttachPoint; 6] = [
+    /// The attach points on the gated cgroup, in attach order. (No sendmsg4/6: an
+    /// unconnected UDP datagram is judged once, on egress, which fails its `sendto()` with
+    /// EPERM just the same.)
+    pub const CGROUP: [AttachPoint; 4] = [
         AttachPoint::Connect4,
         AttachPoint::Connect6,
-        AttachPoint::Sendmsg4,
-        AttachPoint::Sendmsg6,
         AttachPoint::Egress,
         AttachPoint::Setsockopt,
     ];
@@ -207,8 +199,6 @@ impl AttachPoint {
         match self {
             AttachPoint::Connect4 => "connect4",
             AttachPoint::Connect6 => "connect6",
-            AttachPoint::Sendmsg4 => "sendmsg4",
-            AttachPoint::Sendmsg6 => "sendmsg6",
             AttachPoint::Egress => "egress",
             AttachPoint::Setsockopt => "setsockopt",
             AttachPoint::Tc => "tc",
@@ -220,8 +210,6 @@ impl AttachPoint {
         match self {
             AttachPoint::Connect4 => Program::Connect4,
             AttachPoint::Connect6 => Program::Connect6,
-            AttachPoint::Sendmsg4 => Program::Sendmsg4,
-            AttachPoint::Sendmsg6 => Program::Sendmsg6,
             AttachPoint::Egress => Program::Egress,
             AttachPoint::Setsockopt => Program::Setsockopt,
             AttachPoint::Tc => Program::Tc,

@@ -13,6 +13,9 @@
 //! * `xdp-umem-reg`: open an AF_XDP socket and register a UMEM (`setsockopt XDP_UMEM_REG`);
 //!   `stage` names the call that failed.
 //! * `tap IFACE FRAMES`: attach a queue to the multi-queue tap IFACE and write the frames.
+//! * `udp-lsrr VIA ADDR PORT TOKEN`: send the token with `sendto(ADDR:PORT)` on a UDP socket
+//!   whose IP_OPTIONS hold a loose source route through VIA: the datagram is addressed to
+//!   VIA and names ADDR in its route (IPv4).
 //! * `hold-frame-bypass IFACE SLL_PROTO`: set PACKET_QDISC_BYPASS up now, print
 //!   `{"stage":"connected"}`, then send the frames of the next stdin line.
 //!
@@ -111,6 +114,23 @@ fn raw_syn(dst: &SocketAddr, token: &str) -> Outcome {
         Ok(()) => Outcome { ok: true, errno: None, stage: "send", reply: None },
         Err(e) => fail("send", &e),
     }
+}
+
+/// `udp-lsrr`: a UDP datagram to `dst` with a loose source route through `via` (IP_OPTIONS:
+/// the kernel addresses it to `via` and puts `dst` in the route; a host that accepts source
+/// routes and owns `via` hands it on to `dst`).
+fn udp_lsrr(via: Ipv4Addr, dst: SocketAddr, token: &str) -> Outcome {
+    let s = match udp_socket(&dst) {
+        Ok(s) => s,
+        Err(e) => return fail("socket", &e),
+    };
+    // LSRR (131), length 7, pointer 4, the first hop; then end of options.
+    let v = via.octets();
+    let opts: [u8; 8] = [131, 7, 4, v[0], v[1], v[2], v[3], 0];
+    if let Err(e) = setsockopt(&s, libc::IPPROTO_IP, libc::IP_OPTIONS, &opts) {
+        return fail("setsockopt", &e);
+    }
+    udp_exchange(&s, Some(dst), token)
 }
 
 /// Make every datagram of an IPv6 socket carry a hop-by-hop options header (one PadN option),
@@ -485,6 +505,14 @@ fn run_bytes(rest: &[String]) -> Option<Outcome> {
             Some(f) => tap_write(iface, &f),
             None => usage,
         },
+        [cmd, via, addr, port, token] if cmd == "udp-lsrr" => {
+            match (via.parse::<Ipv4Addr>(), addr.parse::<Ipv4Addr>(), port.parse::<u16>()) {
+                (Ok(via), Ok(addr), Ok(port)) => {
+                    udp_lsrr(via, SocketAddr::new(addr.into(), port), token)
+                }
+                _ => usage,
+            }
+        }
         _ => return None,
     })
 }

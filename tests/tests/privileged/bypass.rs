@@ -730,7 +730,7 @@ fn host_network_frame_looped_through_lo_and_forwarded_is_refused() {
 }
 
 /// Case 12: a gated host-network pod with CAP_NET_ADMIN (in its own namespace, the node's)
-/// sends UDP to a decoy, which the socket hooks let through, and an nftables output rule
+/// sends UDP to a decoy, which no socket hook judges, and an nftables output rule
 /// rewrites it to the metadata address and duplicates it (`dup to`). The egress hook drops
 /// the original, but the duplicate is a copy without a socket, made on this node (no
 /// ingress interface). The node-level program passes such local socketless packets only

@@ -49,6 +49,75 @@ fn udp_sendto_and_connected_udp_refused() {
     env.assert_served("gated/cloud-agent", "udp-connected", IMDS_V4, "80");
 }
 
+/// A datagram is judged once, on egress, and its refusal is the sendto()'s EPERM; the
+/// denial is one event, with the sender's pid and comm where the kernel gives the egress
+/// program the current task.
+#[test]
+fn udp_denial_is_one_event_from_egress() {
+    privileged!(udp_denial_is_one_event_from_egress);
+    let env = Env::with_agent("enforce");
+    env.assert_refused("gated/pod-a", "udp", IMDS_V4, "80", "send");
+    let line = env
+        .agent()
+        .wait_log(|v| v["verdict"] == "denied", Duration::from_secs(5))
+        .expect("denial log line");
+    assert_eq!(line["hook"], "egress4", "{line}");
+    assert_eq!((line["proto"].as_str(), line["port"].as_u64()), (Some("UDP"), Some(80)), "{line}");
+    assert_eq!(line["endpoint"], "ec2-imds-udp-test", "{line}");
+    let (_, st) = env.agent().status().expect("status");
+    let task = st["attachments"]
+        .as_array()
+        .and_then(|a| a.iter().find(|x| x["hook"] == "egress"))
+        .is_some_and(|x| x["program"] == "gate_egress");
+    if task {
+        assert!(line["pid"].as_u64().is_some_and(|p| p > 0), "{line}");
+        assert_eq!(line["comm"], "probe", "{line}");
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let denials =
+        env.agent().logs().iter().filter(|l| l.contains("\"verdict\":\"denied\"")).count();
+    assert_eq!(denials, 1, "one refused datagram, one event");
+}
+
+/// A source-routed datagram names its real destination in its options, not its header: the
+/// receiving host hands it on (here the metadata service's own host, with source routes
+/// accepted). Without a gate the path is real; with one, the datagram is refused with EPERM
+/// whatever its header's destination, and the allow-listed cgroup is still served.
+#[test]
+fn source_routed_udp_refused() {
+    privileged!(source_routed_udp_refused);
+    let mut env = Env::new("enforce");
+    integration_tests::net::sysctl(
+        &env.net.imds,
+        &["net.ipv4.conf.all.accept_source_route=1", "net.ipv4.conf.vimds.accept_source_route=1"],
+    )
+    .expect("accept source routes in the imds netns");
+    let lsrr = |env: &Env, cgroup: &str, t: &str| {
+        env.probe(cgroup, &["udp-lsrr", DNS_V4, IMDS_V4, "80", t])
+    };
+    let t = token("lsrr");
+    let o = lsrr(&env, "gated/pod-a", &t);
+    assert!(o.ok, "without a gate: {o:?}");
+    assert!(env.imds.wait_for(&t, Duration::from_secs(2)), "the path is not real: {o:?}");
+    env.start_agent();
+    let t = token("lsrr");
+    let o = lsrr(&env, "gated/pod-a", &t);
+    assert_eq!((o.ok, o.errno, o.stage.as_str()), (false, Some(EPERM), "send"), "{o:?}");
+    assert!(!env.imds.wait_for(&t, Duration::from_millis(300)), "token {t} reached the IMDS");
+    let line = env
+        .agent()
+        .wait_log(|v| v["verdict"] == "denied", Duration::from_secs(5))
+        .expect("denial log line");
+    assert_eq!(
+        (line["hook"].as_str(), line["endpoint"].as_str()),
+        (Some("egress4"), Some("(source-routed)")),
+        "{line}"
+    );
+    let t = token("lsrr");
+    let o = lsrr(&env, "gated/cloud-agent", &t);
+    assert!(o.ok && env.imds.wait_for(&t, Duration::from_secs(2)), "allowed: {o:?}");
+}
+
 #[test]
 fn ipv4_mapped_ipv6_refused() {
     privileged!(ipv4_mapped_ipv6_refused);

@@ -85,11 +85,13 @@ fn a_torn_down_gate_is_repaired_within_a_tick() {
     env.assert_served("gated/cloud-agent", "tcp", IMDS_V4, "80");
     let s = status(&env);
     assert_eq!(s["installed"], true, "{s}");
+    // connect4/6, egress, setsockopt, and the node-level program on lo and the uplink.
     assert!(s["attachments"].as_array().is_some_and(|a| a.len() >= 6), "{s}");
     let (code, _) = env.agent().http_get("/readyz").expect("readyz");
     assert_eq!(code, 200);
     let (_, body) = env.agent().http_get("/metrics").expect("metrics");
-    assert!(metric(&body, "metadata_gate_repairs_total{what=\"link\"}") >= Some(6.0), "{body}");
+    // Every cgroup link: connect4/6, egress, setsockopt.
+    assert!(metric(&body, "metadata_gate_repairs_total{what=\"link\"}") >= Some(4.0), "{body}");
 }
 
 /// Remove the gated root and its children, then make the same tree again: new cgroup ids.
@@ -135,7 +137,14 @@ fn a_policy_that_cannot_be_written_is_retried_and_never_taken_for_applied() {
     let other = integration_tests::net::DNS_V4;
     env.assert_served("gated/pod-a", "tcp", other, "80");
     let hash_before = status(&env)["policy"]["hash"].clone();
-    let junk = JunkV4::fill(&env.agent().pin_dir.join("v3/maps/PREFIX_V4")).expect("fill");
+    // The pinned gate of this build's ABI: the one `v<N>` dir under the pin dir.
+    let versioned = std::fs::read_dir(&env.agent().pin_dir)
+        .expect("pin dir")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('v')))
+        .expect("a v<ABI> dir");
+    let junk = JunkV4::fill(&versioned.join("maps/PREFIX_V4")).expect("fill");
     assert!(junk.len() > 1000, "filled {}", junk.len());
     let with_other = policy("enforce")
         .replace("allow:", &format!("  - {{name: other, cidr: {other}/32, ports: [80]}}\nallow:"));

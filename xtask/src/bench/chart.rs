@@ -1,4 +1,5 @@
-//! chart.png: rates of each variant relative to no gate (1.0 = free), grouped by scenario.
+//! chart.png: rates of each variant relative to no gate (1.0 = free), grouped by scenario:
+//! the median ratio as a bar, its 95 % interval as a whisker.
 use std::path::Path;
 
 use anyhow::{Context as _, Result, anyhow};
@@ -31,16 +32,23 @@ pub(super) fn draw(rep: &Report, path: &Path) -> Result<()> {
         ("UDP sendto() rate", "udp_rate_ratio_"),
         ("bulk TCP throughput", "bulk_ratio_"),
     ];
-    let mut bars = Vec::new(); // (x0, x1, value, color index)
+    // The interval of a key: (lo, hi), the median where a report has none.
+    let interval = |key: &str, v: f64| {
+        let lo = rep.get(&format!("{key}_lo")).unwrap_or(v);
+        let hi = rep.get(&format!("{key}_hi")).unwrap_or(v);
+        (lo, hi)
+    };
+    let mut bars = Vec::new(); // (x0, x1, value, color index, (lo, hi))
     for (g, (_, prefix)) in groups.iter().enumerate() {
         for (k, (key, _, _)) in VARIANTS.iter().enumerate() {
-            if let Some(v) = rep.get(&format!("{prefix}{key}")) {
+            let key = format!("{prefix}{key}");
+            if let Some(v) = rep.get(&key) {
                 let x0 = g as f64 + 0.12 + k as f64 * 0.26;
-                bars.push((x0, x0 + 0.22, v, k));
+                bars.push((x0, x0 + 0.22, v, k, interval(&key, v)));
             }
         }
     }
-    let scale: Vec<(String, f64)> = [
+    let scale: Vec<(String, f64, (f64, f64))> = [
         ("1", "1"),
         ("100", "100"),
         ("10k", "10k"),
@@ -50,10 +58,14 @@ pub(super) fn draw(rep: &Report, path: &Path) -> Result<()> {
     ]
     .iter()
     .filter_map(|(k, l)| {
-        rep.get(&format!("connect_rate_ratio_gate_{k}")).map(|v| (l.to_string(), v))
+        let key = format!("connect_rate_ratio_gate_{k}");
+        rep.get(&key).map(|v| (l.to_string(), v, interval(&key, v)))
     })
     .collect();
-    let all = bars.iter().map(|b| b.2).chain(scale.iter().map(|s| s.1));
+    let all = bars
+        .iter()
+        .flat_map(|b| [b.2, b.4.0, b.4.1])
+        .chain(scale.iter().flat_map(|s| [s.1, s.2.0, s.2.1]));
     let lo = all.clone().fold(0.9f64, f64::min) - 0.05;
     let hi = all.fold(1.02f64, f64::max) + 0.08;
 
@@ -82,9 +94,11 @@ pub(super) fn draw(rep: &Report, path: &Path) -> Result<()> {
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
     }
     for b in &bars {
+        let mid = (b.0 + b.1) / 2.0;
+        chart.draw_series(whisker(mid, 0.05, b.4))?;
         chart.draw_series(std::iter::once(Text::new(
             format!("{:.3}", b.2),
-            (b.0, b.2 + (hi - lo) * 0.03),
+            (b.0, b.4.1.max(b.2) + (hi - lo) * 0.03),
             ("sans-serif", 12),
         )))?;
     }
@@ -113,13 +127,14 @@ pub(super) fn draw(rep: &Report, path: &Path) -> Result<()> {
         vec![(0.0, 1.0), (scale.len() as f64, 1.0)],
         BLACK,
     )))?;
-    sc.draw_series(scale.iter().enumerate().map(|(i, (_, v))| {
+    sc.draw_series(scale.iter().enumerate().map(|(i, (_, v, _))| {
         Rectangle::new([(i as f64 + 0.15, lo), (i as f64 + 0.85, *v)], VARIANTS[0].2.filled())
     }))?;
-    for (i, (l, v)) in scale.iter().enumerate() {
+    for (i, (l, v, iv)) in scale.iter().enumerate() {
+        sc.draw_series(whisker(i as f64 + 0.5, 0.1, *iv))?;
         sc.draw_series(std::iter::once(Text::new(
             format!("{v:.3}"),
-            (i as f64 + 0.2, v + (hi - lo) * 0.03),
+            (i as f64 + 0.2, iv.1.max(*v) + (hi - lo) * 0.03),
             ("sans-serif", 12),
         )))?;
         sc.draw_series(std::iter::once(Text::new(
@@ -130,4 +145,13 @@ pub(super) fn draw(rep: &Report, path: &Path) -> Result<()> {
     }
     root.present()?;
     Ok(())
+}
+
+/// An interval's whisker at `x`: a vertical line from `lo` to `hi` with caps `cap` wide.
+fn whisker(x: f64, cap: f64, (lo, hi): (f64, f64)) -> Vec<PathElement<(f64, f64)>> {
+    vec![
+        PathElement::new(vec![(x, lo), (x, hi)], BLACK),
+        PathElement::new(vec![(x - cap / 2.0, lo), (x + cap / 2.0, lo)], BLACK),
+        PathElement::new(vec![(x - cap / 2.0, hi), (x + cap / 2.0, hi)], BLACK),
+    ]
 }

@@ -68,8 +68,14 @@ pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
         } else {
             format!("p50 {p50:.1} µs, p99 {p99:.1} µs ({how})")
         };
-        let target = if v == Variant::Gate { "p99 < 50 µs" } else { "" };
-        rep.row("4. refused connect() returns", v.label(), value, None, target);
+        let target = if v == Variant::Gate {
+            let met = if p99 < 50.0 { "met" } else { "missed" };
+            rep.verdict("deny_p99_under_50us", met);
+            format!("p99 < 50 µs: {met}")
+        } else {
+            String::new()
+        };
+        rep.row("4. refused connect() returns", v.label(), value, None, "", &target);
     }
     Ok(())
 }

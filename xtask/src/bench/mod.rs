@@ -1,13 +1,16 @@
 //! `cargo xtask bench`: what the gate costs against no gate, nftables and iptables, measured
-//! in one run in throwaway namespaces and cgroups, variants interleaved round by round.
-//! Writes target/bench/{report.json,report.md,chart.png}.
+//! in one run in throwaway namespaces and cgroups, variants interleaved round by round, each
+//! ratio with its 95 % interval and every comparison decided only as far as the interval
+//! allows ([`stats`]). Writes target/bench/{report.json,report.md,chart.png}.
 mod apply;
 mod chart;
 mod deny;
+mod nsrun;
 mod policy;
 mod rates;
 mod report;
 mod scale;
+mod stats;
 mod variants;
 mod world;
 
@@ -27,7 +30,8 @@ pub(crate) struct Cfg {
     pub quick: bool,
     /// Seconds per rate measurement.
     pub secs: f64,
-    /// Interleaved rounds (A B A B …); results are medians over rounds.
+    /// Interleaved rounds (A B C D, B C D A, …); results are medians over rounds, with an
+    /// interval that reaches 95 % from 6 rounds on.
     pub rounds: usize,
     /// Refused connect() calls per variant and round.
     pub deny_n: usize,
@@ -46,7 +50,21 @@ impl Cfg {
     }
 }
 
-pub(crate) fn run_bench(quick: bool) -> Result<()> {
+/// What the command line asks of a run.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Options {
+    pub quick: bool,
+    /// Override the rounds.
+    pub rounds: Option<usize>,
+    /// Override the seconds per rate measurement.
+    pub secs: Option<f64>,
+    /// Run only these scenarios (`rates`, `deny`, `scale`, `apply`, `stats`); the report is
+    /// then not checked for completeness.
+    pub only: Option<Vec<String>>,
+}
+
+pub(crate) fn run_bench(opts: Options) -> Result<()> {
+    let quick = opts.quick;
     if let Some(why) = missing_privileges() {
         bail!("the benchmark {why}: run it as root (sudo -E cargo xtask bench)");
     }
@@ -57,22 +75,22 @@ pub(crate) fn run_bench(quick: bool) -> Result<()> {
     }
     let bins = crate::bins::build(true)?;
     sweep_stale();
-    let cfg = if quick {
+    let mut cfg = if quick {
         Cfg {
             quick,
-            secs: 0.5,
+            secs: 0.3,
             rounds: 2,
             deny_n: 200,
-            drop_n: 2,
-            drop_timeout_ms: 500,
-            changes: 5,
+            drop_n: 1,
+            drop_timeout_ms: 300,
+            changes: 3,
             bins,
         }
     } else {
         Cfg {
             quick,
-            secs: 3.0,
-            rounds: 5,
+            secs: 2.0,
+            rounds: 10,
             deny_n: 2000,
             drop_n: 3,
             drop_timeout_ms: 1000,
@@ -80,28 +98,81 @@ pub(crate) fn run_bench(quick: bool) -> Result<()> {
             bins,
         }
     };
+    cfg.rounds = opts.rounds.unwrap_or(cfg.rounds).max(1);
+    cfg.secs = opts.secs.unwrap_or(cfg.secs).max(0.1);
     let started = Instant::now();
     let mut rep = Report::new(&cfg);
     type Scenario = fn(&Cfg, &mut Report) -> Result<()>;
-    let scenarios: [(&str, Scenario); 4] = [
-        ("1-3, 7: connect, UDP and bulk rates; agent memory and CPU", rates::run),
-        ("4: refused connect() latency", deny::run),
-        ("5: scale", scale::run),
-        ("6: policy change and new cgroup to enforcement", apply::run),
+    let scenarios: [(&str, &str, Scenario); 5] = [
+        ("rates", "1-3, 7: connect, UDP and bulk rates; agent memory and CPU", rates::run),
+        ("deny", "4: refused connect() latency", deny::run),
+        ("scale", "5: scale", scale::run),
+        ("apply", "6: policy change and new cgroup to enforcement", apply::run),
+        ("stats", "8: ns per program run (BPF statistics on)", nsrun::run),
     ];
-    for (name, f) in scenarios {
+    if let Some(only) = &opts.only
+        && let Some(bad) = only.iter().find(|o| !scenarios.iter().any(|s| s.0 == o.as_str()))
+    {
+        bail!("no scenario {bad:?}; there are rates, deny, scale, apply, stats");
+    }
+    let wanted = |key: &str| opts.only.as_ref().is_none_or(|o| o.iter().any(|x| x == key));
+    for (_, name, f) in scenarios.into_iter().filter(|s| wanted(s.0)) {
         eprintln!("\x1b[1m== scenario {name}\x1b[0m");
         let t = Instant::now();
         f(&cfg, &mut rep)?;
         eprintln!("   ({:.0} s)", t.elapsed().as_secs_f64());
     }
     rep.set_num("duration_s", started.elapsed().as_secs_f64());
+    rep.finish();
     let out = target_dir().join("bench");
     rep.write(&out)?;
     chart::draw(&rep, &out.join("chart.png"))?;
     println!("{}", rep.markdown());
     println!("wrote {}/{{report.json,report.md,chart.png}}", out.display());
-    leftovers()
+    leftovers()?;
+    if opts.only.is_some() { Ok(()) } else { complete(&rep, &out) }
+}
+
+/// The report has everything a run must produce, whatever the numbers: a ratio for every
+/// variant of every rate scenario and scale size, a verdict for every comparison, the
+/// statistics pass, and the files. (The smoke run in `cargo xtask test` asserts this; no
+/// speed is ever asserted.)
+fn complete(rep: &Report, out: &std::path::Path) -> Result<()> {
+    let mut missing = Vec::new();
+    for s in &rates::SCENARIOS {
+        for v in rates::VARIANTS.iter().filter(|v| **v != variants::Variant::None) {
+            missing.push(format!("{}_{}", s.key, v.key()));
+        }
+        for other in ["nft", "ipt"] {
+            missing.push(format!("{}_gate_minus_{other}", s.key));
+        }
+        missing.push(format!("ns_per_run_{}_egress", s.name));
+        missing.push(format!("ns_per_run_{}_tc", s.name));
+    }
+    for k in ["1", "100", "10k", "cg1", "cg100", "cg1000"] {
+        missing.push(format!("connect_rate_ratio_gate_{k}"));
+    }
+    missing.push("ns_per_run_connect_connect4".into());
+    for p in ["egress", "tc", "empty_program"] {
+        missing.push(format!("ns_per_test_run_{p}"));
+    }
+    missing.retain(|k| rep.get(k).is_none_or(|v| !v.is_finite()));
+    for v in
+        ["connect_gate_vs_nft", "udp_gate_vs_nft", "bulk_gate_vs_nft", "bulk_gate_at_least_0.99"]
+    {
+        if !rep.verdicts().contains_key(v) {
+            missing.push(format!("verdict {v}"));
+        }
+    }
+    for f in ["report.json", "report.md", "chart.png"] {
+        if !out.join(f).is_file() {
+            missing.push(f.into());
+        }
+    }
+    if !missing.is_empty() {
+        bail!("the report lacks {missing:?}");
+    }
+    Ok(())
 }
 
 /// Redraw target/bench/chart.png from target/bench/report.json.

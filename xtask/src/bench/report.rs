@@ -4,19 +4,24 @@ use std::{fs, path::Path};
 use anyhow::{Context as _, Result};
 use serde_json::{Map, Value, json};
 
-use super::Cfg;
+use super::{Cfg, stats::Interval};
 
 pub(super) struct Row {
     pub scenario: String,
     pub variant: String,
     pub value: String,
-    pub ratio: Option<f64>,
+    /// The ratio to no gate: median and interval over the rounds.
+    pub ratio: Option<Interval>,
+    /// How it compares with nftables (and iptables), from the paired differences.
+    pub versus: String,
+    /// The target and whether the interval says it is met.
     pub target: String,
 }
 
 pub(crate) struct Report {
     keys: Map<String, Value>,
     details: Map<String, Value>,
+    verdicts: Map<String, Value>,
     rows: Vec<Row>,
     machine: Value,
 }
@@ -41,7 +46,9 @@ pub(super) fn machine() -> Value {
             m.lines().next().and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
         })
         .unwrap_or(0);
+    let load = fs::read_to_string("/proc/loadavg").unwrap_or_default();
     json!({
+        "load": load.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         "cpu_model": model,
         "mem_gib": (mem_kb as f64 / 1048576.0 * 10.0).round() / 10.0,
@@ -53,8 +60,13 @@ pub(super) fn machine() -> Value {
 
 impl Report {
     pub(crate) fn new(cfg: &Cfg) -> Report {
-        let mut r =
-            Report { keys: Map::new(), details: Map::new(), rows: vec![], machine: machine() };
+        let mut r = Report {
+            keys: Map::new(),
+            details: Map::new(),
+            verdicts: Map::new(),
+            rows: vec![],
+            machine: machine(),
+        };
         r.detail(
             "config",
             json!({"quick": cfg.quick, "secs": cfg.secs, "rounds": cfg.rounds,
@@ -64,6 +76,13 @@ impl Report {
         r
     }
 
+    /// The machine's load average when the report ends (the start's is in `machine`).
+    pub(crate) fn finish(&mut self) {
+        let load = fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        let end = load.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
+        self.machine["load_end"] = json!(end);
+    }
+
     /// The numeric keys of a written report.json (to redraw its chart).
     pub(crate) fn load(path: &Path) -> Result<Report> {
         let text = fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
@@ -71,7 +90,29 @@ impl Report {
             serde_json::from_str(&text).with_context(|| format!("parse {}", path.display()))?;
         let mut keys = v.as_object().cloned().unwrap_or_default();
         keys.retain(|_, v| v.is_number() || v.is_null());
-        Ok(Report { keys, details: Map::new(), rows: vec![], machine: v["machine"].clone() })
+        Ok(Report {
+            keys,
+            details: Map::new(),
+            verdicts: Map::new(),
+            rows: vec![],
+            machine: v["machine"].clone(),
+        })
+    }
+
+    /// A ratio's median under `key`, its interval's ends under `key_lo` and `key_hi`.
+    pub(crate) fn set_interval(&mut self, key: &str, iv: &Interval) {
+        self.set_num(key, iv.median);
+        self.set_num(&format!("{key}_lo"), iv.lo);
+        self.set_num(&format!("{key}_hi"), iv.hi);
+    }
+
+    /// A verdict (`ahead`, `level`, `met`, …) under `verdicts` in report.json.
+    pub(crate) fn verdict(&mut self, key: &str, verdict: &str) {
+        self.verdicts.insert(key.into(), json!(verdict));
+    }
+
+    pub(crate) fn verdicts(&self) -> &Map<String, Value> {
+        &self.verdicts
     }
 
     /// A top-level numeric key; NaN or infinite becomes null.
@@ -93,7 +134,8 @@ impl Report {
         scenario: &str,
         variant: &str,
         value: String,
-        ratio: Option<f64>,
+        ratio: Option<Interval>,
+        versus: &str,
         target: &str,
     ) {
         self.rows.push(Row {
@@ -101,6 +143,7 @@ impl Report {
             variant: variant.into(),
             value,
             ratio,
+            versus: versus.into(),
             target: target.into(),
         });
     }
@@ -109,6 +152,7 @@ impl Report {
         fs::create_dir_all(dir).with_context(|| format!("mkdir {}", dir.display()))?;
         let mut all = self.keys.clone();
         all.insert("machine".into(), self.machine.clone());
+        all.insert("verdicts".into(), Value::Object(self.verdicts.clone()));
         all.insert("details".into(), Value::Object(self.details.clone()));
         fs::write(dir.join("report.json"), serde_json::to_string_pretty(&all)? + "\n")?;
         fs::write(dir.join("report.md"), self.markdown())?;
@@ -118,28 +162,43 @@ impl Report {
     pub(crate) fn machine_line(&self) -> String {
         let m = &self.machine;
         format!(
-            "{} × {} ({} GiB), Linux {}, {}, {}",
+            "{} × {} ({} GiB), Linux {}, {}, {}; load average {} at the start, {} at the end",
             m["cpus"],
             m["cpu_model"].as_str().unwrap_or("?"),
             m["mem_gib"],
             m["kernel"].as_str().unwrap_or("?"),
             m["nft"].as_str().unwrap_or("?"),
-            m["iptables"].as_str().unwrap_or("?")
+            m["iptables"].as_str().unwrap_or("?"),
+            m["load"].as_str().unwrap_or("?"),
+            m["load_end"].as_str().unwrap_or("?"),
         )
     }
 
     pub(crate) fn markdown(&self) -> String {
         let mut s = format!("Machine: {}\n\n", self.machine_line());
         s.push_str(
-            "| scenario | variant | result | ratio to no gate | target |\n|---|---|---|---|---|\n",
+            "| scenario | variant | result | ratio to no gate: median [95 % interval] | compared with nftables (gate − nft, per round) | target |\n|---|---|---|---|---|---|\n",
         );
         for r in &self.rows {
-            let ratio = r.ratio.filter(|x| x.is_finite()).map_or("".into(), |x| format!("{x:.3}"));
+            let ratio = r.ratio.filter(|x| x.median.is_finite()).map_or(String::new(), |iv| {
+                let cov = if iv.confident() {
+                    String::new()
+                } else {
+                    format!(" ({:.0} %, n = {})", iv.coverage * 100.0, iv.n)
+                };
+                format!("{}{cov}", iv.text())
+            });
             s.push_str(&format!(
-                "| {} | {} | {} | {} | {} |\n",
-                r.scenario, r.variant, r.value, ratio, r.target
+                "| {} | {} | {} | {} | {} | {} |\n",
+                r.scenario, r.variant, r.value, ratio, r.versus, r.target
             ));
         }
+        s.push_str("\nVerdicts (report.json `verdicts`):\n\n```json\n");
+        s.push_str(
+            &serde_json::to_string_pretty(&Value::Object(self.verdicts.clone()))
+                .unwrap_or_default(),
+        );
+        s.push_str("\n```\n");
         s.push_str("\nKeys (report.json):\n\n```json\n");
         s.push_str(
             &serde_json::to_string_pretty(&Value::Object(self.keys.clone())).unwrap_or_default(),

@@ -105,6 +105,36 @@ fn ipt_rules(world: &World, dst: &str) -> Result<String> {
     ))
 }
 
+/// What the gate variant must have attached to be the shipped default configuration: the
+/// cgroup hooks on the gated root and the node-level program on the egress of the uplink
+/// (the veth toward the metadata service) and of loopback.
+pub(super) const SHIPPED_HOOKS: [&str; 6] =
+    ["connect4", "connect6", "egress", "setsockopt", "tc-egress-lo", "tc-egress-vnode"];
+
+/// The gate as shipped: `gate-agent run --policy --cgroup-root` with every other flag at its
+/// default (node-level enforcement on), checked by what it attached; the hooks it attached.
+pub(super) fn shipped_gate(
+    world: &World,
+    policy: &Path,
+    bins: &Bins,
+) -> Result<(Agent, Vec<String>)> {
+    let agent = Agent::start_shipped(bins, &world.net.node_path(), policy, &world.cg.gated())
+        .context("starting gate-agent")?;
+    // The pinned links (`<pin dir>/v<ABI>/links/<hook>`), as `status` lists them; read here
+    // directly, since `status` also reads every endpoint (slow with 10 000 of them).
+    let mut hooks = Vec::new();
+    for version in std::fs::read_dir(&agent.pin_dir)?.flatten() {
+        if let Ok(links) = std::fs::read_dir(version.path().join("links")) {
+            hooks.extend(links.flatten().map(|l| l.file_name().to_string_lossy().into_owned()));
+        }
+    }
+    hooks.sort();
+    if hooks != SHIPPED_HOOKS {
+        bail!("the gate is not attached as shipped: {hooks:?}, expected {SHIPPED_HOOKS:?}");
+    }
+    Ok((agent, hooks))
+}
+
 /// Put `v` in force in `world` (`policy` is the gate's policy file) and check that it
 /// enforces the policy: the workload is refused, the allow-listed cgroup served.
 /// `bins` is the build under test (gate-agent, and bench-probe for the check).
@@ -112,10 +142,7 @@ pub(super) fn apply(v: Variant, world: &World, policy: &Path, bins: &Bins) -> Re
     let netns = world.net.node_path();
     let active = match v {
         Variant::None => Active::None,
-        Variant::Gate => Active::Gate(Box::new(
-            Agent::start(bins, &world.net.node_path(), policy, &world.cg.gated())
-                .context("starting gate-agent")?,
-        )),
+        Variant::Gate => Active::Gate(Box::new(shipped_gate(world, policy, bins)?.0)),
         Variant::Nft | Variant::NftDrop => {
             let verdict = if v == Variant::Nft { "reject with tcp reset" } else { "drop" };
             let active = Active::Rules { netns: netns.clone(), tables: &["inet mg_bench"] };
@@ -137,7 +164,7 @@ pub(super) fn apply(v: Variant, world: &World, policy: &Path, bins: &Bins) -> Re
 }
 
 /// One connect() to the protected endpoint from the workload and from the allowed cgroup.
-fn verify(v: Variant, world: &World, bins: &Bins) -> Result<()> {
+pub(super) fn verify(v: Variant, world: &World, bins: &Bins) -> Result<()> {
     let port = IMDS_PORT.to_string();
     let timeout = if v == Variant::NftDrop { "300" } else { "2000" };
     let try_from = |cg: &Path| -> Result<bool> {

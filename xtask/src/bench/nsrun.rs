@@ -1,0 +1,247 @@
+//! Scenario 8: what each program costs per run, by the kernel's own BPF statistics, in a
+//! pass of its own: statistics on cost two clock reads per run, so the rates of scenarios
+//! 1–3 are measured with them off. The gate as shipped runs each rate workload for the
+//! measurement time; per program, the run count and run time it added (`gate-agent status`
+//! reads both from the program's info) give the nanoseconds per run.
+//!
+//! Statistics are switched on with BPF_ENABLE_STATS, which holds them on for as long as its
+//! file descriptor is open: they go back off when this pass ends, fails, panics or is
+//! killed, and the `kernel.bpf_stats_enabled` sysctl is left as it was. (On a kernel
+//! without that command, the sysctl is set and put back on drop.)
+//!
+//! The fast path alone, without the statistics' clock reads: BPF_PROG_TEST_RUN runs the
+//! attached egress and node-level programs a million times on one packet to the benchmark's
+//! unprotected destination (the kernel reads the clock once for all of them), and an empty
+//! program the same way, the floor of that loop.
+use std::{
+    collections::BTreeMap,
+    os::fd::{FromRawFd as _, OwnedFd},
+};
+
+use anyhow::{Context as _, Result, bail};
+use integration_tests::agent::Agent;
+use serde_json::{Value, json};
+
+use super::{
+    Cfg, Report,
+    policy::{self, Extra},
+    rates::{SCENARIOS, measure},
+    variants::{self, Variant},
+    world::World,
+};
+
+const SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
+/// `enum bpf_cmd`: BPF_ENABLE_STATS.
+const BPF_ENABLE_STATS: libc::c_long = 32;
+/// `enum bpf_stats_type`: BPF_STATS_RUN_TIME.
+const BPF_STATS_RUN_TIME: u32 = 0;
+
+/// BPF run-time statistics on while this lives.
+pub(super) enum StatsOn {
+    /// The BPF_ENABLE_STATS descriptor: closing it (on drop) switches them off.
+    Fd { _held: OwnedFd },
+    /// The sysctl's value before it was set to 1.
+    Sysctl(String),
+}
+
+impl StatsOn {
+    pub(super) fn enable() -> Result<StatsOn> {
+        // union bpf_attr for BPF_ENABLE_STATS: { __u32 type; }, padded.
+        let mut attr = [0u8; 64];
+        attr[..4].copy_from_slice(&BPF_STATS_RUN_TIME.to_ne_bytes());
+        // SAFETY: bpf(2) with a valid, sized attribute buffer; a non-negative return is a
+        // new file descriptor that nothing else owns.
+        let fd = unsafe {
+            libc::syscall(libc::SYS_bpf, BPF_ENABLE_STATS, attr.as_mut_ptr(), attr.len() as u32)
+        };
+        if fd >= 0 {
+            // SAFETY: see above.
+            return Ok(StatsOn::Fd { _held: unsafe { OwnedFd::from_raw_fd(fd as i32) } });
+        }
+        let old = std::fs::read_to_string(SYSCTL).with_context(|| format!("read {SYSCTL}"))?;
+        std::fs::write(SYSCTL, "1").with_context(|| format!("write {SYSCTL}"))?;
+        Ok(StatsOn::Sysctl(old.trim().to_owned()))
+    }
+}
+
+impl Drop for StatsOn {
+    fn drop(&mut self) {
+        if let StatsOn::Sysctl(old) = self {
+            let _ = std::fs::write(SYSCTL, old.as_bytes());
+        }
+    }
+}
+
+/// Per attach point (`connect4`, `egress`, `setsockopt`, `tc` for the node-level program
+/// wherever it is attached): (run count, run time ns) of its program, from `status --json`
+/// (the node-level program, one program on lo and the uplink, counts once).
+fn counters(agent: &Agent) -> Result<BTreeMap<String, (u64, u64)>> {
+    let (_, status) = agent.status()?;
+    let mut seen = BTreeMap::new();
+    for a in status["attachments"].as_array().into_iter().flatten() {
+        let hook = a["hook"].as_str().unwrap_or("?");
+        let point = if hook.starts_with("tc-") { "tc" } else { hook }.to_owned();
+        let id = a["program_id"].as_u64().unwrap_or(0);
+        let run = (a["run_count"].as_u64().unwrap_or(0), a["run_time_ns"].as_u64().unwrap_or(0));
+        seen.insert((point, id), run);
+    }
+    let mut out: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for ((program, _), (n, t)) in seen {
+        let e = out.entry(program).or_default();
+        e.0 += n;
+        e.1 += t;
+    }
+    Ok(out)
+}
+
+/// `enum bpf_cmd`: BPF_PROG_LOAD, BPF_PROG_TEST_RUN, BPF_PROG_GET_FD_BY_ID.
+const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_PROG_TEST_RUN: libc::c_long = 10;
+const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
+/// `enum bpf_prog_type`: BPF_PROG_TYPE_SCHED_CLS.
+const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
+/// Runs per BPF_PROG_TEST_RUN.
+const TEST_RUNS: u32 = 1_000_000;
+
+fn bpf(cmd: libc::c_long, attr: &mut [u8; 128]) -> std::io::Result<i64> {
+    // SAFETY: bpf(2) with a valid attribute buffer of the size given.
+    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), attr.len() as u32) };
+    if r < 0 { Err(std::io::Error::last_os_error()) } else { Ok(r) }
+}
+
+fn owned(fd: i64) -> OwnedFd {
+    // SAFETY: a descriptor bpf(2) just returned, owned by nobody else.
+    unsafe { OwnedFd::from_raw_fd(fd as i32) }
+}
+
+/// A descriptor of the loaded program `id`.
+fn prog_fd(id: u32) -> std::io::Result<OwnedFd> {
+    let mut attr = [0u8; 128];
+    attr[..4].copy_from_slice(&id.to_ne_bytes());
+    bpf(BPF_PROG_GET_FD_BY_ID, &mut attr).map(owned)
+}
+
+/// An empty tc program (`return TC_ACT_UNSPEC`): the floor of the test-run loop.
+fn empty_prog() -> std::io::Result<OwnedFd> {
+    // r0 = -1; exit
+    let insns: [u8; 16] = [0xb7, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x95, 0, 0, 0, 0, 0, 0, 0];
+    let license = c"GPL";
+    let mut attr = [0u8; 128];
+    attr[..4].copy_from_slice(&BPF_PROG_TYPE_SCHED_CLS.to_ne_bytes());
+    attr[4..8].copy_from_slice(&2u32.to_ne_bytes());
+    attr[8..16].copy_from_slice(&(insns.as_ptr() as u64).to_ne_bytes());
+    attr[16..24].copy_from_slice(&(license.as_ptr() as u64).to_ne_bytes());
+    bpf(BPF_PROG_LOAD, &mut attr).map(owned)
+}
+
+/// Mean nanoseconds per run of `fd` on `packet` (an Ethernet frame), over [`TEST_RUNS`].
+fn test_run(fd: &OwnedFd, packet: &[u8]) -> std::io::Result<f64> {
+    use std::os::fd::AsRawFd as _;
+    let mut attr = [0u8; 128];
+    attr[..4].copy_from_slice(&(fd.as_raw_fd() as u32).to_ne_bytes());
+    attr[8..12].copy_from_slice(&(packet.len() as u32).to_ne_bytes());
+    attr[16..24].copy_from_slice(&(packet.as_ptr() as u64).to_ne_bytes());
+    attr[32..36].copy_from_slice(&TEST_RUNS.to_ne_bytes());
+    bpf(BPF_PROG_TEST_RUN, &mut attr)?;
+    let duration = u32::from_ne_bytes([attr[36], attr[37], attr[38], attr[39]]);
+    Ok(f64::from(duration))
+}
+
+/// The fast path's own cost, by BPF_PROG_TEST_RUN: (attach point, ns per run) of the
+/// attached egress and node-level programs and of an empty program.
+fn fast_path(agent: &Agent) -> Result<Vec<(String, f64)>> {
+    let (_, status) = agent.status()?;
+    let frame = integration_tests::frame::ethernet(
+        [0x02, 0, 0, 0, 0, 0x02],
+        integration_tests::frame::SRC_MAC,
+        &[],
+        integration_tests::frame::ETH_P_IP,
+        &integration_tests::frame::udp4(
+            integration_tests::net::NODE_V4.parse()?,
+            integration_tests::bench::DEST_V4.parse()?,
+            integration_tests::bench::UDP_PORT,
+            &[0x5a; 16],
+        ),
+    );
+    let mut out = Vec::new();
+    let mut done = Vec::new();
+    for a in status["attachments"].as_array().into_iter().flatten() {
+        let hook = a["hook"].as_str().unwrap_or("?");
+        let point = if hook.starts_with("tc-") { "tc" } else { hook };
+        let id = a["program_id"].as_u64().unwrap_or(0) as u32;
+        if !matches!(point, "egress" | "tc") || done.contains(&id) {
+            continue;
+        }
+        done.push(id);
+        let fd = prog_fd(id).with_context(|| format!("program {id} ({point})"))?;
+        out.push((point.to_owned(), test_run(&fd, &frame).context("BPF_PROG_TEST_RUN")?));
+    }
+    let empty = empty_prog().context("loading an empty program")?;
+    out.push(("empty program".to_owned(), test_run(&empty, &frame)?));
+    Ok(out)
+}
+
+pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
+    let w = World::new()?;
+    let policy =
+        w.write_policy("policy.yaml", &policy::aws(&Extra { endpoints: vec![], allow: vec![] }))?;
+    let active = variants::apply(Variant::Gate, &w, &policy, &cfg.bins)?;
+    let Some(agent) = active.agent() else { bail!("no agent") };
+    let stats = StatsOn::enable().context("switching on BPF statistics")?;
+    let mut detail = serde_json::Map::new();
+    for s in &SCENARIOS {
+        let before = counters(agent)?;
+        let (_, r) = measure(cfg, &w, s, cfg.secs)?;
+        let after = counters(agent)?;
+        // The workload's operations: calls, or for bulk 128 KiB writes.
+        let (ops, op) = match r["ops"].as_f64() {
+            Some(n) => (n, "call"),
+            None => (r["bytes"].as_f64().unwrap_or(0.0) / (128.0 * 1024.0), "128 KiB write"),
+        };
+        let mut parts = Vec::new();
+        let mut per = serde_json::Map::new();
+        for (point, &(n1, t1)) in &after {
+            let (n0, t0) = before.get(point).copied().unwrap_or_default();
+            let (runs, ns) = (n1.saturating_sub(n0), t1.saturating_sub(t0));
+            if runs == 0 {
+                continue;
+            }
+            let per_run = ns as f64 / runs as f64;
+            let short = point.as_str();
+            rep.set_num(&format!("ns_per_run_{}_{short}", s.name), per_run);
+            per.insert(point.clone(), json!({"runs": runs, "ns": ns, "ns_per_run": per_run}));
+            // Runs per operation of the workload: how often the program is on the path.
+            let per_op = runs as f64 / ops.max(1.0);
+            rep.set_num(&format!("runs_per_op_{}_{short}", s.name), per_op);
+            parts.push(format!("{short}: {per_run:.0} ns × {per_op:.2} per {op}"));
+        }
+        eprintln!("   {:<8} {}", s.name, parts.join(", "));
+        detail.insert(s.name.into(), Value::Object(per));
+        rep.row(
+            "8. ns per program run (bpf_stats, separate pass)",
+            &format!("metadata-gate, {}", s.name),
+            parts.join("; "),
+            None,
+            "",
+            "",
+        );
+    }
+    drop(stats);
+    rep.detail("bpf_stats", Value::Object(detail));
+    let fast = fast_path(agent)?;
+    let text: Vec<String> = fast.iter().map(|(p, ns)| format!("{p}: {ns:.0} ns")).collect();
+    eprintln!("   fast path, {TEST_RUNS} test runs: {}", text.join(", "));
+    for (point, ns) in &fast {
+        let key = point.replace(' ', "_");
+        rep.set_num(&format!("ns_per_test_run_{key}"), *ns);
+    }
+    rep.row(
+        "8. ns per run of the fast path (BPF_PROG_TEST_RUN, 1 M runs, no per-run clock)",
+        "metadata-gate, UDP to the unprotected neighbour",
+        text.join("; "),
+        None,
+        "",
+        "",
+    );
+    Ok(())
+}
