@@ -206,7 +206,7 @@ impl Agent {
                 return Ok(());
             }
             if let Some(child) = &self.child
-                && std::fs::metadata(format!("/proc/{}", child.id())).is_err()
+                && !crate::sys::pid_running(child.id())
             {
                 break;
             }

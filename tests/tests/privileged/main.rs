@@ -23,6 +23,7 @@ use integration_tests::{
     imds::{FakeImds, INSTANCE_ID},
     net::TestNet,
     probe::{self, Held, Outcome, token},
+    sys::kernel_has_tcx,
 };
 
 /// Gate for a privileged test: returns early (skips) when it cannot run here, and fails under
@@ -169,6 +170,22 @@ fn status(env: &Env) -> serde_json::Value {
     let (code, v) = env.agent().status().expect("status runs");
     assert_eq!(code, 0, "status exit code with a gate installed: {v}");
     v
+}
+
+/// `st` (`status --json`) shows a tc program on `iface`'s egress in `netns`: a tcx link
+/// (`tc-egress-<iface>`) on 6.6+, a clsact filter before (`--tc-mode auto`, as documented).
+fn assert_tc_egress(st: &serde_json::Value, iface: &str, netns: &str) {
+    let listed = |key: &str, want: &str| {
+        st[key].as_array().is_some_and(|a| {
+            a.iter().any(|x| if key == "attachments" { x["hook"] == want } else { x == want })
+        })
+    };
+    if kernel_has_tcx() {
+        assert!(listed("attachments", &format!("tc-egress-{iface}")), "tcx link on {iface}: {st}");
+    } else {
+        let filter = format!("egress {iface} {netns}");
+        assert!(listed("tc_clsact", &filter), "clsact filter on {iface} (no tcx before 6.6): {st}");
+    }
 }
 
 /// The value of a metric line that starts with `prefix` (name and labels).
