@@ -107,7 +107,7 @@ impl Agent {
             mode_args,
         };
         agent.spawn(extra)?;
-        agent.wait_ready(Duration::from_secs(30))?;
+        agent.wait_ready(crate::sys::slow(Duration::from_secs(30)))?;
         Ok(agent)
     }
 
@@ -116,7 +116,7 @@ impl Agent {
     pub fn restart_with(&mut self, extra: &[&str]) -> Result<()> {
         self.stop();
         self.spawn(extra)?;
-        self.wait_ready(Duration::from_secs(30))
+        self.wait_ready(crate::sys::slow(Duration::from_secs(30)))
     }
 
     fn spawn(&mut self, extra: &[&str]) -> Result<()> {

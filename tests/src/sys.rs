@@ -91,6 +91,18 @@ pub fn pid_running(pid: u32) -> bool {
     })
 }
 
+/// `GATE_TEST_SLOWDOWN`: how many times slower than a native run this machine is (an emulated
+/// VM: `cargo xtask test-kernels` sets it). Default 1.
+pub fn slowdown() -> u32 {
+    std::env::var("GATE_TEST_SLOWDOWN").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1)
+}
+
+/// A bound on waiting for something to happen (never a speed assertion), stretched by
+/// [`slowdown`].
+pub fn slow(wait: std::time::Duration) -> std::time::Duration {
+    wait * slowdown()
+}
+
 /// The running kernel's `major.minor` (from /proc/sys/kernel/osrelease).
 pub fn kernel_version() -> (u32, u32) {
     let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();

@@ -96,6 +96,8 @@ const K6_12: &[&str] = &["6.12"];
 /// Guest memory and CPUs (the machine has 2 cores; QEMU's TCG runs one thread per vCPU).
 const VM_MEMORY: &str = "3G";
 const VM_CPUS: &str = "2";
+/// How many times slower than natively the harness may expect things to be in the guest.
+const SLOWDOWN: u32 = 4;
 /// One test in the guest is stopped after this long.
 const TEST_TIMEOUT: Duration = Duration::from_secs(600);
 /// Booting a guest and starting its script (about 20 s under TCG), with margin.
@@ -454,7 +456,8 @@ fn guest_script(
     s += &format!("(sleep {}; echo o > /proc/sysrq-trigger) &\n", deadline.as_secs());
     s += "mount -t tmpfs tmpfs /tmp\n";
     s += &format!("uname -r > {o}/uname\n");
-    s += "export CI=true RUST_BACKTRACE=1\n";
+    // Waits in the harness (agent ready, …) are stretched by this much: TCG is slow.
+    s += &format!("export CI=true GATE_TEST_SLOWDOWN={SLOWDOWN}\n");
     for (k, v) in env {
         s += &format!("export {k}={}\n", v.display());
     }
