@@ -58,7 +58,7 @@ fn sigkill_keeps_the_gate_closed_and_a_restart_adopts_it() {
     if kernel_has_tcx() {
         want.push("tc-egress-vnode");
     } else {
-        assert_tc_egress(&down, "vnode", &env.net.node_path());
+        assert_tc_egress(&down, "vnode");
     }
     assert_eq!(hooks, want, "the cgroup hooks and the uplink's node-level program: {down}");
     assert_eq!(prog_ids(&down), prog_ids(&before), "programs changed while no agent ran");
