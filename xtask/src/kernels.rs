@@ -99,7 +99,7 @@ const VM_CPUS: &str = "2";
 /// How many times slower than natively the harness may expect things to be in the guest.
 const SLOWDOWN: u32 = 4;
 /// One test in the guest is stopped after this long.
-const TEST_TIMEOUT: Duration = Duration::from_secs(600);
+const TEST_TIMEOUT: Duration = Duration::from_secs(300);
 /// Booting a guest and starting its script (about 20 s under TCG), with margin.
 const BOOT_ALLOWANCE: Duration = Duration::from_secs(180);
 
