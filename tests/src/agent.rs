@@ -239,13 +239,14 @@ impl Agent {
         self.logs().iter().filter_map(|l| serde_json::from_str(l).ok()).find(|v| pred(v))
     }
 
-    /// Wait up to `timeout` for a JSON log line satisfying `pred`.
+    /// Wait up to `timeout` (stretched by [`crate::sys::slow`]) for a JSON log line
+    /// satisfying `pred`.
     pub fn wait_log(
         &self,
         pred: impl Fn(&serde_json::Value) -> bool,
         timeout: Duration,
     ) -> Option<serde_json::Value> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now() + crate::sys::slow(timeout);
         loop {
             if let Some(v) = self.find(&pred) {
                 return Some(v);
@@ -298,13 +299,13 @@ pub fn remove_pin_root(root: &Path) {
 }
 
 /// Run the gate-agent binary `bin` with `args` to completion in the test netns `netns`, with
-/// a timeout.
+/// a timeout (stretched by [`crate::sys::slow`]).
 pub fn run_to_end(bin: &Path, netns: &str, args: &[&str], timeout: Duration) -> Result<Output> {
     let mut cmd = agent_command(bin)?;
     cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
     exec_in_netns(&mut cmd, netns)?;
     let mut child = cmd.spawn()?;
-    let deadline = Instant::now() + timeout;
+    let deadline = Instant::now() + crate::sys::slow(timeout);
     while Instant::now() < deadline {
         if child.try_wait()?.is_some() {
             return Ok(child.wait_with_output()?);
