@@ -391,7 +391,7 @@ fn run_in_vm(
     let script_path = out.join("guest.sh");
     fs::write(&script_path, script)?;
 
-    let mut cmd = Command::new(vng);
+    let mut cmd = Vm::guarded(vng);
     cmd.arg("--run")
         .arg(image)
         .args(["--disable-kvm", "--force-9p", "--verbose"])
@@ -506,12 +506,23 @@ struct Vm {
 }
 
 impl Vm {
+    /// A command that runs `program` (and its arguments, added to it) under a guard shell:
+    /// should this process die in a way no handler sees (SIGKILL), the kernel sends the guard
+    /// SIGTERM (PR_SET_PDEATHSIG), and the guard SIGKILLs its whole process group: vng,
+    /// virtme-run and QEMU, which vng starts as grandchildren.
+    fn guarded(program: &Path) -> Command {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", r#"trap 'kill -KILL 0' TERM INT HUP; "$@" & wait $!"#, "vm-guard"])
+            .arg(program);
+        cmd
+    }
+
+    /// Start a [`guarded`](Self::guarded) command in a process group of its own.
     fn start(mut cmd: Command) -> Result<Vm> {
         // SAFETY: prctl is async-signal-safe; it runs between fork and exec.
         unsafe {
             cmd.pre_exec(|| {
-                // If this process dies without cleaning up, vng gets SIGKILL at least.
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
                 Ok(())
             });
         }
