@@ -120,6 +120,10 @@ pub fn run(opts: &Options) -> Result<()> {
         })?],
     };
     check_matrix()?;
+    if !integration_tests::sys::is_root() {
+        // virtme-ng runs the guest as the calling user; the tests need root there.
+        bail!("test-kernels needs root (the guest runs as the calling user)");
+    }
     let bins = crate::bins::build(false)?;
     let suite_bin = privileged_test_binary()?;
     let all_tests = list_tests(&suite_bin)?;
