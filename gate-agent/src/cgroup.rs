@@ -14,14 +14,14 @@ use gate_common::abi::MAX_CGROUP_DEPTH;
 use crate::policy::{AllowSelector, Policy};
 
 /// `statfs.f_type` of a cgroup v2 filesystem.
-pub const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+pub(crate) const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 
 /// Where the mount table is read from.
 const MOUNTINFO: &str = "/proc/self/mountinfo";
 
 /// A cgroup directory that cannot be used, or a mount table without cgroup v2.
 #[derive(Debug, thiserror::Error)]
-pub enum CgroupError {
+pub(crate) enum CgroupError {
     #[error("{}: cannot read the mount table: {source}", MOUNTINFO)]
     MountInfo { source: io::Error },
     #[error("{}: no cgroup2 filesystem is mounted (cgroup v2 is required)", MOUNTINFO)]
@@ -49,14 +49,14 @@ pub enum CgroupError {
 }
 
 /// The cgroup2 mount point of this mount namespace, from `/proc/self/mountinfo`.
-pub fn cgroup2_mount() -> Result<PathBuf, CgroupError> {
+pub(crate) fn cgroup2_mount() -> Result<PathBuf, CgroupError> {
     let text =
         std::fs::read_to_string(MOUNTINFO).map_err(|source| CgroupError::MountInfo { source })?;
     cgroup2_mount_from(&text)
 }
 
 /// The first cgroup2 mount point in a mountinfo text (`proc_pid_mountinfo(5)` format).
-pub fn cgroup2_mount_from(mountinfo: &str) -> Result<PathBuf, CgroupError> {
+pub(crate) fn cgroup2_mount_from(mountinfo: &str) -> Result<PathBuf, CgroupError> {
     cgroup2_mounts_from(mountinfo).into_iter().next().ok_or(CgroupError::NoCgroup2)
 }
 
@@ -65,7 +65,7 @@ pub fn cgroup2_mount_from(mountinfo: &str) -> Result<PathBuf, CgroupError> {
 /// A line is `id parent major:minor root mount-point options [optional...] - fstype source
 /// super-options`; the mount point has spaces, tabs, newlines and backslashes escaped as
 /// `\040`, `\011`, `\012`, `\134`.
-pub fn cgroup2_mounts_from(mountinfo: &str) -> Vec<PathBuf> {
+pub(crate) fn cgroup2_mounts_from(mountinfo: &str) -> Vec<PathBuf> {
     mountinfo
         .lines()
         .filter_map(|line| {
@@ -121,7 +121,7 @@ fn fs_type(path: &Path) -> io::Result<i64> {
 
 /// The gated cgroup root: the cgroup the programs are attached to.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GatedRoot {
+pub(crate) struct GatedRoot {
     /// Canonical path of the cgroup directory.
     pub path: PathBuf,
     /// The cgroup2 mount point it lives under.
@@ -135,7 +135,7 @@ pub struct GatedRoot {
 impl GatedRoot {
     /// Open `dir` as the gated root. It must be an existing directory on a cgroup2 filesystem
     /// and not the hierarchy's root.
-    pub fn open(dir: &Path) -> Result<GatedRoot, CgroupError> {
+    pub(crate) fn open(dir: &Path) -> Result<GatedRoot, CgroupError> {
         let io_err = |source: io::Error| CgroupError::Io { path: dir.to_path_buf(), source };
         let meta = match std::fs::metadata(dir) {
             Ok(m) => m,
@@ -173,7 +173,7 @@ impl GatedRoot {
     /// Every descendant cgroup (not the root itself) as (path relative to the root, id),
     /// depth-first in name order, at most [`MAX_CGROUP_DEPTH`] levels deep. Directories that
     /// vanish or cannot be read during the walk are skipped.
-    pub fn walk(&self) -> Vec<(PathBuf, u64)> {
+    pub(crate) fn walk(&self) -> Vec<(PathBuf, u64)> {
         let mut out = Vec::new();
         self.visit(|rel, id| {
             out.push((rel.to_path_buf(), id));
@@ -212,7 +212,7 @@ impl GatedRoot {
     /// the first matching allow entry. Only what a glob itself matches is listed: cgroups
     /// nested below a match need no entry of their own, as the kernel programs also check a
     /// socket's ancestors below the gated root.
-    pub fn resolve_allow(&self, policy: &Policy) -> Vec<ResolvedAllow> {
+    pub(crate) fn resolve_allow(&self, policy: &Policy) -> Vec<ResolvedAllow> {
         let globs: Vec<_> = policy
             .cgroup_entries()
             .filter_map(|(i, e)| match &e.selector {
@@ -250,10 +250,15 @@ impl GatedRoot {
     }
 
     /// Path relative to the root of the cgroup with id `id` (`.` for the root itself), or
-    /// `None` if no cgroup below the root has it (any more).
-    pub fn path_of(&self, id: u64) -> Option<PathBuf> {
+    /// `None` if no cgroup below the root has it (any more). By file handle where the agent
+    /// may open one (O(1)), else by walking the tree.
+    pub(crate) fn path_of(&self, id: u64) -> Option<PathBuf> {
         if id == self.id {
             return Some(PathBuf::from("."));
+        }
+        // Not permitted (no CAP_DAC_READ_SEARCH) or not supported: walk.
+        if let Ok(found) = self.path_by_handle(id) {
+            return found;
         }
         let mut found = None;
         self.visit(|rel, ino| {
@@ -266,9 +271,54 @@ impl GatedRoot {
     }
 }
 
+impl GatedRoot {
+    /// The cgroup with id `id` by file handle: cgroup2 hands out handles of type
+    /// FILEID_KERNFS whose 8 bytes are the cgroup id, so `open_by_handle_at` on the mount
+    /// finds it without a walk. Needs CAP_DAC_READ_SEARCH. `Ok(None)`: no such cgroup, or
+    /// not below the root; `Err`: the lookup itself is not possible here.
+    pub(crate) fn path_by_handle(&self, id: u64) -> io::Result<Option<PathBuf>> {
+        use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+        /// `struct file_handle` with room for one kernfs id.
+        #[repr(C)]
+        struct Handle {
+            bytes: u32,
+            ty: i32,
+            id: [u8; 8],
+        }
+        const FILEID_KERNFS: i32 = 0xfe;
+        if fs_type(&self.mount)? != CGROUP2_SUPER_MAGIC {
+            return Err(io::Error::from(io::ErrorKind::Unsupported));
+        }
+        let mount = std::fs::File::open(&self.mount)?;
+        let mut h = Handle { bytes: 8, ty: FILEID_KERNFS, id: id.to_ne_bytes() };
+        // SAFETY: a valid mount fd and handle; the kernel writes nothing back.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_open_by_handle_at,
+                mount.as_raw_fd(),
+                &mut h as *mut Handle,
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            let e = io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::ESTALE | libc::ENOENT) => Ok(None),
+                _ => Err(e),
+            };
+        }
+        // SAFETY: a new fd we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        let path = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+        Ok(path.strip_prefix(&self.path).ok().map(|rel| {
+            if rel.as_os_str().is_empty() { PathBuf::from(".") } else { rel.to_path_buf() }
+        }))
+    }
+}
+
 /// A cgroup that an allow entry's glob selects.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResolvedAllow {
+pub(crate) struct ResolvedAllow {
     /// Path relative to the gated root.
     pub rel: PathBuf,
     /// cgroup id.
@@ -278,223 +328,4 @@ pub struct ResolvedAllow {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::atomic::{AtomicU32, Ordering};
-
-    use super::*;
-
-    /// A scratch directory tree, removed on drop (also on panic).
-    struct TempTree(PathBuf);
-
-    impl TempTree {
-        fn new(dirs: &[&str]) -> Self {
-            static N: AtomicU32 = AtomicU32::new(0);
-            let base = std::env::temp_dir().join(format!(
-                "gate-agent-cgroup-test-{}-{}",
-                std::process::id(),
-                N.fetch_add(1, Ordering::Relaxed)
-            ));
-            let _ = std::fs::remove_dir_all(&base);
-            std::fs::create_dir_all(&base).unwrap();
-            for d in dirs {
-                std::fs::create_dir_all(base.join(d)).unwrap();
-            }
-            // Control files, as in a real cgroup directory: never listed as cgroups.
-            std::fs::write(base.join("cgroup.procs"), "").unwrap();
-            TempTree(base)
-        }
-
-        /// A GatedRoot over the plain directory (open() would refuse it: not cgroup2).
-        fn root(&self) -> GatedRoot {
-            GatedRoot {
-                path: self.0.clone(),
-                mount: self.0.parent().unwrap().to_path_buf(),
-                id: std::fs::metadata(&self.0).unwrap().ino(),
-                level: 1,
-            }
-        }
-
-        fn ino(&self, rel: &str) -> u64 {
-            std::fs::metadata(self.0.join(rel)).unwrap().ino()
-        }
-    }
-
-    impl Drop for TempTree {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
-    const HYBRID: &str = "\
-22 28 0:20 / /sys rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw
-25 28 0:5 / /dev rw,nosuid,relatime shared:2 - devtmpfs udev rw,size=4010412k,nr_inodes=1002603,mode=755
-31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
-32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
-40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime shared:9 - cgroup cgroup rw,xattr,name=systemd
-41 31 0:38 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:10 - cgroup2 cgroup2 rw,nsdelegate
-";
-
-    #[test]
-    fn hybrid_layout_finds_the_unified_mount() {
-        assert_eq!(cgroup2_mount_from(HYBRID).unwrap(), PathBuf::from("/sys/fs/cgroup/unified"));
-    }
-
-    #[test]
-    fn unified_layout_and_optional_fields() {
-        let text = "\
-29 23 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 master:1 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot
-";
-        assert_eq!(cgroup2_mount_from(text).unwrap(), PathBuf::from("/sys/fs/cgroup"));
-    }
-
-    #[test]
-    fn escaped_mount_point() {
-        let text = "\
-31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
-90 31 0:50 / /tmp/my\\040cgroups\\134x rw,relatime - cgroup2 none rw
-";
-        assert_eq!(cgroup2_mount_from(text).unwrap(), PathBuf::from("/tmp/my cgroups\\x"));
-    }
-
-    #[test]
-    fn every_cgroup2_mount_in_order() {
-        let text = format!("{HYBRID}99 41 0:60 / /run/test\\011cg rw - cgroup2 cgroup2 rw\n");
-        assert_eq!(
-            cgroup2_mounts_from(&text),
-            vec![PathBuf::from("/sys/fs/cgroup/unified"), PathBuf::from("/run/test\tcg")]
-        );
-    }
-
-    #[test]
-    fn no_cgroup2_is_an_error() {
-        let text = "32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n\
-                    33 31 0:29 / /cgroup2 rw,relatime - tmpfs cgroup2 rw\n\
-                    garbage line - cgroup2\n";
-        let e = cgroup2_mount_from(text).unwrap_err();
-        assert!(matches!(e, CgroupError::NoCgroup2), "{e}");
-        assert!(e.to_string().contains("no cgroup2 filesystem"), "{e}");
-        assert!(cgroup2_mount_from("").is_err());
-    }
-
-    #[test]
-    fn open_refuses_a_plain_directory() {
-        let t = TempTree::new(&[]);
-        let e = GatedRoot::open(&t.0).unwrap_err();
-        assert!(matches!(e, CgroupError::NotCgroup2 { .. }), "{e}");
-        let msg = e.to_string();
-        assert!(msg.contains("not on a cgroup2 filesystem"), "{msg}");
-        assert!(msg.contains(&t.0.display().to_string()), "{msg}");
-    }
-
-    #[test]
-    fn open_refuses_missing_and_non_directories() {
-        let t = TempTree::new(&[]);
-        let e = GatedRoot::open(&t.0.join("nope")).unwrap_err();
-        assert!(matches!(e, CgroupError::NotFound { .. }), "{e}");
-        assert!(e.to_string().ends_with("nope: does not exist"), "{e}");
-        let e = GatedRoot::open(&t.0.join("cgroup.procs")).unwrap_err();
-        assert!(matches!(e, CgroupError::NotADirectory { .. }), "{e}");
-        assert!(e.to_string().contains("not a directory"), "{e}");
-    }
-
-    /// Read-only checks against this machine's real cgroup2 mount, where there is one.
-    #[test]
-    fn open_refuses_the_hierarchy_root_and_accepts_a_child() {
-        let Ok(mount) = cgroup2_mount() else { return };
-        let Ok(meta) = std::fs::metadata(&mount) else { return };
-        assert!(meta.is_dir());
-        let e = GatedRoot::open(&mount).unwrap_err();
-        assert!(matches!(e, CgroupError::IsRoot { .. }), "{e}");
-        assert!(e.to_string().contains("refusing to gate the root cgroup"), "{e}");
-        let child = std::fs::read_dir(&mount)
-            .unwrap()
-            .filter_map(|e| e.ok())
-            .find(|e| e.file_type().is_ok_and(|t| t.is_dir()));
-        if let Some(child) = child {
-            let root = GatedRoot::open(&child.path()).unwrap();
-            assert_eq!(root.level, 1);
-            assert_eq!(root.id, std::fs::metadata(child.path()).unwrap().ino());
-            assert_eq!(root.path_of(root.id), Some(PathBuf::from(".")));
-        }
-    }
-
-    #[test]
-    fn walk_is_depth_first_in_name_order_without_the_root() {
-        let t = TempTree::new(&["b/x", "a/y/z", "a/w"]);
-        let got: Vec<_> = t.root().walk().into_iter().map(|(p, _)| p).collect();
-        let want: Vec<PathBuf> =
-            ["a", "a/w", "a/y", "a/y/z", "b", "b/x"].iter().map(PathBuf::from).collect();
-        assert_eq!(got, want);
-        for (rel, id) in t.root().walk() {
-            assert_eq!(id, std::fs::metadata(t.0.join(&rel)).unwrap().ino());
-        }
-    }
-
-    #[test]
-    fn walk_is_bounded_in_depth() {
-        let deep: String =
-            (0..MAX_CGROUP_DEPTH + 3).map(|i| format!("d{i}")).collect::<Vec<_>>().join("/");
-        let t = TempTree::new(&[&deep]);
-        let walked = t.root().walk();
-        assert_eq!(walked.len(), MAX_CGROUP_DEPTH as usize);
-        let deepest = walked.last().unwrap().0.components().count();
-        assert_eq!(deepest, MAX_CGROUP_DEPTH as usize);
-    }
-
-    #[test]
-    fn path_of_finds_ids() {
-        let t = TempTree::new(&["tools/a", "svc"]);
-        let root = t.root();
-        assert_eq!(root.path_of(t.ino("tools/a")), Some(PathBuf::from("tools/a")));
-        assert_eq!(root.path_of(t.ino("svc")), Some(PathBuf::from("svc")));
-        assert_eq!(root.path_of(root.id), Some(PathBuf::from(".")));
-        assert_eq!(root.path_of(u64::MAX), None);
-    }
-
-    fn policy(allow: &str) -> Policy {
-        let text = format!(
-            "platform: AWS\nendpoints:\n  - name: imds\n    cidr: 169.254.169.254/32\nallow:\n{allow}"
-        );
-        Policy::parse("test.yaml", &text).unwrap()
-    }
-
-    #[test]
-    fn star_does_not_cross_slash_and_first_entry_wins() {
-        let t = TempTree::new(&["tools/a/inner", "tools/b", "cloud-agent/sub", "other"]);
-        let p = policy(
-            "  - {name: pods, namespace: kube-system}\n\
-             \x20 - {name: tools, cgroup: \"tools/*\"}\n\
-             \x20 - {name: agent, cgroup: cloud-agent}\n\
-             \x20 - {name: all-b, cgroup: \"**/b\"}\n",
-        );
-        let got: Vec<_> = t
-            .root()
-            .resolve_allow(&p)
-            .into_iter()
-            .map(|r| (r.rel.display().to_string(), r.id, r.entry))
-            .collect();
-        assert_eq!(
-            got,
-            vec![
-                ("cloud-agent".to_owned(), t.ino("cloud-agent"), 2),
-                ("tools/a".to_owned(), t.ino("tools/a"), 1),
-                ("tools/b".to_owned(), t.ino("tools/b"), 1),
-            ]
-        );
-    }
-
-    #[test]
-    fn double_star_crosses_slash() {
-        let t = TempTree::new(&["tools/a/inner", "x"]);
-        let p = policy("  - {name: tools, cgroup: \"tools/**\"}\n");
-        let got: Vec<_> = t.root().resolve_allow(&p).into_iter().map(|r| r.rel).collect();
-        assert_eq!(got, vec![PathBuf::from("tools/a"), PathBuf::from("tools/a/inner")]);
-    }
-
-    #[test]
-    fn no_cgroup_entries_resolve_to_nothing() {
-        let t = TempTree::new(&["a"]);
-        let p = policy("  - {name: pods, namespace: kube-system}\n");
-        assert!(t.root().resolve_allow(&p).is_empty());
-    }
-}
+mod tests;

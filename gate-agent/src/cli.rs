@@ -9,22 +9,30 @@ use crate::{
     config::{AgentConfig, ClusterConfig, GateConfig, RunMode},
     loader::{EgressProgram, TcMode},
     node::NodeConfig,
+    server::Listen,
 };
 
 /// Flags that do not fit together, or a value that does not parse.
 #[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
+pub(crate) enum ConfigError {
     #[error("--policy needs --cgroup-root")]
     PolicyWithoutRoot,
     #[error("cluster mode needs --node-name (or NODE_NAME)")]
     NoNodeName,
     #[error("--policy-configmap {0:?}: expected NAMESPACE/NAME")]
     ConfigMapRef(String),
+    #[error(
+        "--metrics-listen {0} is the --listen address: leave it out to serve /metrics there too"
+    )]
+    SameListen(SocketAddr),
 }
 
 impl RunArgs {
     /// The run configuration these flags ask for.
-    pub fn into_config(self) -> Result<AgentConfig, ConfigError> {
+    pub(crate) fn into_config(self) -> Result<AgentConfig, ConfigError> {
+        if self.metrics_listen == Some(self.listen) {
+            return Err(ConfigError::SameListen(self.listen));
+        }
         let mode = match (self.policy, self.cgroup_root.clone()) {
             (Some(policy), Some(cgroup_root)) => RunMode::Standalone { policy, cgroup_root },
             (Some(_), None) => return Err(ConfigError::PolicyWithoutRoot),
@@ -78,13 +86,15 @@ impl RunArgs {
                 },
                 terminate_established: self.terminate_established,
             },
-            listen: self.listen,
+            listen: Listen { probes: self.listen, metrics: self.metrics_listen },
             rescan: Duration::from_millis(self.rescan_ms.max(50)),
+            state_dir: self.state_dir,
         })
     }
 }
 
-pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/metadata-gate";
+pub(crate) const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/metadata-gate";
+pub(crate) const DEFAULT_STATE_DIR: &str = "/var/lib/metadata-gate";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -102,19 +112,31 @@ pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/metadata-gate";
         is replaced in place (bpf_link update). `status` shows the pinned gate, with or \
         without an agent; `cleanup` is the only way to open the gate."
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     pub command: Command,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Load the gate, apply a policy, keep the allow list current. Standalone with --policy
     /// and --cgroup-root; cluster mode (the DaemonSet) without --policy
     Run(Box<RunArgs>),
-    /// Validate policy files; exit 1 with the field and reason of every problem
+    /// Validate policy files; exit 1 with the field and reason of every problem. Also warn (on
+    /// stderr, exit status unchanged) about a valid policy that protects nothing, protects a
+    /// service its platform's workloads need (DNS, NTP, the EKS Pod Identity agent), leaves
+    /// part of the metadata service open, or allows a namespace wholesale
     Check {
-        /// Policy files (YAML, the schema of DESIGN.md)
+        /// The platform to check against, as `run --platform` names it (AWS, GCP, Azure,
+        /// External/oci, ...); default: the ConfigMap's name, else the policy's `platform`
+        #[arg(long, value_name = "PLATFORM")]
+        platform: Option<String>,
+        /// Print one JSON array instead (per file: the checked policy, what is known about its
+        /// platform, the warnings; or the error); the exit status is the same
+        #[arg(long)]
+        json: bool,
+        /// Policy files (YAML, the schema of docs/policy.md), or policy ConfigMap manifests
+        /// (data key policy.yaml, as in deploy/policies/)
         #[arg(required = true, value_name = "FILE")]
         files: Vec<PathBuf>,
     },
@@ -126,15 +148,79 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Detach and unpin everything under the pin dir: this opens the gate
+    /// Who touched the protected endpoints: every workload with its counts of allowed,
+    /// denied and audited accesses per endpoint and the last time (audit, then report, then
+    /// enforce). Reads the pinned gate, and the agent's state dir for pod names and owners
+    Report {
+        #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
+        pin_dir: PathBuf,
+        /// Where the agent kept workload identities (`run --state-dir`); without it,
+        /// workloads are named by cgroup path
+        #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+        state_dir: PathBuf,
+        /// Print JSON instead of a table
+        #[arg(long)]
+        json: bool,
+    },
+    /// Allow entries for the workloads that were denied or audited (`report`), to review and
+    /// paste under `allow:`: namespace, the owner's labels, service account, containers
+    Suggest {
+        #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
+        pin_dir: PathBuf,
+        #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+        state_dir: PathBuf,
+    },
+    /// The verdict for a workload and destination, and why, decided against the live maps;
+    /// exit 0 passes (unprotected or allowed), 1 denied, 2 audited
+    Explain {
+        #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
+        pin_dir: PathBuf,
+        /// The workload's cgroup: absolute, or relative to the gated root
+        #[arg(long, value_name = "PATH", conflicts_with = "pod", required_unless_present = "pod")]
+        cgroup: Option<PathBuf>,
+        /// Cluster mode: the pod, as NAMESPACE/POD[/CONTAINER] (asks the API server; run it on
+        /// the pod's node, e.g. `kubectl exec` into that node's agent)
+        #[arg(long, value_name = "NS/POD[/CONTAINER]")]
+        pod: Option<String>,
+        /// Kubeconfig for --pod (default: in-cluster, else KUBECONFIG / ~/.kube/config)
+        #[arg(long, value_name = "FILE")]
+        kubeconfig: Option<PathBuf>,
+        /// ADDR[:PORT][/PROTO] (port 80 and TCP when left out); default: every protected
+        /// destination of the live policy
+        #[arg(value_name = "DST")]
+        dst: Option<String>,
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Close the gate on a node that rebooted, before the kubelet starts (run by a systemd
+    /// unit): the last good policy and allow set the agent kept in --state-dir, attached
+    /// and pinned; the agent adopts the gate when it comes up
+    Boot {
+        /// Where the agent kept its state (`run --state-dir`)
+        #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+        state_dir: PathBuf,
+        #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
+        pin_dir: PathBuf,
+        /// The gated cgroup (created if the kubelet has not yet), e.g.
+        /// /sys/fs/cgroup/kubepods.slice
+        #[arg(long, value_name = "DIR")]
+        cgroup_root: PathBuf,
+    },
+    /// Detach and unpin everything under the pin dir: this opens the gate. Refused while an
+    /// agent runs on the pin dir (stop it first: a running agent repairs what it finds
+    /// missing)
     Cleanup {
         #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
         pin_dir: PathBuf,
+        /// Clean up even while an agent holds the pin dir (it will put back what it can)
+        #[arg(long)]
+        force: bool,
     },
 }
 
 #[derive(Debug, clap::Args)]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     /// Policy file: standalone mode (needs --cgroup-root). Without it, `run` is in cluster
     /// mode: the policy comes from the platform's ConfigMap
     #[arg(long, value_name = "FILE", requires = "cgroup_root")]
@@ -168,9 +254,19 @@ pub struct RunArgs {
     /// bpffs directory for pinned programs and maps (bpffs is mounted on its parent if missing)
     #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
     pub pin_dir: PathBuf,
-    /// Address for /healthz, /readyz and /metrics
+    /// Address for /healthz and /readyz, and for /metrics unless --metrics-listen is given
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9750")]
     pub listen: SocketAddr,
+    /// Serve /metrics on this address instead, and only /healthz and /readyz on --listen (the
+    /// DaemonSet: the probes on the node's addresses for the kubelet, /metrics on loopback for
+    /// the kube-rbac-proxy sidecar, which serves it on with TLS and RBAC)
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Keep the last good policy, the allow set and a copy of this binary here, for the
+    /// boot step that closes the gate before the kubelet starts (`gate-agent boot`); the
+    /// DaemonSet uses /var/lib/metadata-gate on the host
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
     /// Log format
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -230,7 +326,7 @@ pub struct RunArgs {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     Text,
     Json,
 }
@@ -255,7 +351,7 @@ impl From<ScopeArg> for Scope {
 
 /// `--egress-program`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum EgressArg {
+pub(crate) enum EgressArg {
     /// With pid/comm in events where the kernel allows, else without.
     Auto,
     /// With pid/comm (fails where the kernel refuses the helpers).
@@ -276,7 +372,7 @@ impl From<EgressArg> for EgressProgram {
 
 /// `--tc-mode`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum TcModeArg {
+pub(crate) enum TcModeArg {
     /// tcx where the kernel has it (6.6+), else clsact.
     Auto,
     Tcx,
@@ -290,5 +386,36 @@ impl From<TcModeArg> for TcMode {
             TcModeArg::Tcx => TcMode::Tcx,
             TcModeArg::Clsact => TcMode::Clsact,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(extra: &[&str]) -> Result<AgentConfig, ConfigError> {
+        let args = ["gate-agent", "run", "--policy", "p", "--cgroup-root", "c"];
+        match Cli::try_parse_from(args.iter().chain(extra)).expect("flags parse").command {
+            Command::Run(r) => r.into_config(),
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn metrics_share_the_listen_address_unless_given_their_own() {
+        let cfg = config(&[]).expect("config");
+        let probes: SocketAddr = "127.0.0.1:9750".parse().expect("addr");
+        assert_eq!(cfg.listen, Listen { probes, metrics: None });
+
+        let cfg = config(&["--listen", "0.0.0.0:9750", "--metrics-listen", "127.0.0.1:9751"])
+            .expect("config");
+        assert_eq!(cfg.listen.probes, "0.0.0.0:9750".parse().expect("addr"));
+        assert_eq!(cfg.listen.metrics, Some("127.0.0.1:9751".parse().expect("addr")));
+    }
+
+    #[test]
+    fn metrics_apart_on_the_listen_address_is_refused() {
+        let e = config(&["--metrics-listen", "127.0.0.1:9750"]).expect_err("same address");
+        assert!(matches!(e, ConfigError::SameListen(_)), "{e}");
     }
 }

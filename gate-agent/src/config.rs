@@ -1,31 +1,34 @@
 //! What `gate-agent run` was asked to do, free of the command line: [`crate::cli`] builds an
 //! [`AgentConfig`] from the flags and nothing below `main` sees clap.
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{path::PathBuf, time::Duration};
 
-use crate::{cluster::identity::Scope, loader::EgressProgram, node::NodeConfig};
+use crate::{cluster::identity::Scope, loader::EgressProgram, node::NodeConfig, server::Listen};
 
 /// Everything `run` needs.
 #[derive(Clone, Debug)]
-pub struct AgentConfig {
+pub(crate) struct AgentConfig {
     /// Where policies and the allow set come from.
     pub mode: RunMode,
     pub gate: GateConfig,
-    /// Address for /healthz, /readyz and /metrics.
-    pub listen: SocketAddr,
+    /// Where /healthz, /readyz and /metrics are served.
+    pub listen: Listen,
     /// How often allow globs are re-evaluated and the node-level attachments verified.
     pub rescan: Duration,
+    /// Where the node keeps the last good policy, the allow set and the agent's binary for
+    /// the boot step (`gate-agent boot`); none: nothing is kept.
+    pub state_dir: Option<PathBuf>,
 }
 
 /// Standalone (a policy file, cgroup globs) or cluster (a ConfigMap, pods).
 #[derive(Clone, Debug)]
-pub enum RunMode {
+pub(crate) enum RunMode {
     Standalone { policy: PathBuf, cgroup_root: PathBuf },
     Cluster(ClusterConfig),
 }
 
 /// How the gate is loaded and kept.
 #[derive(Clone, Debug)]
-pub struct GateConfig {
+pub(crate) struct GateConfig {
     /// bpffs directory for pins (`<pin_dir>/v<ABI>/…`).
     pub pin_dir: PathBuf,
     /// Whether bpffs may be mounted on the pin dir's parent when it is missing: standalone
@@ -40,7 +43,7 @@ pub struct GateConfig {
 
 /// Cluster mode: where the agent finds the API server, its node and its policy.
 #[derive(Clone, Debug)]
-pub struct ClusterConfig {
+pub(crate) struct ClusterConfig {
     pub kubeconfig: Option<PathBuf>,
     pub node_name: String,
     /// The agent's namespace, where the policy ConfigMaps live.

@@ -1,6 +1,7 @@
-//! Denial events: ring buffer → one structured log event per denial.
+//! Denial events: ring buffer → one structured log event per denial (within a per-workload
+//! rate limit), and the kernel's access tally → per-workload counters, log summaries and the
+//! identities `gate-agent report` names workloads by.
 use std::{
-    collections::HashMap,
     path::PathBuf,
     sync::{Arc, Mutex, RwLock},
     time::{Duration, Instant},
@@ -8,123 +9,182 @@ use std::{
 
 use aya::maps::{MapData, RingBuf};
 use gate_common::{
-    abi::DenyEvent,
+    abi::{DenyEvent, ENDPOINT_NONE},
     user::{Verdict, read_pod},
 };
 use tokio::io::unix::AsyncFd;
 
 use crate::{
+    access::{Harvest, Identity, Known},
     cgroup::GatedRoot,
+    loader::AccessMap,
     ratelimit::{Admit, RateLimiter, WorkloadCounts},
 };
 
-/// Names a workload from its cgroup path relative to the gated root (cluster mode:
-/// `namespace/pod/container`); `None` keeps the path.
-pub type Namer = std::sync::Arc<dyn Fn(&std::path::Path) -> Option<String> + Send + Sync>;
+/// Identifies a workload from its cgroup path relative to the gated root (cluster mode: the
+/// pod, its container and owner); `None` keeps the path.
+pub(crate) type Namer = std::sync::Arc<dyn Fn(&std::path::Path) -> Option<Identity> + Send + Sync>;
 
 /// Turns cgroup ids into workload names: the path relative to the gated root, or what the
 /// mode's [`Namer`] makes of it. Paths are cached; names are not, so a pod seen after its
 /// first denial is named from then on.
-pub struct CgroupNames {
+pub(crate) struct CgroupNames {
     root: GatedRoot,
-    cache: HashMap<u64, PathBuf>,
+    cache: std::collections::HashMap<u64, PathBuf>,
     namer: Option<Namer>,
+    /// When the tree was last walked to index every cgroup (where ids cannot be opened by
+    /// handle): at most one walk per [`WALK_EVERY`], however many new ids arrive.
+    walked: Option<Instant>,
 }
 
+/// The least time between two walks of the cgroup tree for names.
+const WALK_EVERY: Duration = Duration::from_millis(200);
+/// Paths cached at most.
+const NAME_CACHE: usize = 65_536;
+
 impl CgroupNames {
-    pub fn new(root: GatedRoot) -> Self {
-        Self { root, cache: HashMap::new(), namer: None }
+    pub(crate) fn new(root: GatedRoot) -> Self {
+        Self { root, cache: Default::default(), namer: None, walked: None }
     }
 
-    pub fn with_namer(root: GatedRoot, namer: Namer) -> Self {
-        Self { root, cache: HashMap::new(), namer: Some(namer) }
+    pub(crate) fn with_namer(root: GatedRoot, namer: Namer) -> Self {
+        Self { root, cache: Default::default(), namer: Some(namer), walked: None }
     }
 
-    /// The cgroup's path relative to the gated root, if it still exists.
-    pub fn path(&mut self, id: u64) -> Option<PathBuf> {
+    /// The cgroup's path relative to the gated root, if it still exists: from the cache, by
+    /// file handle, or from a walk that indexes the whole tree at once (at most one per
+    /// [`WALK_EVERY`], so a thousand new cgroups cost a walk, not a thousand).
+    pub(crate) fn path(&mut self, id: u64) -> Option<PathBuf> {
+        if id == 0 {
+            return None;
+        }
         if let Some(p) = self.cache.get(&id) {
             return Some(p.clone());
         }
-        // Gone already (short-lived cgroup) or not under the root: None.
-        let p = self.root.path_of(id)?;
-        if self.cache.len() > 65_536 {
+        if self.cache.len() > NAME_CACHE {
             self.cache.clear();
         }
-        self.cache.insert(id, p.clone());
-        Some(p)
+        match self.root.path_by_handle(id) {
+            // Gone already (a short-lived cgroup) or not under the root.
+            Ok(None) => return None,
+            Ok(Some(p)) => {
+                self.cache.insert(id, p.clone());
+                return Some(p);
+            }
+            Err(_) => {}
+        }
+        if self.walked.is_none_or(|t| t.elapsed() >= WALK_EVERY) {
+            self.walked = Some(Instant::now());
+            self.cache.extend(self.root.walk().into_iter().map(|(rel, id)| (id, rel)));
+        }
+        self.cache.get(&id).cloned()
     }
 
-    pub fn name(&mut self, id: u64) -> String {
+    /// Who the cgroup belongs to.
+    pub(crate) fn identity(&mut self, id: u64) -> Identity {
         match self.path(id) {
-            Some(p) => {
-                self.namer.as_ref().and_then(|n| n(&p)).unwrap_or_else(|| p.display().to_string())
-            }
-            None => format!("cgroup-id:{id}"),
+            Some(p) => self
+                .namer
+                .as_ref()
+                .and_then(|n| n(&p))
+                .map(|mut i| {
+                    i.cgroup = Some(p.display().to_string());
+                    i
+                })
+                .unwrap_or_else(|| Identity::cgroup(&p.display().to_string())),
+            None if id == 0 => Identity { workload: "(no socket)".into(), ..Identity::default() },
+            None => Identity { workload: format!("cgroup-id:{id}"), ..Identity::default() },
         }
+    }
+
+    /// What logs and metrics call the cgroup's workload.
+    pub(crate) fn name(&mut self, id: u64) -> String {
+        self.identity(id).workload
     }
 }
 
 /// A denial that was logged (so within the rate limit), for cluster mode's Kubernetes Events.
 #[derive(Clone, Debug)]
-pub struct Denied {
+pub(crate) struct Denied {
     /// cgroup path relative to the gated root, if it still exists.
     pub cgroup: Option<PathBuf>,
-    pub workload: String,
     pub event: DenyEvent,
     pub endpoint: String,
 }
 
+/// The name of the endpoint an event names: the policy's, or what stands for none.
+pub(crate) fn endpoint_name(ev: &DenyEvent, endpoints: &[String]) -> String {
+    if ev.endpoint == ENDPOINT_NONE {
+        return if ev.sockopt().is_some() { "(side door)" } else { "(unreadable frame)" }.into();
+    }
+    endpoints.get(ev.endpoint as usize).cloned().unwrap_or_else(|| "?".into())
+}
+
 /// Log one event. `endpoints` maps endpoint index to its policy name.
-pub fn log_event(ev: &DenyEvent, cgroup: &str, endpoints: &[String]) {
-    let endpoint = endpoints.get(ev.endpoint as usize).map(String::as_str).unwrap_or("?");
-    let dst = ev.dst();
+pub(crate) fn log_event(ev: &DenyEvent, cgroup: &str, endpoints: &[String]) {
+    let endpoint = endpoint_name(ev, endpoints);
+    let dst = ev.dst_text();
     let proto = ev.proto_name();
     let comm = ev.comm();
     let hook = ev.hook_name();
+    let sockopt = ev.sockopt();
     if ev.verdict() == Verdict::Audited {
         tracing::info!(
-            cgroup, %dst, port = ev.port, proto, pid = ev.pid, comm, endpoint, verdict = "audited", hook,
+            cgroup, %dst, port = ev.port, proto, pid = ev.pid, comm, endpoint, sockopt, verdict = "audited", hook,
             "would be blocked (audit mode: allowed through)"
         );
     } else {
         tracing::warn!(
-            cgroup, %dst, port = ev.port, proto, pid = ev.pid, comm, endpoint, verdict = "denied", hook,
+            cgroup, %dst, port = ev.port, proto, pid = ev.pid, comm, endpoint, sockopt, verdict = "denied", hook,
             "blocked"
         );
     }
 }
 
 /// Log rate limit: this many events per workload per window, then one summary.
-pub const LOG_BURST: u32 = 5;
-pub const LOG_WINDOW: Duration = Duration::from_secs(10);
+pub(crate) const LOG_BURST: u32 = 5;
+pub(crate) const LOG_WINDOW: Duration = Duration::from_secs(10);
 /// Distinct workload labels on the denial metric.
-pub const WORKLOAD_LABELS: usize = 256;
+pub(crate) const WORKLOAD_LABELS: usize = 256;
 
 /// What the event reader shares with the rest of the agent.
 #[derive(Clone)]
-pub struct EventSinks {
+pub(crate) struct EventSinks {
     /// Endpoint names of the live policy, by index.
     pub endpoints: Arc<RwLock<Vec<String>>>,
     /// Denials per workload, for /metrics.
     pub by_workload: Arc<Mutex<WorkloadCounts>>,
+    /// Accesses per workload and verdict (allowed, denied, audited), for /metrics.
+    pub accesses: Arc<Mutex<[WorkloadCounts; 3]>>,
+    /// Where the identities of the cgroups seen are kept for `report`, if anywhere.
+    pub state_dir: Option<PathBuf>,
     /// Logged denials are also sent here (cluster mode raises Kubernetes Events).
     pub notify: Option<tokio::sync::mpsc::UnboundedSender<Denied>>,
 }
 
 impl EventSinks {
-    pub fn new(endpoints: Vec<String>) -> Self {
+    pub(crate) fn new(endpoints: Vec<String>) -> Self {
         Self {
             endpoints: Arc::new(RwLock::new(endpoints)),
             by_workload: Arc::new(Mutex::new(WorkloadCounts::new(WORKLOAD_LABELS))),
+            accesses: Arc::new(Mutex::new(std::array::from_fn(|_| {
+                WorkloadCounts::new(WORKLOAD_LABELS)
+            }))),
+            state_dir: None,
             notify: None,
         }
     }
 }
 
-/// Read events until the task is dropped: count each by workload, log it unless its
-/// workload is over the rate limit, and log a summary of what was suppressed.
-pub async fn run(
+/// Read events until the task is dropped: log each unless its workload is over the log
+/// rate limit, and every second harvest the kernel's access tally (ACCESS) into the
+/// per-workload counters and the limiter, so that counters miss nothing and the summaries
+/// report every denial that was not logged — also those the kernel counted without sending
+/// an event (it sends at most EVENT_BURST per cgroup, endpoint and second, so that a
+/// hammering workload cannot crowd a quiet one out of the ring buffer).
+pub(crate) async fn run(
     ring: RingBuf<MapData>,
+    tally: AccessMap,
     sinks: EventSinks,
     mut names: CgroupNames,
 ) -> std::io::Result<()> {
@@ -132,7 +192,12 @@ pub async fn run(
     // the AsyncFd owns the ring buffer.
     let mut fd = unsafe { AsyncFd::register(ring) }.map_err(std::io::Error::from)?;
     let mut limiter = RateLimiter::new(LOG_BURST, LOG_WINDOW, 4096);
+    let mut harvest = Harvest::default();
+    let mut known =
+        sinks.state_dir.as_deref().and_then(|d| Known::load(d).ok()).unwrap_or_default();
+    let mut known_changed = false;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut ticks: u64 = 0;
     loop {
         tokio::select! {
             guard = fd.readable_mut() => {
@@ -142,19 +207,14 @@ pub async fn run(
                 while let Some(item) = ring.next() {
                     let Some(ev) = read_pod::<DenyEvent>(&item) else { continue };
                     let cgroup = names.name(ev.cgroup_id);
-                    if let Ok(mut c) = sinks.by_workload.lock() {
-                        c.add(&cgroup);
-                    }
                     if limiter.admit(&cgroup, now) == Admit::Log
                         && let Ok(eps) = sinks.endpoints.read()
                     {
                         log_event(&ev, &cgroup, &eps);
                         if let Some(tx) = &sinks.notify {
-                            let endpoint =
-                                eps.get(ev.endpoint as usize).cloned().unwrap_or_else(|| "?".into());
+                            let endpoint = endpoint_name(&ev, &eps);
                             let _ = tx.send(Denied {
                                 cgroup: names.path(ev.cgroup_id),
-                                workload: cgroup.clone(),
                                 event: ev,
                                 endpoint,
                             });
@@ -164,11 +224,44 @@ pub async fn run(
                 guard.clear_ready();
             }
             _ = tick.tick() => {
-                for (cgroup, suppressed) in limiter.flush(Instant::now()) {
+                let now = Instant::now();
+                ticks += 1;
+                for (key, _, delta) in harvest.read(&tally) {
+                    if delta.is_zero() && known.0.contains_key(&key.cgroup_id) {
+                        continue;
+                    }
+                    let identity = names.identity(key.cgroup_id);
+                    let workload = identity.workload.clone();
+                    if sinks.state_dir.is_some() && identity.cgroup.is_some() {
+                        known.learn(key.cgroup_id, identity);
+                        known_changed = true;
+                    }
+                    let refused = delta.denied + delta.audited;
+                    if let Ok(mut c) = sinks.accesses.lock() {
+                        for (i, n) in [delta.allowed, delta.denied, delta.audited].into_iter().enumerate() {
+                            if n > 0 {
+                                c[i].add_n(&workload, n);
+                            }
+                        }
+                    }
+                    if refused > 0 {
+                        if let Ok(mut c) = sinks.by_workload.lock() {
+                            c.add_n(&workload, refused);
+                        }
+                        limiter.tally(&workload, refused, now);
+                    }
+                }
+                for (cgroup, suppressed) in limiter.flush(now) {
                     tracing::warn!(
                         cgroup, suppressed, window_s = LOG_WINDOW.as_secs(),
                         "blocked more often than logged: suppressed denial events"
                     );
+                }
+                if known_changed && ticks.is_multiple_of(10) && let Some(dir) = &sinks.state_dir {
+                    if let Err(e) = known.save(dir) {
+                        tracing::warn!(error = %e, "keeping workload identities for `report`");
+                    }
+                    known_changed = false;
                 }
             }
         }

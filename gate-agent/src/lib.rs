@@ -1,19 +1,26 @@
-//! metadata-gate agent library: everything but the binary's entry point.
-pub mod cgroup;
-pub mod cli;
+//! metadata-gate agent library: everything but the binary's entry point. Public: the
+//! commands (for `main`), and the policy and cluster identity modules the integration tests
+//! of this crate drive directly; everything else is private to the crate.
+mod access;
+mod boot;
+mod cgroup;
+mod cli;
 pub mod cluster;
-pub mod config;
-pub mod engine;
-pub mod events;
-pub mod loader;
-pub mod metrics;
-pub mod netlink;
-pub mod netns;
-pub mod node;
+pub mod commands;
+mod config;
+mod engine;
+mod events;
+mod inspect;
+mod loader;
+mod metrics;
+mod netlink;
+mod netns;
+mod node;
 pub mod policy;
-pub mod ratelimit;
-pub mod server;
-pub mod standalone;
-pub mod status;
-pub mod terminate;
-pub mod watch;
+mod ratelimit;
+mod server;
+mod standalone;
+mod state;
+mod status;
+mod terminate;
+mod watch;

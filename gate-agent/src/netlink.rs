@@ -12,17 +12,17 @@ use std::{
 
 use gate_common::user::{bytes_of, read_pod};
 
-pub const NLMSG_ERROR: u16 = 2;
-pub const NLMSG_DONE: u16 = 3;
-pub const NLM_F_REQUEST: u16 = 0x01;
-pub const NLM_F_ACK: u16 = 0x04;
-pub const NLM_F_DUMP: u16 = 0x300;
+pub(crate) const NLMSG_ERROR: u16 = 2;
+pub(crate) const NLMSG_DONE: u16 = 3;
+pub(crate) const NLM_F_REQUEST: u16 = 0x01;
+pub(crate) const NLM_F_ACK: u16 = 0x04;
+pub(crate) const NLM_F_DUMP: u16 = 0x300;
 const NLA_TYPE_MASK: u16 = 0x3fff;
 
 /// `struct nlmsghdr`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct NlMsgHdr {
+pub(crate) struct NlMsgHdr {
     pub len: u32,
     pub ty: u16,
     pub flags: u16,
@@ -30,7 +30,7 @@ pub struct NlMsgHdr {
     pub pid: u32,
 }
 
-pub const HDR_LEN: usize = size_of::<NlMsgHdr>();
+pub(crate) const HDR_LEN: usize = size_of::<NlMsgHdr>();
 const _: () = assert!(HDR_LEN == 16);
 
 // SAFETY: integers only, no padding (size asserted above).
@@ -38,7 +38,7 @@ unsafe impl aya::Pod for NlMsgHdr {}
 
 /// Malformed netlink data.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum WireError {
+pub(crate) enum WireError {
     #[error("truncated {what}: {len} bytes")]
     Truncated { what: &'static str, len: usize },
     #[error("{what} length {len} outside the {avail} bytes left")]
@@ -47,7 +47,7 @@ pub enum WireError {
 
 /// Why a netlink request failed.
 #[derive(Debug, thiserror::Error)]
-pub enum NetlinkError {
+pub(crate) enum NetlinkError {
     #[error("{0}")]
     Io(#[from] io::Error),
     /// The kernel answered with this errno.
@@ -58,16 +58,16 @@ pub enum NetlinkError {
 }
 
 /// A plain-data struct at the front of `b`, or what is missing.
-pub fn read<T: aya::Pod>(b: &[u8], what: &'static str) -> Result<T, WireError> {
+pub(crate) fn read<T: aya::Pod>(b: &[u8], what: &'static str) -> Result<T, WireError> {
     read_pod(b).ok_or(WireError::Truncated { what, len: b.len() })
 }
 
-pub const fn align4(n: usize) -> usize {
+pub(crate) const fn align4(n: usize) -> usize {
     (n + 3) & !3
 }
 
 /// A request: the header, then `parts` back to back (each a plain-data struct or attribute).
-pub fn message(ty: u16, flags: u16, seq: u32, parts: &[&[u8]]) -> Vec<u8> {
+pub(crate) fn message(ty: u16, flags: u16, seq: u32, parts: &[&[u8]]) -> Vec<u8> {
     let len = HDR_LEN + parts.iter().map(|p| p.len()).sum::<usize>();
     let hdr = NlMsgHdr { len: len as u32, ty, flags, seq, pid: 0 };
     let mut out = Vec::with_capacity(len);
@@ -78,8 +78,9 @@ pub fn message(ty: u16, flags: u16, seq: u32, parts: &[&[u8]]) -> Vec<u8> {
     out
 }
 
-/// A netlink attribute (`struct nlattr` + data, padded to 4 bytes).
-pub fn attr(ty: u16, data: &[u8]) -> Vec<u8> {
+/// A netlink attribute (`struct nlattr` + data, padded to 4 bytes): test frames.
+#[cfg(test)]
+pub(crate) fn attr(ty: u16, data: &[u8]) -> Vec<u8> {
     let mut v = ((4 + data.len()) as u16).to_ne_bytes().to_vec();
     v.extend_from_slice(&ty.to_ne_bytes());
     v.extend_from_slice(data);
@@ -88,7 +89,7 @@ pub fn attr(ty: u16, data: &[u8]) -> Vec<u8> {
 }
 
 /// The netlink messages in one datagram: (header, payload).
-pub fn messages(mut buf: &[u8]) -> Result<Vec<(NlMsgHdr, &[u8])>, WireError> {
+pub(crate) fn messages(mut buf: &[u8]) -> Result<Vec<(NlMsgHdr, &[u8])>, WireError> {
     let mut out = Vec::new();
     while !buf.is_empty() {
         let hdr: NlMsgHdr = read(buf, "netlink header")?;
@@ -103,7 +104,7 @@ pub fn messages(mut buf: &[u8]) -> Result<Vec<(NlMsgHdr, &[u8])>, WireError> {
 }
 
 /// The attributes in `buf`: (type without the nested/byte-order flags, data).
-pub fn attrs(mut buf: &[u8]) -> Result<Vec<(u16, &[u8])>, WireError> {
+pub(crate) fn attrs(mut buf: &[u8]) -> Result<Vec<(u16, &[u8])>, WireError> {
     let mut out = Vec::new();
     while buf.len() >= 4 {
         let len = usize::from(u16::from_ne_bytes([buf[0], buf[1]]));
@@ -118,7 +119,7 @@ pub fn attrs(mut buf: &[u8]) -> Result<Vec<(u16, &[u8])>, WireError> {
 }
 
 /// The errno of an `NLMSG_ERROR` / `NLMSG_DONE` payload (0 = success / ack).
-pub fn errno_of(payload: &[u8]) -> Result<i32, WireError> {
+pub(crate) fn errno_of(payload: &[u8]) -> Result<i32, WireError> {
     let b: [u8; 4] = payload
         .get(..4)
         .and_then(|b| b.try_into().ok())
@@ -127,7 +128,7 @@ pub fn errno_of(payload: &[u8]) -> Result<i32, WireError> {
 }
 
 /// A netlink socket of one protocol, bound to the namespace of the thread that opened it.
-pub struct NlSocket {
+pub(crate) struct NlSocket {
     fd: OwnedFd,
     seq: u32,
     buf: Vec<u8>,
@@ -135,7 +136,7 @@ pub struct NlSocket {
 
 impl NlSocket {
     /// A socket for requests; replies that take longer than `timeout` are errors.
-    pub fn open(protocol: i32, timeout: Duration) -> io::Result<NlSocket> {
+    pub(crate) fn open(protocol: i32, timeout: Duration) -> io::Result<NlSocket> {
         let s = Self::raw(protocol, 0)?;
         let tv = libc::timeval {
             tv_sec: timeout.as_secs() as libc::time_t,
@@ -158,7 +159,7 @@ impl NlSocket {
     }
 
     /// A non-blocking socket subscribed to the multicast `groups` (`RTMGRP_*` bits).
-    pub fn subscribe(protocol: i32, groups: u32) -> io::Result<NlSocket> {
+    pub(crate) fn subscribe(protocol: i32, groups: u32) -> io::Result<NlSocket> {
         let s = Self::raw(protocol, libc::SOCK_NONBLOCK)?;
         // SAFETY: sockaddr_nl is plain integers.
         let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
@@ -191,17 +192,17 @@ impl NlSocket {
         Ok(NlSocket { fd, seq: 0, buf: vec![0; 64 * 1024] })
     }
 
-    pub fn fd(&self) -> BorrowedFd<'_> {
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
         use std::os::fd::AsFd as _;
         self.fd.as_fd()
     }
 
-    pub fn next_seq(&mut self) -> u32 {
+    pub(crate) fn next_seq(&mut self) -> u32 {
         self.seq = self.seq.wrapping_add(1);
         self.seq
     }
 
-    pub fn send(&self, msg: &[u8]) -> io::Result<()> {
+    pub(crate) fn send(&self, msg: &[u8]) -> io::Result<()> {
         // SAFETY: sockaddr_nl is plain integers.
         let mut to: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
         to.nl_family = libc::AF_NETLINK as libc::sa_family_t;
@@ -220,7 +221,7 @@ impl NlSocket {
     }
 
     /// One datagram from the kernel (datagrams from other senders are skipped).
-    pub fn recv(&mut self) -> io::Result<&[u8]> {
+    pub(crate) fn recv(&mut self) -> io::Result<&[u8]> {
         loop {
             // SAFETY: sockaddr_nl is plain integers.
             let mut from: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
@@ -250,7 +251,7 @@ impl NlSocket {
     }
 
     /// Send a dump request and collect the payloads of the reply messages of type `ty`.
-    pub fn dump(
+    pub(crate) fn dump(
         &mut self,
         ty: u16,
         req: &[&[u8]],
@@ -276,31 +277,6 @@ impl NlSocket {
                     }
                     t if t == reply_ty => out.push(payload.to_vec()),
                     _ => {}
-                }
-            }
-        }
-    }
-
-    /// Send one request and return the payload of its reply of type `reply_ty`.
-    pub fn request(
-        &mut self,
-        ty: u16,
-        req: &[&[u8]],
-        reply_ty: u16,
-    ) -> Result<Vec<u8>, NetlinkError> {
-        let seq = self.next_seq();
-        self.send(&message(ty, NLM_F_REQUEST, seq, req))?;
-        loop {
-            let buf = self.recv()?;
-            for (hdr, payload) in messages(buf)? {
-                if hdr.seq != seq {
-                    continue;
-                }
-                if hdr.ty == NLMSG_ERROR {
-                    return Err(NetlinkError::Kernel(errno_of(payload)?));
-                }
-                if hdr.ty == reply_ty {
-                    return Ok(payload.to_vec());
                 }
             }
         }

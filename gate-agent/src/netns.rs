@@ -14,7 +14,7 @@ use std::{
 
 /// The network namespace to run in.
 #[derive(Clone, Copy, Debug)]
-pub enum Netns<'a> {
+pub(crate) enum Netns<'a> {
     /// The namespace of the calling thread: nothing is entered, the closure still runs on a
     /// thread of its own (so a panic in it is reported like in any other namespace).
     Current,
@@ -26,7 +26,7 @@ pub enum Netns<'a> {
 
 impl Netns<'_> {
     /// How errors name the namespace.
-    pub fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         match self {
             Netns::Current => "(the agent's own)".to_owned(),
             Netns::Path(path) => path.display().to_string(),
@@ -37,7 +37,7 @@ impl Netns<'_> {
 
 /// What kept a closure from running in a network namespace, or from returning.
 #[derive(Debug, thiserror::Error)]
-pub enum NetnsError {
+pub(crate) enum NetnsError {
     #[error("network namespace {netns}: {op}: {source}")]
     Io { netns: String, op: &'static str, source: io::Error },
     #[error("network namespace {netns}: the thread running in it panicked")]
@@ -45,7 +45,7 @@ pub enum NetnsError {
 }
 
 /// Run `f` on a short-lived thread (named `thread`) inside `netns` and return its result.
-pub fn run_in<T: Send>(
+pub(crate) fn run_in<T: Send>(
     netns: Netns<'_>,
     thread: &str,
     f: impl FnOnce() -> T + Send,

@@ -7,11 +7,11 @@ use std::{
 };
 
 /// Label that absorbs workloads beyond [`WorkloadCounts`]'s cap.
-pub const OTHER: &str = "_other";
+pub(crate) const OTHER: &str = "_other";
 
 /// Whether to log an event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Admit {
+pub(crate) enum Admit {
     Log,
     Suppress,
 }
@@ -19,12 +19,32 @@ pub enum Admit {
 struct Window {
     start: Instant,
     logged: u32,
+    /// Events seen and not logged.
     suppressed: u64,
+    /// Denials counted elsewhere for the window (the kernel's per-cgroup tally, which also
+    /// holds the denials it never sent as events); 0 if nobody counts.
+    tally: u64,
+}
+
+impl Window {
+    fn new(start: Instant) -> Window {
+        Window { start, logged: 0, suppressed: 0, tally: 0 }
+    }
+
+    /// What the window's summary reports: by the tally where there is one, else by the
+    /// events seen.
+    fn unlogged(&self) -> u64 {
+        if self.tally > 0 {
+            self.tally.saturating_sub(u64::from(self.logged))
+        } else {
+            self.suppressed
+        }
+    }
 }
 
 /// At most `burst` log events per workload per `window`; the rest are counted and reported
 /// by [`flush`](Self::flush) as one summary per workload and window.
-pub struct RateLimiter {
+pub(crate) struct RateLimiter {
     burst: u32,
     window: Duration,
     max_keys: usize,
@@ -32,11 +52,11 @@ pub struct RateLimiter {
 }
 
 impl RateLimiter {
-    pub fn new(burst: u32, window: Duration, max_keys: usize) -> Self {
+    pub(crate) fn new(burst: u32, window: Duration, max_keys: usize) -> Self {
         Self { burst, window, max_keys: max_keys.max(1), windows: HashMap::new() }
     }
 
-    pub fn admit(&mut self, key: &str, now: Instant) -> Admit {
+    pub(crate) fn admit(&mut self, key: &str, now: Instant) -> Admit {
         if !self.windows.contains_key(key) && self.windows.len() >= self.max_keys {
             // Too many distinct workloads at once: they share one bucket.
             return self.admit_in(OTHER.to_owned(), now);
@@ -45,9 +65,9 @@ impl RateLimiter {
     }
 
     fn admit_in(&mut self, key: String, now: Instant) -> Admit {
-        let w = self.windows.entry(key).or_insert(Window { start: now, logged: 0, suppressed: 0 });
-        if now.duration_since(w.start) >= self.window && w.suppressed == 0 {
-            *w = Window { start: now, logged: 0, suppressed: 0 };
+        let w = self.windows.entry(key).or_insert(Window::new(now));
+        if now.duration_since(w.start) >= self.window && w.unlogged() == 0 {
+            *w = Window::new(now);
         }
         if w.logged < self.burst {
             w.logged += 1;
@@ -58,16 +78,32 @@ impl RateLimiter {
         }
     }
 
-    /// Summaries `(workload, suppressed)` of every window that has ended, and forget those
+    /// Add `n` denials of `key` counted elsewhere (the kernel's tally) to its current window:
+    /// a window's summary then reports every denial that was not logged, also those that
+    /// never arrived as events.
+    pub(crate) fn tally(&mut self, key: &str, n: u64, now: Instant) {
+        let key = if !self.windows.contains_key(key) && self.windows.len() >= self.max_keys {
+            OTHER
+        } else {
+            key
+        };
+        let w = self.windows.entry(key.to_owned()).or_insert(Window::new(now));
+        if now.duration_since(w.start) >= self.window && w.unlogged() == 0 {
+            *w = Window::new(now);
+        }
+        w.tally += n;
+    }
+
+    /// Summaries `(workload, unlogged)` of every window that has ended, and forget those
     /// windows. Call it periodically.
-    pub fn flush(&mut self, now: Instant) -> Vec<(String, u64)> {
+    pub(crate) fn flush(&mut self, now: Instant) -> Vec<(String, u64)> {
         let mut out = Vec::new();
         self.windows.retain(|key, w| {
             if now.duration_since(w.start) < self.window {
                 return true;
             }
-            if w.suppressed > 0 {
-                out.push((key.clone(), w.suppressed));
+            if w.unlogged() > 0 {
+                out.push((key.clone(), w.unlogged()));
             }
             false
         });
@@ -78,27 +114,32 @@ impl RateLimiter {
 
 /// Denials per workload, at most `cap` distinct labels; the rest count under [`OTHER`].
 #[derive(Debug, Default)]
-pub struct WorkloadCounts {
+pub(crate) struct WorkloadCounts {
     cap: usize,
     counts: HashMap<String, u64>,
 }
 
 impl WorkloadCounts {
-    pub fn new(cap: usize) -> Self {
+    pub(crate) fn new(cap: usize) -> Self {
         Self { cap, counts: HashMap::new() }
     }
 
-    pub fn add(&mut self, workload: &str) {
+    #[cfg(test)]
+    pub(crate) fn add(&mut self, workload: &str) {
+        self.add_n(workload, 1);
+    }
+
+    pub(crate) fn add_n(&mut self, workload: &str, n: u64) {
         if let Some(c) = self.counts.get_mut(workload) {
-            *c += 1;
+            *c += n;
         } else if self.counts.len() < self.cap {
-            self.counts.insert(workload.to_owned(), 1);
+            self.counts.insert(workload.to_owned(), n);
         } else {
-            *self.counts.entry(OTHER.to_owned()).or_default() += 1;
+            *self.counts.entry(OTHER.to_owned()).or_default() += n;
         }
     }
 
-    pub fn snapshot(&self) -> Vec<(String, u64)> {
+    pub(crate) fn snapshot(&self) -> Vec<(String, u64)> {
         let mut v: Vec<_> = self.counts.iter().map(|(k, &c)| (k.clone(), c)).collect();
         v.sort();
         v
@@ -124,6 +165,21 @@ mod tests {
         assert_eq!(rl.flush(t0 + Duration::from_secs(10)), vec![("ns/pod".to_owned(), 7)]);
         // A new window starts afresh.
         assert_eq!(rl.admit("ns/pod", t0 + Duration::from_secs(11)), Admit::Log);
+    }
+
+    #[test]
+    fn the_tally_reports_denials_that_never_arrived() {
+        let t0 = Instant::now();
+        let mut rl = RateLimiter::new(5, Duration::from_secs(10), 100);
+        // 16 events arrived (the kernel's burst); 20 denials were counted.
+        for i in 0..16 {
+            rl.admit("w", t0 + Duration::from_millis(i));
+        }
+        rl.tally("w", 20, t0 + Duration::from_secs(1));
+        assert_eq!(rl.flush(t0 + Duration::from_secs(10)), vec![("w".to_owned(), 15)]);
+        // Only tallied, never logged: all of them are reported.
+        rl.tally("quiet", 3, t0);
+        assert_eq!(rl.flush(t0 + Duration::from_secs(20)), vec![("quiet".to_owned(), 3)]);
     }
 
     #[test]

@@ -28,7 +28,7 @@ impl AllowSource for CgroupGlobs {
     }
 }
 
-pub async fn run(cfg: &AgentConfig, policy_path: &Path, cgroup_root: &Path) -> Result<()> {
+pub(crate) async fn run(cfg: &AgentConfig, policy_path: &Path, cgroup_root: &Path) -> Result<()> {
     let policy = Policy::load(policy_path)?;
     for entry in policy.allow.iter().filter(|e| !matches!(e.selector, AllowSelector::Cgroup(_))) {
         tracing::warn!(entry = %entry.name, "allow entry selects pods: it applies in cluster mode only");
@@ -60,7 +60,7 @@ pub async fn run(cfg: &AgentConfig, policy_path: &Path, cgroup_root: &Path) -> R
                     Err(e) => engine.refuse(&source, trigger.as_str(), &format!("{e:#}")),
                 }
             }
-            _ = tick.tick() => engine.sync(),
+            _ = tick.tick() => engine.sync().await,
         }
     }
     engine.stop();

@@ -16,7 +16,7 @@ use serde::Serialize;
 use crate::loader::{Layout, LoaderError, Maps, pins};
 
 #[derive(Debug, Serialize)]
-pub struct Status {
+pub(crate) struct Status {
     pub pin_dir: PathBuf,
     /// Whether a gate of this agent's ABI is pinned (programs attached).
     pub installed: bool,
@@ -33,10 +33,22 @@ pub struct Status {
     pub events_lost: u64,
     pub recent_denials: Vec<Denial>,
     pub terminate_established: &'static str,
+    /// What the last terminate-established scan could see.
+    pub terminate_scan: TerminateScan,
+}
+
+/// What the last terminate-established scan could see.
+#[derive(Debug, Default, Serialize)]
+pub(crate) struct TerminateScan {
+    /// Network namespaces scanned.
+    pub netns: u32,
+    /// Gated processes whose network namespace the agent could not open (a pod without
+    /// hostPID): their connections were not checked.
+    pub hidden_processes: u32,
 }
 
 #[derive(Debug, Serialize)]
-pub struct Attachment {
+pub(crate) struct Attachment {
     pub hook: String,
     pub link_id: u32,
     pub program_id: u32,
@@ -52,7 +64,7 @@ pub struct Attachment {
 }
 
 #[derive(Debug, Serialize)]
-pub struct PolicyStatus {
+pub(crate) struct PolicyStatus {
     pub generation: u64,
     pub hash: String,
     pub platform: String,
@@ -64,7 +76,7 @@ pub struct PolicyStatus {
 }
 
 #[derive(Debug, Serialize)]
-pub struct EndpointStatus {
+pub(crate) struct EndpointStatus {
     pub name: String,
     pub allowed: u64,
     pub denied: u64,
@@ -72,7 +84,7 @@ pub struct EndpointStatus {
 }
 
 #[derive(Debug, Serialize)]
-pub struct HookCounters {
+pub(crate) struct HookCounters {
     pub hook: &'static str,
     pub unmatched: u64,
     pub allowed: u64,
@@ -81,7 +93,7 @@ pub struct HookCounters {
 }
 
 #[derive(Debug, Serialize)]
-pub struct Denial {
+pub(crate) struct Denial {
     /// Seconds before this status was taken.
     pub age_s: f64,
     pub cgroup_id: u64,
@@ -104,7 +116,7 @@ fn monotonic_now_ns() -> u64 {
 
 impl Status {
     /// Read the gate pinned under `pin_dir`.
-    pub fn read(pin_dir: &Path) -> Result<Status, LoaderError> {
+    pub(crate) fn read(pin_dir: &Path) -> Result<Status, LoaderError> {
         let layout = Layout::new(pin_dir);
         let other_versions = pins::other_versions(pin_dir).into_iter().map(|(_, p)| p).collect();
         let mut status = Status {
@@ -121,6 +133,7 @@ impl Status {
             events_lost: 0,
             recent_denials: Vec::new(),
             terminate_established: "unknown",
+            terminate_scan: TerminateScan::default(),
         };
         if !layout.dir.join("maps").exists() {
             return Ok(status);
@@ -143,6 +156,8 @@ impl Status {
         status.cgroup_root = fixed_str_value(&info.root_path).to_owned();
         status.cgroup_root_id = info.root_cgroup_id;
         status.terminate_established = TerminateState::from_kernel(info.terminate).name();
+        status.terminate_scan =
+            TerminateScan { netns: info.terminate_netns, hidden_processes: info.terminate_hidden };
         let generation = maps.active()?;
         let meta = maps.policy_meta(generation)?;
         let names = maps.endpoint_names(generation, meta.endpoints);
@@ -189,12 +204,12 @@ impl Status {
             .map(|ev| Denial {
                 age_s: now.saturating_sub(ev.ts_ns) as f64 / 1e9,
                 cgroup_id: ev.cgroup_id,
-                dst: ev.dst().to_string(),
+                dst: ev.dst_text(),
                 port: ev.port,
                 proto: ev.proto_name(),
                 pid: ev.pid,
                 comm: ev.comm(),
-                endpoint: names.get(ev.endpoint as usize).cloned().unwrap_or_else(|| "?".into()),
+                endpoint: crate::events::endpoint_name(ev, &names),
                 verdict: Verdict::of_event(ev.verdict).name(),
                 hook: Hook::of_event(ev.hook).map_or("unknown", Hook::name),
             })
@@ -202,7 +217,7 @@ impl Status {
         Ok(status)
     }
 
-    pub fn render_text(&self) -> String {
+    pub(crate) fn render_text(&self) -> String {
         let mut o = String::new();
         if !self.installed {
             let _ = writeln!(
@@ -267,7 +282,19 @@ impl Status {
                 let _ = writeln!(o, "policy: none applied");
             }
         }
-        let _ = writeln!(o, "terminate-established: {}", self.terminate_established);
+        let _ = write!(o, "terminate-established: {}", self.terminate_established);
+        if self.terminate_established == "on" {
+            let _ = write!(o, " (last scan: {} network namespaces", self.terminate_scan.netns);
+            if self.terminate_scan.hidden_processes > 0 {
+                let _ = write!(
+                    o,
+                    "; {} gated processes not visible to the agent: run it with hostPID",
+                    self.terminate_scan.hidden_processes
+                );
+            }
+            let _ = write!(o, ")");
+        }
+        let _ = writeln!(o);
         let _ = writeln!(o, "decisions (unmatched/allowed/denied/audited):");
         for h in
             self.decisions.iter().filter(|h| h.unmatched + h.allowed + h.denied + h.audited > 0)

@@ -9,17 +9,17 @@ use notify::{RecursiveMode, Watcher as _};
 use tokio::sync::mpsc;
 
 /// Wait this long after the first change before reloading, so a multi-step write is whole.
-pub const DEBOUNCE: Duration = Duration::from_millis(20);
+pub(crate) const DEBOUNCE: Duration = Duration::from_millis(20);
 
 /// Why a reload was asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Trigger {
+pub(crate) enum Trigger {
     FileChanged,
     Sighup,
 }
 
 impl Trigger {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Trigger::FileChanged => "file changed",
             Trigger::Sighup => "SIGHUP",
@@ -28,7 +28,7 @@ impl Trigger {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum WatchError {
+pub(crate) enum WatchError {
     #[error("watching {path}: {source}")]
     Notify { path: PathBuf, source: notify::Error },
     #[error("installing the SIGHUP handler: {0}")]
@@ -36,7 +36,7 @@ pub enum WatchError {
 }
 
 /// Keeps the watcher alive; yields debounced reload triggers.
-pub struct PolicyWatch {
+pub(crate) struct PolicyWatch {
     _watcher: notify::RecommendedWatcher,
     rx: mpsc::UnboundedReceiver<Trigger>,
     hup: tokio::signal::unix::Signal,
@@ -51,7 +51,7 @@ fn relevant(event: &notify::Event, file_name: &std::ffi::OsStr) -> bool {
 }
 
 impl PolicyWatch {
-    pub fn new(policy: &Path) -> Result<PolicyWatch, WatchError> {
+    pub(crate) fn new(policy: &Path) -> Result<PolicyWatch, WatchError> {
         let dir = match policy.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => PathBuf::from("."),
@@ -78,10 +78,14 @@ impl PolicyWatch {
 
     /// The next reload trigger, after the debounce; `None` if the watcher died.
     /// Cancellation-safe: a trigger received before the future was dropped is not lost.
-    pub async fn next(&mut self) -> Option<Trigger> {
+    pub(crate) async fn next(&mut self) -> Option<Trigger> {
         loop {
             if let Some((trigger, at)) = self.pending {
-                tokio::time::sleep_until(at).await;
+                // SIGHUP means now: it cuts a file change's debounce short.
+                let trigger = tokio::select! {
+                    _ = tokio::time::sleep_until(at) => trigger,
+                    _ = self.hup.recv() => Trigger::Sighup,
+                };
                 self.pending = None;
                 // Coalesce what arrived meanwhile.
                 while self.rx.try_recv().is_ok() {}

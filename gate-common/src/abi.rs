@@ -30,6 +30,11 @@ pub mod names {
     /// The last [`RECENT_DENIALS`](super::RECENT_DENIALS) denials, a ring indexed by
     /// CONFIG[[`CONFIG_RECENT_CURSOR`](super::CONFIG_RECENT_CURSOR)], readable without the agent.
     pub const RECENT: &str = "RECENT";
+    /// Who touched which protected endpoint ([`AccessKey`] → [`AccessStats`]): every
+    /// allowed, denied and audited access counted with its last time (the audit report),
+    /// and denial events to the ring buffer capped per key, so one hammering workload cannot
+    /// crowd out another's.
+    pub const ACCESS: &str = "ACCESS";
     /// Workload-facing interfaces (ifindex) where only an allowed gated socket passes to a
     /// protected endpoint; elsewhere a socket outside the gated root passes too.
     pub const STRICT_IFACES: &str = "STRICT_IFACES";
@@ -38,7 +43,7 @@ pub mod names {
     pub const TC_CLSACT: &str = "TC_CLSACT";
 
     /// Every map of the object, in pin order.
-    pub const ALL: [&str; 14] = [
+    pub const ALL: [&str; 15] = [
         CONFIG,
         POLICY_META,
         PREFIX_V4,
@@ -51,6 +56,7 @@ pub mod names {
         GATE_INFO,
         EP_NAMES,
         RECENT,
+        ACCESS,
         STRICT_IFACES,
         TC_CLSACT,
     ];
@@ -70,6 +76,12 @@ pub const MAX_CGROUP_DEPTH: u32 = 32;
 pub const EVENTS_BYTES: u32 = 256 * 1024;
 /// clsact attachments recorded in TC_CLSACT (interfaces × directions).
 pub const MAX_TC_ATTACHMENTS: u32 = 16_384;
+/// (cgroup, endpoint) pairs ACCESS tracks (LRU: the least recently seen go first).
+pub const MAX_ACCESS_KEYS: u32 = 65_536;
+/// Events one cgroup may put on the ring buffer per endpoint and [`EVENT_WINDOW_NS`]; its
+/// further denials are counted in ACCESS, not sent.
+pub const EVENT_BURST: u32 = 16;
+pub const EVENT_WINDOW_NS: u64 = 1_000_000_000;
 /// Denials kept in the RECENT map (power of two).
 pub const RECENT_DENIALS: u32 = 16;
 /// Bytes of an endpoint name kept in EP_NAMES (longer names are cut).
@@ -301,6 +313,32 @@ pub struct DenyEvent {
     pub comm: [u8; 16],
 }
 
+/// ACCESS key: a cgroup and the endpoint (index in the live policy, or [`ENDPOINT_NONE`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AccessKey {
+    pub cgroup_id: u64,
+    pub endpoint: u32,
+    pub _pad: u32,
+}
+
+/// ACCESS value: the accesses of one cgroup to one endpoint since it was first seen.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AccessStats {
+    /// Counts by verdict (atomic adds).
+    pub allowed: u64,
+    pub denied: u64,
+    pub audited: u64,
+    /// bpf_ktime_get_ns of the last access.
+    pub last_ns: u64,
+    /// Start of the current event window.
+    pub window_start_ns: u64,
+    /// Denial events sent in the current window.
+    pub sent: u32,
+    pub _pad: u32,
+}
+
 /// TERMINATE_* values of [`GateInfo::terminate`].
 pub const TERMINATE_UNKNOWN: u32 = 0;
 /// Established connections to protected endpoints are destroyed when a policy takes effect.
@@ -327,6 +365,10 @@ pub struct GateInfo {
     pub agent_pid: u32,
     /// TERMINATE_*.
     pub terminate: u32,
+    /// The last terminate-established scan: network namespaces scanned, and gated processes
+    /// whose namespace the agent could not open (see `status`).
+    pub terminate_netns: u32,
+    pub terminate_hidden: u32,
     /// NUL-padded platform name of the policy.
     pub platform: [u8; 32],
     /// NUL-padded absolute path of the gated root (cut at 255 bytes).
@@ -342,6 +384,8 @@ impl Default for GateInfo {
             applied_at_ms: 0,
             agent_pid: 0,
             terminate: TERMINATE_UNKNOWN,
+            terminate_netns: 0,
+            terminate_hidden: 0,
             platform: [0; 32],
             root_path: [0; 256],
         }
@@ -397,7 +441,7 @@ pub fn fixed_str_value(b: &[u8]) -> &str {
 
 const _: () = {
     use core::mem::size_of;
-    assert!(size_of::<GateInfo>() == 328);
+    assert!(size_of::<GateInfo>() == 336);
     assert!(size_of::<EpNameKey>() == 8);
     assert!(size_of::<TcClsact>() == 256);
     assert!(size_of::<EndpointName>() == ENDPOINT_NAME_BYTES);
@@ -411,6 +455,8 @@ const _: () = {
     assert!(size_of::<AllowKey>() == 16);
     assert!(size_of::<EndpointCounters>() == 24);
     assert!(size_of::<DenyEvent>() == 64);
+    assert!(size_of::<AccessKey>() == 16);
+    assert!(size_of::<AccessStats>() == 48);
     assert!(EVENTS_BYTES.is_power_of_two());
 };
 

@@ -104,6 +104,9 @@ pub struct Parsed {
     /// A TCP reset without payload (what a socket destroyed by `--terminate-established`
     /// sends): it conveys nothing to a metadata service.
     pub rst: bool,
+    /// A TCP segment without payload, whatever its flags (a handshake step, an ACK, a
+    /// reset): it carries no request.
+    pub bare: bool,
     /// Whether the transport (protocol and port) is known. `false`: judge on the address.
     pub complete: bool,
     /// Whether the network header (and with it the destination address) could be read.
@@ -117,42 +120,54 @@ impl Parsed {
     pub const UNREADABLE: Parsed = Parsed {
         dst: Dst { addr: Addr::V4([0; 4]), port: PORT_ANY, proto: 0 },
         rst: false,
+        bare: false,
         complete: false,
         readable: false,
     };
 
     /// A destination known in full (the socket hooks').
     pub const fn complete(dst: Dst) -> Parsed {
-        Parsed { dst, rst: false, complete: true, readable: true }
+        Parsed { dst, rst: false, bare: false, complete: true, readable: true }
     }
 
     fn address_only(addr: Addr, proto: u8) -> Parsed {
         Parsed {
             dst: Dst { addr, port: PORT_ANY, proto },
             rst: false,
+            bare: false,
             complete: false,
             readable: true,
         }
     }
 }
 
-/// Destination port and TCP-reset flag of the transport header at `l4` (`end`: where the IP
-/// packet ends). `None` when a TCP/UDP header cannot be read.
+/// What the transport header at `l4` says (`end`: where the IP packet ends).
+struct Transport {
+    port: u16,
+    rst: bool,
+    bare: bool,
+}
+
+/// Destination port, and for TCP whether the segment is bare (no payload) and a reset.
+/// `None` when a TCP/UDP header cannot be read.
 #[inline(always)]
-fn transport<P: Packet + ?Sized>(p: &P, proto: u8, l4: usize, end: usize) -> Option<(u16, bool)> {
+fn transport<P: Packet + ?Sized>(p: &P, proto: u8, l4: usize, end: usize) -> Option<Transport> {
     if proto != PROTO_TCP && proto != PROTO_UDP {
-        return Some((PORT_ANY, false));
+        return Some(Transport { port: PORT_ANY, rst: false, bare: false });
     }
     let ports = p.bytes::<4>(l4)?;
     let port = u16::from_be_bytes([ports[2], ports[3]]);
     if proto != PROTO_TCP {
-        return Some((port, false));
+        return Some(Transport { port, rst: false, bare: false });
     }
-    let rst = match p.bytes::<2>(l4 + 12) {
-        Some(h) => h[1] & 0x04 != 0 && l4 + usize::from(h[0] >> 4) * 4 == end,
-        None => false,
+    let (rst, bare) = match p.bytes::<2>(l4 + 12) {
+        Some(h) => {
+            let bare = l4 + usize::from(h[0] >> 4) * 4 == end;
+            (bare && h[1] & 0x04 != 0, bare)
+        }
+        None => (false, false),
     };
-    Some((port, rst))
+    Some(Transport { port, rst, bare })
 }
 
 /// Parse the IPv4 header at `l3` ([`Parsed::UNREADABLE`] if the header, with the
@@ -173,9 +188,13 @@ pub fn parse_ipv4<P: Packet + ?Sized>(p: &P, l3: usize) -> Parsed {
     }
     let end = l3 + usize::from(u16::from_be_bytes([h[2], h[3]]));
     match transport(p, proto, l3 + ihl, end) {
-        Some((port, rst)) => {
-            Parsed { dst: Dst { addr, port, proto }, rst, complete: true, readable: true }
-        }
+        Some(t) => Parsed {
+            dst: Dst { addr, port: t.port, proto },
+            rst: t.rst,
+            bare: t.bare,
+            complete: true,
+            readable: true,
+        },
         None => Parsed::address_only(addr, proto),
     }
 }
@@ -223,9 +242,13 @@ pub fn parse_ipv6<P: Packet + ?Sized>(p: &P, l3: usize) -> Parsed {
         return Parsed::address_only(addr, next);
     }
     match transport(p, next, off, end) {
-        Some((port, rst)) => {
-            Parsed { dst: Dst { addr, port, proto: next }, rst, complete: true, readable: true }
-        }
+        Some(t) => Parsed {
+            dst: Dst { addr, port: t.port, proto: next },
+            rst: t.rst,
+            bare: t.bare,
+            complete: true,
+            readable: true,
+        },
         None => Parsed::address_only(addr, next),
     }
 }

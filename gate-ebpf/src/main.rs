@@ -33,15 +33,16 @@ use aya_ebpf::{
         },
     },
     macros::{cgroup_skb, cgroup_sock_addr, cgroup_sockopt, classifier, map},
-    maps::{Array, HashMap, LpmTrie, PerCpuArray, RingBuf, lpm_trie::Key},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf, lpm_trie::Key},
     programs::{SkBuffContext, SockAddrContext, SockoptContext, TcContext, sk_buff::SkBuff},
 };
 use gate_common::{
     abi::{
-        AllowKey, CONFIG_ACTIVE_GEN, CONFIG_RECENT_CURSOR, DenyEvent, ENDPOINT_NONE, EVENTS_BYTES,
-        EndpointCounters, EndpointName, EpNameKey, GEN_PREFIX_BITS, GateInfo, HOOK_CONNECT4,
-        HOOK_CONNECT6, HOOK_EGRESS4, HOOK_EGRESS6, HOOK_SENDMSG4, HOOK_SENDMSG6, HOOK_SETSOCKOPT,
-        HOOK_TC4, HOOK_TC6, MAX_ALLOWED_CGROUPS, MAX_ENDPOINTS, MAX_PORT_RULES, MAX_TC_ATTACHMENTS,
+        AccessKey, AccessStats, AllowKey, CONFIG_ACTIVE_GEN, CONFIG_RECENT_CURSOR, DenyEvent,
+        ENDPOINT_NONE, EVENT_BURST, EVENT_WINDOW_NS, EVENTS_BYTES, EndpointCounters, EndpointName,
+        EpNameKey, GEN_PREFIX_BITS, GateInfo, HOOK_CONNECT4, HOOK_CONNECT6, HOOK_EGRESS4,
+        HOOK_EGRESS6, HOOK_SENDMSG4, HOOK_SENDMSG6, HOOK_SETSOCKOPT, HOOK_TC4, HOOK_TC6,
+        MAX_ACCESS_KEYS, MAX_ALLOWED_CGROUPS, MAX_ENDPOINTS, MAX_PORT_RULES, MAX_TC_ATTACHMENTS,
         NODE_GATE_FORWARDED, NUM_CONFIG, NUM_STATS, PolicyMeta, PortRuleKey, PrefixV4, PrefixV6,
         PrefixValue, RECENT_DENIALS, STAT_EVENTS_LOST, TcClsact, VERDICT_ALLOWED, VERDICT_DENIED,
         VERDICT_UNMATCHED, stat_slot,
@@ -86,6 +87,9 @@ static GATE_INFO: Array<GateInfo> = Array::with_max_entries(1, 0);
 #[map]
 static EP_NAMES: HashMap<EpNameKey, EndpointName> =
     HashMap::with_max_entries(2 * MAX_ENDPOINTS, BPF_F_NO_PREALLOC);
+#[map]
+static ACCESS: LruHashMap<AccessKey, AccessStats> =
+    LruHashMap::with_max_entries(MAX_ACCESS_KEYS, 0);
 #[map]
 static STRICT_IFACES: HashMap<u32, u32> =
     HashMap::with_max_entries(MAX_TC_ATTACHMENTS, BPF_F_NO_PREALLOC);
@@ -225,6 +229,9 @@ fn report(caller: &Caller, cgroup_id: u64, verdict: u32, endpoint: u32, what: Re
         comm,
     };
     remember(&ev);
+    if !account(cgroup_id, endpoint, verdict, ev.ts_ns) {
+        return;
+    }
     match EVENTS.reserve::<DenyEvent>(0) {
         Some(mut entry) => {
             entry.write(ev);
@@ -232,6 +239,52 @@ fn report(caller: &Caller, cgroup_id: u64, verdict: u32, endpoint: u32, what: Re
         }
         None => bump(STAT_EVENTS_LOST),
     }
+}
+
+/// Count an access of `cgroup_id` to `endpoint` under its verdict, and say whether a denial
+/// event may go on the ring buffer: at most EVENT_BURST per key and window. The counts are
+/// exact (atomic); the window bookkeeping races harmlessly between CPUs (a few events more
+/// or fewer in a window).
+#[inline(always)]
+fn account(cgroup_id: u64, endpoint: u32, verdict: u32, now: u64) -> bool {
+    let key = AccessKey { cgroup_id, endpoint, _pad: 0 };
+    let Some(st) = ACCESS.get_ptr_mut(key) else {
+        let mut fresh =
+            AccessStats { last_ns: now, window_start_ns: now, ..AccessStats::default() };
+        match verdict {
+            VERDICT_ALLOWED => fresh.allowed = 1,
+            VERDICT_DENIED => fresh.denied = 1,
+            _ => fresh.audited = 1,
+        }
+        fresh.sent = u32::from(verdict != VERDICT_ALLOWED);
+        // A full LRU map evicts its least recently used entry; an insert that still fails
+        // loses the count, not the event.
+        let _ = ACCESS.insert(key, fresh, 0);
+        return true;
+    };
+    // SAFETY: `st` points into the map's value; the counters are shared by all CPUs, hence
+    // the atomic adds; the window fields are plain stores (see above).
+    unsafe {
+        let field = match verdict {
+            VERDICT_ALLOWED => &raw mut (*st).allowed,
+            VERDICT_DENIED => &raw mut (*st).denied,
+            _ => &raw mut (*st).audited,
+        };
+        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(field, 1);
+        (*st).last_ns = now;
+        if verdict == VERDICT_ALLOWED {
+            return false;
+        }
+        if now.wrapping_sub((*st).window_start_ns) >= EVENT_WINDOW_NS {
+            (*st).window_start_ns = now;
+            (*st).sent = 0;
+        }
+        if (*st).sent >= EVENT_BURST {
+            return false;
+        }
+        (*st).sent += 1;
+    }
+    true
 }
 
 /// Keep the event in the RECENT ring, which `gate-agent status` reads without the agent.
@@ -288,7 +341,10 @@ fn judge(
     };
     count(caller.hook, verdict);
     count_endpoint(endpoint, verdict);
-    if verdict != VERDICT_ALLOWED {
+    if verdict == VERDICT_ALLOWED {
+        // SAFETY: helper without arguments.
+        account(cgroup_id(), endpoint, verdict, unsafe { bpf_ktime_get_ns() });
+    } else {
         report(caller, cgroup_id(), verdict, endpoint, what);
     }
     verdict
@@ -339,22 +395,22 @@ fn sock_addr(ctx: &SockAddrContext, hook: u32, v6: bool) -> i32 {
 }
 
 #[cgroup_sock_addr(connect4)]
-pub fn gate_connect4(ctx: SockAddrContext) -> i32 {
+fn gate_connect4(ctx: SockAddrContext) -> i32 {
     sock_addr(&ctx, HOOK_CONNECT4, false)
 }
 
 #[cgroup_sock_addr(connect6)]
-pub fn gate_connect6(ctx: SockAddrContext) -> i32 {
+fn gate_connect6(ctx: SockAddrContext) -> i32 {
     sock_addr(&ctx, HOOK_CONNECT6, true)
 }
 
 #[cgroup_sock_addr(sendmsg4)]
-pub fn gate_sendmsg4(ctx: SockAddrContext) -> i32 {
+fn gate_sendmsg4(ctx: SockAddrContext) -> i32 {
     sock_addr(&ctx, HOOK_SENDMSG4, false)
 }
 
 #[cgroup_sock_addr(sendmsg6)]
-pub fn gate_sendmsg6(ctx: SockAddrContext) -> i32 {
+fn gate_sendmsg6(ctx: SockAddrContext) -> i32 {
     sock_addr(&ctx, HOOK_SENDMSG6, true)
 }
 
@@ -371,7 +427,7 @@ const XDP_LAST_SETUP_OPT: i32 = 6;
 /// tc egress: PACKET_QDISC_BYPASS (AF_PACKET straight to the driver) and the rings and UMEM
 /// of AF_XDP. Everything else passes untouched.
 #[cgroup_sockopt(setsockopt)]
-pub fn gate_setsockopt(ctx: SockoptContext) -> i32 {
+fn gate_setsockopt(ctx: SockoptContext) -> i32 {
     // SAFETY: the context pointer is valid for the program's duration.
     let so = unsafe { &mut *ctx.sockopt };
     let (level, optname) = (so.level, so.optname);
@@ -454,14 +510,14 @@ fn egress(ctx: &SkBuffContext, task: bool) -> i32 {
 /// Egress with the sending task's pid and comm in denial events (kernels that offer
 /// bpf_get_current_pid_tgid/comm to cgroup_skb programs).
 #[cgroup_skb(egress)]
-pub fn gate_egress(ctx: SkBuffContext) -> i32 {
+fn gate_egress(ctx: SkBuffContext) -> i32 {
     egress(&ctx, true)
 }
 
 /// The same without task helpers, for older kernels (the loader falls back to it when the
 /// verifier refuses `gate_egress`).
 #[cgroup_skb(egress)]
-pub fn gate_egress_notask(ctx: SkBuffContext) -> i32 {
+fn gate_egress_notask(ctx: SkBuffContext) -> i32 {
     egress(&ctx, false)
 }
 
@@ -479,12 +535,14 @@ const TC_ACT_SHOT: i32 = 2;
 ///   inside a pod's namespace, a decapsulated tunnel), or with a socket outside the gated
 ///   root where the interface is strict (STRICT_IFACES), or
 /// * it leaves by an uplink, forwarded and without a socket, where the policy gates such
-///   traffic (NODE_GATE_FORWARDED: pod-network traffic, Service DNAT after our ingress).
+///   traffic (NODE_GATE_FORWARDED: pod-network traffic, Service DNAT after our ingress), or
+/// * it was made on this node without a socket and carries more than a bare TCP segment
+///   (a copy a netfilter rule made of a gated socket's packet).
 ///
 /// Everything else goes on to the next program: host processes outside the gated root
 /// (kubelet, CRI-O, the kernel's own sockets), replies, other addresses.
 #[classifier]
-pub fn gate_tc(ctx: TcContext) -> i32 {
+fn gate_tc(ctx: TcContext) -> i32 {
     let skb = ctx.skb.skb;
     // Fast path: the Ethernet type and the destination address alone.
     let ethertype = head::<[u8; 2]>(&ctx.skb, 12).map(u16::from_be_bytes);
@@ -534,15 +592,21 @@ pub fn gate_tc(ctx: TcContext) -> i32 {
             None => true,
         };
         // SAFETY: the value is not read.
-        let strict = on_ingress && unsafe { STRICT_IFACES.get(&ifindex) }.is_some();
+        let strict = on_ingress && unsafe { STRICT_IFACES.get(ifindex) }.is_some();
         if !gated && !strict {
             return TC_NEXT;
         }
+    } else if ingress_ifindex == 0 {
+        // Made on this node without a socket: the kernel's own replies carry no request (a
+        // bare TCP segment: a timewait ACK); anything else is a copy a rule made of some
+        // socket's packet (nft `dup`), which no cgroup hook judged.
+        if parsed.complete && parsed.bare {
+            return TC_NEXT;
+        }
     } else if !on_ingress {
-        let forwarded_gated = meta.is_none_or(|m| m.node_flags & NODE_GATE_FORWARDED != 0);
-        // Made by this node without a socket (kernel replies), or forwarded traffic that this
-        // policy leaves to the pod network.
-        if ingress_ifindex == 0 || !forwarded_gated {
+        // Forwarded: refused where the policy gates such traffic, else left to the pod
+        // network.
+        if meta.is_some_and(|m| m.node_flags & NODE_GATE_FORWARDED == 0) {
             return TC_NEXT;
         }
     }

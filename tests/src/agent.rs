@@ -121,8 +121,12 @@ impl Agent {
 
     fn spawn(&mut self, extra: &[&str]) -> Result<()> {
         let mut cmd = agent_command(&self.bin)?;
-        cmd.args(["run", "--log-format", "json", "--rescan-ms", "200", "--listen", &self.listen])
-            .args(&self.mode_args)
+        cmd.args(["run", "--log-format", "json", "--listen", &self.listen]);
+        // A short rescan unless the test sets its own.
+        if !extra.contains(&"--rescan-ms") {
+            cmd.args(["--rescan-ms", "200"]);
+        }
+        cmd.args(&self.mode_args)
             .arg("--pin-dir")
             .arg(&self.pin_dir)
             .args(extra)
@@ -217,8 +221,13 @@ impl Agent {
 
     /// GET a path on the agent's --listen address (loopback of its netns).
     pub fn http_get(&self, path: &str) -> Result<(u16, String)> {
+        self.http_get_at(&self.listen, path)
+    }
+
+    /// GET a path on another address of the agent's netns (e.g. its --metrics-listen).
+    pub fn http_get_at(&self, addr: &str, path: &str) -> Result<(u16, String)> {
         let r = in_netns(&self.netns, || {
-            let mut s = TcpStream::connect(&self.listen)?;
+            let mut s = TcpStream::connect(addr)?;
             s.set_read_timeout(Some(Duration::from_secs(5)))?;
             write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
             let mut r = String::new();

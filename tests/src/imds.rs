@@ -113,6 +113,10 @@ impl FakeImds {
             format!("{IMDS_V4}:53"),
             format!("{NTP_V4}:123"),
             format!("[{IMDS_V6}]:80"),
+            // The neighbours, unprotected: controls for hand-built datagrams, DNS.
+            format!("{DNS_V4}:80"),
+            format!("{DNS_V4}:53"),
+            format!("[{DNS_V6}]:80"),
         ];
         for a in tcp {
             me.spawn(net, format!("tcp {a}"), move |stop, log| serve_tcp(&a, stop, log))?;

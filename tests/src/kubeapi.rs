@@ -396,8 +396,33 @@ fn serve(
                     &status(404, "NotFound", &format!("\"{name}\" not found")),
                 );
             };
+            // A resourceVersion in the patch is a precondition, as on a real API server.
+            if let Some(want) = patch["metadata"]["resourceVersion"].as_str()
+                && obj["metadata"]["resourceVersion"].as_str() != Some(want)
+            {
+                drop(st);
+                return respond(
+                    &mut conn,
+                    409,
+                    &status(
+                        409,
+                        "Conflict",
+                        "the object has been modified; please apply your changes to the latest version and try again",
+                    ),
+                );
+            }
             merge(obj, &patch);
-            let obj = obj.clone();
+            st.rv += 1;
+            let rv = st.rv.to_string();
+            let obj = {
+                let Some(obj) = st.objects.get_mut(&k) else {
+                    drop(st);
+                    return respond(&mut conn, 404, &status(404, "NotFound", "gone"));
+                };
+                obj["metadata"]["resourceVersion"] = json!(rv);
+                obj.clone()
+            };
+            cv.notify_all();
             drop(st);
             respond(&mut conn, 200, &obj)
         }

@@ -3,11 +3,15 @@
 //! Everything it creates has a unique name (`mg-<pid>-<n>…`) and is removed by a guard on
 //! drop, also when a test panics: network namespaces ([`net::TestNet`]), cgroups
 //! ([`cgroups::CgroupTree`]), the fake metadata service's threads ([`imds::FakeImds`]), the
-//! agent process with its bpffs pin dir ([`agent::Agent`]). Leftovers of killed test runs
-//! (dead pids) are swept at start ([`sys::sweep_stale`]).
+//! agent process with its bpffs pin dir ([`agent::Agent`]), a VM's tap ([`tap::Tap`], gone
+//! with its file descriptor). Leftovers of killed test runs (dead pids) are swept at start
+//! ([`sys::sweep_stale`]).
 //!
 //! The binaries it runs (gate-agent, `probe`, `bench-probe`) are passed in as a
 //! [`bins::Bins`].
+//!
+//! Hand-built packets and frames (checksums, VLAN tags, IPv6 extension chains, fragments)
+//! come from [`frame`].
 //!
 //! Safety rules: the fake metadata service lives at 169.254.169.254 inside a test netns;
 //! workloads ([`probe`]) run inside the other test netns and assert the route first; nothing
@@ -15,9 +19,12 @@
 pub mod agent;
 pub mod bench;
 pub mod bins;
+pub mod bpfmap;
 pub mod cgroups;
+pub mod frame;
 pub mod imds;
 pub mod kubeapi;
 pub mod net;
 pub mod probe;
 pub mod sys;
+pub mod tap;

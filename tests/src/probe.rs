@@ -59,7 +59,15 @@ pub struct Held {
 impl Held {
     pub fn start(bins: &Bins, net: &TestNet, cgroup: &Path, args: &[&str]) -> Result<Held> {
         net.assert_routes()?;
-        let mut child = workload(&bins.probe, &net.node_path(), cgroup, args)
+        Self::start_in(bins, &net.node_path(), cgroup, args)
+    }
+
+    /// [`start`](Self::start) in another test netns (`/run/netns/mg-…`: a pod's).
+    pub fn start_in(bins: &Bins, netns_path: &str, cgroup: &Path, args: &[&str]) -> Result<Held> {
+        if !crate::sys::is_test_netns(netns_path) {
+            return Err(anyhow!("{netns_path} is not a test network namespace"));
+        }
+        let mut child = workload(&bins.probe, netns_path, cgroup, args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -72,6 +80,11 @@ impl Held {
             return Err(anyhow!("hold probe did not connect: {first:?}"));
         }
         Ok(h)
+    }
+
+    /// The probe's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     fn next(&mut self) -> Result<Outcome> {

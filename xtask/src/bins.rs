@@ -7,13 +7,13 @@ use integration_tests::bins::Bins;
 use crate::util::{root, run};
 
 /// `target/` of the workspace (`CARGO_TARGET_DIR` if set).
-pub fn target_dir() -> PathBuf {
+pub(crate) fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), Into::into)
 }
 
 /// Build gate-agent (with its eBPF object) and the workloads (`probe`, `bench-probe`), in the
 /// debug or the release profile, and say where they are.
-pub fn build(release: bool) -> Result<Bins> {
+pub(crate) fn build(release: bool) -> Result<Bins> {
     let mut cmd = Command::new("cargo");
     cmd.args(["build", "-q", "-p", "gate-agent", "-p", "integration-tests", "--bins"]);
     if release {

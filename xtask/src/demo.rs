@@ -36,7 +36,7 @@ fn show(who: &str, o: &probe::Outcome) {
     }
 }
 
-pub fn run() -> Result<()> {
+pub(crate) fn run() -> Result<()> {
     if let Some(why) = missing_privileges() {
         bail!("the demo {why}: run it as root (sudo -E cargo xtask demo)");
     }

@@ -10,7 +10,11 @@
 //! 5. baseline, before the gate: every client is served (proves the fake IMDS is reachable);
 //! 6. `kubectl apply -k deploy/overlays/kind` (AWS policy) and wait for the rollout;
 //! 7. the pod-network and the host-network client are refused with EPERM; the host-network
-//!    client that matches the AWS policy's aws-cloud-controller-manager entry is served.
+//!    client that matches the AWS policy's aws-cloud-controller-manager entry is served;
+//! 8. the worker's metrics, from the worker itself: https on port 9752 answers 401 without
+//!    a token, 403 to a service account without `get` on /metrics and the agent's metrics to
+//!    one bound to metadata-gate-metrics-reader (deploy/kind/e2e/metrics-readers.yaml); the
+//!    probe port 9750 answers /readyz and not /metrics.
 //!
 //! It needs docker, kind and kubectl, and fails at once, naming what is missing.
 use std::process::Command;
@@ -30,7 +34,7 @@ const URL: &str = "http://169.254.169.254/latest/meta-data/instance-id";
 const SERVED: &str = "metadata-gate-e2e-served";
 const CONTEXT: &str = "kind-metadata-gate-e2e";
 
-pub struct Options {
+pub(crate) struct Options {
     /// Keep the cluster at the end (also after a failure).
     pub keep: bool,
     /// Build the image first.
@@ -50,7 +54,7 @@ const CLIENTS: &[Client] = &[
     Client { namespace: "openshift-cloud-controller-manager", pod: "aws-ccm", allowed: true },
 ];
 
-pub fn e2e(opts: Options) -> Result<()> {
+pub(crate) fn e2e(opts: Options) -> Result<()> {
     require_tools()?;
     if opts.build {
         run(Command::new("docker").args(["build", "-t", IMAGE, "-f", "Dockerfile", "."]))?;
@@ -224,8 +228,70 @@ fn scenario() -> Result<()> {
             ),
         }
     }
+    metrics(&worker)?;
     eprintln!("\ne2e-kind: OK");
     Ok(())
+}
+
+/// What the worker's metrics endpoints answer whom (step 8).
+fn metrics(worker: &str) -> Result<()> {
+    eprintln!("\n== metrics of the worker's agent");
+    run(kubectl().args(["apply", "-f", "deploy/kind/e2e/metrics-readers.yaml"]))?;
+    let ip = output(kubectl().args([
+        "get",
+        "node",
+        worker,
+        "-o",
+        "jsonpath={.status.addresses[?(@.type==\"InternalIP\")].address}",
+    ]))
+    .context("the worker's InternalIP")?;
+    let ip = ip.trim();
+    let token = |sa: &str| {
+        output(kubectl().args(["-n", "metadata-gate-e2e", "create", "token", sa]))
+            .map(|t| t.trim().to_owned())
+            .with_context(|| format!("a token for {sa}"))
+    };
+    let (reader, other) = (token("metrics-reader")?, token("no-metrics")?);
+    let https = format!("https://{ip}:9752/metrics");
+    // kube-rbac-proxy starts beside the agent: give it time to listen (and the new binding
+    // time to reach the authorizer), but the answers that hold are required.
+    let start = Instant::now();
+    let cases: [(&str, &str, Option<&str>, &str); 5] = [
+        ("no token", &https, None, "401"),
+        ("no-metrics", &https, Some(&other), "403"),
+        ("metrics-reader", &https, Some(&reader), "200"),
+        ("probe port /readyz", &format!("http://{ip}:9750/readyz"), None, "200"),
+        ("probe port /metrics", &format!("http://{ip}:9750/metrics"), None, "404"),
+    ];
+    for (who, url, token, want) in cases {
+        let mut got = curl(worker, url, token)?;
+        while got.0 != want && start.elapsed() < Duration::from_secs(90) {
+            sleep(Duration::from_secs(3));
+            got = curl(worker, url, token)?;
+        }
+        if got.0 != want {
+            bail!("{url} as {who}: HTTP {} (want {want}): {}", got.0, got.1.trim());
+        }
+        if who == "metrics-reader" && !got.1.contains("metadata_gate_decisions_total") {
+            bail!("{url} as {who}: 200 but no agent metrics:\n{}", got.1);
+        }
+        eprintln!("   {url} as {who}: {want}");
+    }
+    Ok(())
+}
+
+/// `curl` on the worker: (status code, body).
+fn curl(worker: &str, url: &str, token: Option<&str>) -> Result<(String, String)> {
+    let mut cmd = Command::new("docker");
+    cmd.args(["exec", worker, "curl", "-sk", "-m", "5", "-w", "\n%{http_code}"]);
+    if let Some(t) = token {
+        cmd.args(["-H", &format!("Authorization: Bearer {t}")]);
+    }
+    cmd.arg(url);
+    let out = cmd.output().with_context(|| format!("starting {}", show(&cmd)))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", text.as_str()));
+    Ok((code.trim().to_owned(), body.to_owned()))
 }
 
 fn worker_node() -> Result<String> {
@@ -290,7 +356,7 @@ fn fetch(c: &Client) -> Result<Fetch> {
 /// What helps to understand a failure; errors here are printed, not raised.
 fn diagnostics() {
     eprintln!("\n== diagnostics");
-    let cmds: [&[&str]; 4] = [
+    let cmds: [&[&str]; 5] = [
         &["get", "pods", "-A", "-o", "wide"],
         &["-n", "metadata-gate", "describe", "daemonset/metadata-gate-agent"],
         &[
@@ -303,6 +369,17 @@ fn diagnostics() {
             "--tail=200",
         ],
         &["-n", "metadata-gate-e2e", "logs", "pod/fake-imds", "--tail=50"],
+        &[
+            "-n",
+            "metadata-gate",
+            "logs",
+            "-l",
+            "app.kubernetes.io/name=metadata-gate",
+            "-c",
+            "kube-rbac-proxy",
+            "--prefix",
+            "--tail=50",
+        ],
     ];
     for args in cmds {
         let mut cmd = kubectl();

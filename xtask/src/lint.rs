@@ -6,7 +6,7 @@ use anyhow::Result;
 
 use crate::util::{self, root};
 
-pub fn run() -> Result<()> {
+pub(crate) fn run() -> Result<()> {
     util::run(Command::new("cargo").args(["+nightly", "fmt", "--all", "--", "--check"]))?;
     // The eBPF crate needs nightly features and its own target: it is linted on its own below.
     util::run(Command::new("cargo").args([

@@ -1,6 +1,7 @@
 //! Project orchestration: `cargo xtask <command>`. Orchestration only; no product logic here.
 //!
-//! One module per command (`setup`, `lint`, `test`, `demo`, `manifests`, `kind`, `bench`);
+//! One module per command (`setup`, `lint`, `test`, `demo`, `policy_test`, `manifests`, `kind`,
+//! `bench`);
 //! what several of them use lives in `bins` (building and locating the binaries) and `util`
 //! (running commands).
 mod bench;
@@ -10,6 +11,7 @@ mod kernels;
 mod kind;
 mod lint;
 mod manifests;
+mod policy_test;
 mod setup;
 mod test;
 mod util;
@@ -53,6 +55,15 @@ enum Cmd {
     /// Show the gate working: a throwaway netns with a fake metadata service, two workloads,
     /// one refused and one allow-listed (root)
     Demo,
+    /// The packet test of one policy (root): its protected ports refuse a gated workload with
+    /// EPERM and serve an allowed cgroup; the platform's neighbours (DNS, NTP, EKS Pod
+    /// Identity) stay open. FILE is a policy or a policy ConfigMap (deploy/policies/*.yaml)
+    PolicyTest {
+        /// The platform, as `gate-agent check --platform` takes it (AWS, GCP, External/oci ...)
+        #[arg(long)]
+        platform: Option<String>,
+        file: std::path::PathBuf,
+    },
     /// Render every Kustomize target under deploy/ (kubectl kustomize) and check each object
     /// against its Kubernetes API type; no cluster needed
     Manifests,
@@ -99,6 +110,10 @@ fn main() -> Result<()> {
         Cmd::Demo => {
             setup::ensure()?;
             demo::run()
+        }
+        Cmd::PolicyTest { platform, file } => {
+            setup::ensure()?;
+            policy_test::run(&file, platform.as_deref())
         }
         Cmd::Manifests => manifests::run(),
         Cmd::E2eKind { keep, no_build } => kind::e2e(kind::Options { keep, build: !no_build }),

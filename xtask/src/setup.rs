@@ -7,12 +7,12 @@ use integration_tests::sys::is_root;
 
 use crate::util::{output, run};
 
-pub const BPF_LINKER_VERSION: &str = "0.10.1";
+pub(crate) const BPF_LINKER_VERSION: &str = "0.10.1";
 /// The virtme-ng that `cargo xtask test-kernels` was proven with.
-pub const VIRTME_NG_VERSION: &str = "1.42";
+const VIRTME_NG_VERSION: &str = "1.42";
 
 /// Install what is missing; skip what is there (CI runs this on every clean clone).
-pub fn ensure() -> Result<()> {
+pub(crate) fn ensure() -> Result<()> {
     let installed = output(Command::new("rustup").args([
         "component",
         "list",

@@ -1,5 +1,6 @@
-//! `cargo xtask test`: unit and property tests, the manifest checks, the privileged kernel
-//! tests (root; under CI=true they must run, never skip) and a smoke run of the benchmarks.
+//! `cargo xtask test`: unit and property tests (the xtask's own among them: those of the
+//! manifest checks), the manifest checks, the privileged kernel tests (root; under CI=true
+//! they must run, never skip) and a smoke run of the benchmarks.
 use std::process::Command;
 
 use anyhow::{Result, bail};
@@ -7,8 +8,16 @@ use integration_tests::sys::{in_ci, is_root};
 
 use crate::util;
 
-pub fn run(filter: Option<&str>) -> Result<()> {
-    util::run(Command::new("cargo").args(["test", "-p", "gate-common", "-p", "gate-agent"]))?;
+pub(crate) fn run(filter: Option<&str>) -> Result<()> {
+    util::run(Command::new("cargo").args([
+        "test",
+        "-p",
+        "gate-common",
+        "-p",
+        "gate-agent",
+        "-p",
+        "xtask",
+    ]))?;
     util::run(Command::new("cargo").args(["test", "-p", "integration-tests", "--lib"]))?;
     crate::manifests::run()?;
     let bins = crate::bins::build(false)?;

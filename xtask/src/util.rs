@@ -7,13 +7,13 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 /// The workspace root (xtask lives one level below it).
-pub fn root() -> PathBuf {
+pub(crate) fn root() -> PathBuf {
     let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     here.parent().map(PathBuf::from).unwrap_or(here)
 }
 
 /// Run a command in the workspace root, echoing it; fail on non-zero exit.
-pub fn run(cmd: &mut Command) -> Result<()> {
+pub(crate) fn run(cmd: &mut Command) -> Result<()> {
     cmd.current_dir(root());
     eprintln!("\x1b[1m$ {}\x1b[0m", show(cmd));
     let status = cmd.status().with_context(|| format!("starting {}", show(cmd)))?;
@@ -24,12 +24,12 @@ pub fn run(cmd: &mut Command) -> Result<()> {
 }
 
 /// Run quietly and capture stdout; None if the program is missing or fails.
-pub fn output(cmd: &mut Command) -> Option<String> {
+pub(crate) fn output(cmd: &mut Command) -> Option<String> {
     let out = cmd.stderr(Stdio::null()).output().ok()?;
     out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-pub fn show(cmd: &Command) -> String {
+pub(crate) fn show(cmd: &Command) -> String {
     let mut s = cmd.get_program().to_string_lossy().into_owned();
     for a in cmd.get_args() {
         s.push(' ');

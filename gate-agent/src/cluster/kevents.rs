@@ -11,16 +11,16 @@ use kube::{
 
 use crate::ratelimit::{Admit, RateLimiter};
 
-pub const BLOCKED_REASON: &str = "MetadataAccessBlocked";
-pub const REJECTED_REASON: &str = "PolicyRejected";
+pub(crate) const BLOCKED_REASON: &str = "MetadataAccessBlocked";
+pub(crate) const REJECTED_REASON: &str = "PolicyRejected";
 
-pub struct Publisher {
+pub(crate) struct Publisher {
     recorder: Recorder,
     limiter: RateLimiter,
 }
 
 impl Publisher {
-    pub fn new(client: Client, node: &str) -> Self {
+    pub(crate) fn new(client: Client, node: &str) -> Self {
         let reporter = Reporter {
             controller: "metadata-gate".into(),
             instance: Some(format!("metadata-gate-{node}")),
@@ -33,7 +33,7 @@ impl Publisher {
 
     /// Publish unless this object already got an Event within the last minute. Failures are
     /// logged, never fatal: Events are a courtesy, enforcement does not depend on them.
-    pub async fn publish(
+    pub(crate) async fn publish(
         &mut self,
         object: ObjectReference,
         warning: bool,

@@ -1,7 +1,8 @@
 //! Cluster mode: the platform from the cluster, the policy from a ConfigMap, the allow set
 //! from the pods on this node.
 pub mod identity;
-pub mod kevents;
+pub(crate) mod kevents;
 pub mod platform;
-pub mod run;
-pub mod watches;
+pub(crate) mod run;
+pub(crate) mod taint;
+pub(crate) mod watches;

@@ -31,12 +31,13 @@ use tokio::{
 };
 
 use super::{
-    identity::{PodCgroups, PodIndex, PodInfo, Scope},
+    identity::{ContainerInfo, PodCgroups, PodIndex, PodInfo, Scope},
     kevents::{self, Publisher},
     platform::{self, Detected, Origin},
     watches,
 };
 use crate::{
+    access::Identity,
     cgroup::{GatedRoot, cgroup2_mount},
     config::{AgentConfig, ClusterConfig},
     engine::{AllowSource, Engine, Offer},
@@ -45,7 +46,7 @@ use crate::{
 };
 
 /// The key of the policy in its ConfigMap.
-pub const POLICY_KEY: &str = "policy.yaml";
+pub(crate) const POLICY_KEY: &str = "policy.yaml";
 
 /// The kubepods cgroup: `--cgroup-root`, else the first of the kubelet's usual places under
 /// the cgroup2 mount.
@@ -87,6 +88,24 @@ impl AllowSource for PodAllow {
                 std::fs::metadata(path).ok().map(|m| (m.ino(), entry))
             })
             .collect()
+    }
+}
+
+/// Who a pod's cgroup belongs to, for logs, metrics and `report`.
+fn identity(pod: &PodInfo, container: Option<&ContainerInfo>) -> Identity {
+    Identity {
+        workload: match container {
+            Some(c) => format!("{}/{}/{}", pod.namespace, pod.name, c.name),
+            None => format!("{}/{}", pod.namespace, pod.name),
+        },
+        cgroup: None,
+        namespace: Some(pod.namespace.clone()),
+        pod: Some(pod.name.clone()),
+        container: container.map(|c| c.name.clone()),
+        owner: pod.owner.as_ref().map(|(kind, name)| format!("{kind}/{name}")),
+        service_account: Some(pod.service_account.clone()),
+        host_network: Some(pod.host_network),
+        labels: pod.labels.clone(),
     }
 }
 
@@ -293,7 +312,7 @@ impl State {
             "{}{} to {}:{}/{} ({}) refused: cloud instance metadata is not for workloads",
             container.map(|c| format!("container {c}: ")).unwrap_or_default(),
             d.event.comm(),
-            d.event.dst(),
+            d.event.dst_text(),
             d.event.port,
             d.event.proto_name(),
             d.endpoint,
@@ -304,7 +323,7 @@ impl State {
 
 /// Wait for the first good policy and the first full pod list, then start the engine and
 /// keep policy, pods and platform current.
-pub async fn run(cfg: &AgentConfig, args: &ClusterConfig) -> Result<()> {
+pub(crate) async fn run(cfg: &AgentConfig, args: &ClusterConfig) -> Result<()> {
     let node = args.node_name.clone();
     let client = watches::client(args.kubeconfig.as_deref()).await?;
     let detected = platform::detect(&client, &node, args.platform.as_deref()).await?;
@@ -362,12 +381,17 @@ pub async fn run(cfg: &AgentConfig, args: &ClusterConfig) -> Result<()> {
                 scope: args.scope,
             });
             let (idx, cgroups) = (st.index.clone(), st.cgroups.clone());
-            let namer: Namer =
-                Arc::new(move |rel: &Path| idx.read().ok()?.owner_name(&cgroups.canonical(rel)));
+            let namer: Namer = Arc::new(move |rel: &Path| {
+                let idx = idx.read().ok()?;
+                let (pod, container) = idx.owner(&cgroups.canonical(rel))?;
+                Some(identity(pod, container))
+            });
             let names = CgroupNames::with_namer(GatedRoot::open(&root_path)?, namer);
             engine = Some(
                 Engine::start(cfg, policy, root, allow, names, Some(denied_tx.clone())).await?,
             );
+            // The gate is closed on this node: it may take any pod now.
+            tokio::spawn(super::taint::remove_not_ready(st.client.clone(), node.clone()));
         }
         let input = inputs.next(engine.is_some()).await;
         tracing::debug!(input = input.name(), "input");
@@ -413,14 +437,14 @@ pub async fn run(cfg: &AgentConfig, args: &ClusterConfig) -> Result<()> {
                 if st.on_pod(*ev)
                     && let Some(engine) = &mut engine
                 {
-                    engine.sync();
+                    engine.sync().await;
                 }
             }
             Input::Infrastructure(ev) => st.on_infrastructure(*ev, &mut inputs),
             Input::Denied(d) => st.on_denied(d).await,
             Input::Tick => {
                 if let Some(engine) = &mut engine {
-                    engine.sync();
+                    engine.sync().await;
                 }
             }
         }

@@ -18,7 +18,7 @@ use kube::{
 
 use super::platform::{self, Origin};
 
-pub async fn client(kubeconfig: Option<&Path>) -> Result<Client> {
+pub(crate) async fn client(kubeconfig: Option<&Path>) -> Result<Client> {
     let config = match kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path)
@@ -69,14 +69,21 @@ fn backed_off<K: Send + 'static>(
 }
 
 /// The policy ConfigMap `ns/name`.
-pub fn configmap(client: &Client, ns: &str, name: &str) -> BoxStream<'static, Event<ConfigMap>> {
+pub(crate) fn configmap(
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> BoxStream<'static, Event<ConfigMap>> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     backed_off("policy configmap", watcher::watcher(api, config))
 }
 
 /// OpenShift's Infrastructure object, if that is where the platform came from.
-pub fn infrastructure(client: &Client, origin: Origin) -> BoxStream<'static, Event<DynamicObject>> {
+pub(crate) fn infrastructure(
+    client: &Client,
+    origin: Origin,
+) -> BoxStream<'static, Event<DynamicObject>> {
     if origin != Origin::Infrastructure {
         return futures::stream::pending().boxed();
     }
@@ -87,7 +94,7 @@ pub fn infrastructure(client: &Client, origin: Origin) -> BoxStream<'static, Eve
 }
 
 /// The pods of this node.
-pub fn pods(client: &Client, node: &str) -> BoxStream<'static, Event<Pod>> {
+pub(crate) fn pods(client: &Client, node: &str) -> BoxStream<'static, Event<Pod>> {
     let api: Api<Pod> = Api::all(client.clone());
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
     backed_off("pods", watcher::watcher(api, config))

@@ -1,23 +1,78 @@
-//! Attaching the cgroup programs to the gated root, or swapping the program of a link an
-//! earlier agent pinned (BPF_LINK_UPDATE), and pinning links and programs.
+//! The cgroup programs on the gated root: attaching them with bpf_links, swapping the
+//! program of a link an earlier agent pinned (BPF_LINK_UPDATE), pinning links and programs —
+//! and putting back what went missing while the agent runs ([`Gate::repair`]): a link that
+//! was detached or unpinned, a pin that was removed, a root that was recreated.
 use std::{fs, os::fd::AsFd as _};
 
-use aya::programs::{
-    CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, CgroupSockAddr, CgroupSockopt, links::FdLink,
+use gate_common::{
+    abi::names,
+    user::{AttachPoint, Program},
 };
-use gate_common::user::{AttachPoint, Program};
 
-use super::{Gate, LoaderError, program, sys};
+use super::{Gate, LinkTarget, LoaderError, sys};
 use crate::cgroup::GatedRoot;
 
 /// What happened to one attach point in [`Gate::attach`].
 #[derive(Clone, Debug)]
-pub struct HookChange {
+pub(crate) struct HookChange {
     pub point: AttachPoint,
     pub program: Program,
     /// Program id before (adopted links) and after.
     pub old_prog_id: Option<u32>,
     pub new_prog_id: u32,
+}
+
+/// Something [`Gate::repair`] found missing and put back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Repair {
+    /// The link of this attach point was missing, detached, or on another cgroup.
+    Link(AttachPoint),
+    /// The pin of this map was removed.
+    MapPin(&'static str),
+    /// The pin of this attach point's program was removed.
+    ProgramPin(AttachPoint),
+}
+
+impl Repair {
+    /// The `what` label of the repair metric.
+    pub(crate) fn what(&self) -> &'static str {
+        match self {
+            Repair::Link(_) => "link",
+            Repair::MapPin(_) => "map-pin",
+            Repair::ProgramPin(_) => "program-pin",
+        }
+    }
+}
+
+impl std::fmt::Display for Repair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Repair::Link(p) => write!(f, "link {p}"),
+            Repair::MapPin(m) => write!(f, "map pin {m}"),
+            Repair::ProgramPin(p) => write!(f, "program pin {p}"),
+        }
+    }
+}
+
+/// `enum bpf_attach_type` of a cgroup attach point.
+fn attach_type(point: AttachPoint) -> u32 {
+    match point {
+        AttachPoint::Egress => 1,    // BPF_CGROUP_INET_EGRESS
+        AttachPoint::Connect4 => 10, // BPF_CGROUP_INET4_CONNECT
+        AttachPoint::Connect6 => 11, // BPF_CGROUP_INET6_CONNECT
+        AttachPoint::Sendmsg4 => 14, // BPF_CGROUP_UDP4_SENDMSG
+        AttachPoint::Sendmsg6 => 15, // BPF_CGROUP_UDP6_SENDMSG
+        AttachPoint::Setsockopt => sys::BPF_CGROUP_SETSOCKOPT,
+        AttachPoint::Tc => u32::MAX,
+    }
+}
+
+/// The state of one attach point's link.
+enum LinkState {
+    /// Pinned and attached to the root: with `update`, its program was swapped (old id).
+    Live(Option<u32>),
+    /// Missing, detached or elsewhere: a new link was attached and pinned.
+    Created,
 }
 
 impl Gate {
@@ -26,31 +81,90 @@ impl Gate {
         if point == AttachPoint::Egress { self.egress } else { point.program() }
     }
 
-    /// Attach every cgroup program to the gated root, or, where a link is already pinned, swap
-    /// its program in place (BPF_LINK_UPDATE). Links are pinned under `links/<point>`,
-    /// programs under `progs/<point>`.
+    /// Attach every cgroup program to the gated root, or, where a link is already pinned and
+    /// attached there, swap its program in place (BPF_LINK_UPDATE: never detach-then-attach).
+    /// Links are pinned under `links/<point>`, programs under `progs/<point>`.
     ///
     /// A cgroup bpf_link always coexists with other programs on the cgroup (the kernel treats
-    /// it as multi-attach and rejects BPF_F_ALLOW_MULTI as a link flag), hence `Single`: flags 0.
-    pub fn attach(&mut self, root: &GatedRoot) -> Result<Vec<HookChange>, LoaderError> {
-        let cgroup = fs::File::open(&root.path).map_err(|source| LoaderError::Io {
-            what: "opening cgroup",
-            path: root.path.clone(),
-            source,
-        })?;
+    /// it as multi-attach), so the link takes no flags.
+    pub(crate) fn attach(&mut self, root: &GatedRoot) -> Result<Vec<HookChange>, LoaderError> {
         let mut changes = Vec::new();
         for point in AttachPoint::CGROUP {
             let prog = self.program_for(point);
-            let name = prog.name();
-            let perr = |source| LoaderError::Program { name, source };
-            let link_path = self.layout.link(point.pin_name());
-            let (old_prog_id, fresh_link) = if link_path.exists() {
-                let link = sys::obj_get(&link_path).map_err(|source| LoaderError::Io {
-                    what: "opening pinned link",
-                    path: link_path.clone(),
-                    source,
-                })?;
-                let old = sys::link_info(link.as_fd()).ok().map(|i| i.prog_id);
+            let old_prog_id = match self.ensure_link(point, root, true)? {
+                LinkState::Live(old) => old,
+                LinkState::Created => None,
+            };
+            let new_prog_id = self.pin_program(point, prog)?;
+            changes.push(HookChange { point, program: prog, old_prog_id, new_prog_id });
+        }
+        Ok(changes)
+    }
+
+    /// Check every pin and link against `root` and put back what is missing: re-pin maps and
+    /// programs from the agent's own descriptors, re-attach links that were detached,
+    /// unpinned or are on another cgroup (a root recreated under the same path). Returns what
+    /// was repaired; an error means the gate is not whole.
+    pub(crate) fn repair(&mut self, root: &GatedRoot) -> Result<Vec<Repair>, LoaderError> {
+        let mut repaired = Vec::new();
+        for sub in ["maps", "progs", "links"] {
+            let dir = self.layout.dir.join(sub);
+            fs::create_dir_all(&dir).map_err(|source| LoaderError::Io {
+                what: "recreating",
+                path: dir,
+                source,
+            })?;
+        }
+        for name in names::ALL {
+            let path = self.layout.map(name);
+            if path.exists() {
+                continue;
+            }
+            let data = self.maps.data(name).or(if name == names::EVENTS {
+                self.events_pin.as_ref()
+            } else {
+                None
+            });
+            if let Some(data) = data {
+                data.pin(&path).map_err(|source| LoaderError::Pin { path, source })?;
+                repaired.push(Repair::MapPin(name));
+            }
+        }
+        for point in AttachPoint::CGROUP {
+            if let LinkState::Created = self.ensure_link(point, root, false)? {
+                repaired.push(Repair::Link(point));
+            }
+            if !self.layout.prog(point.pin_name()).exists() {
+                self.pin_program(point, self.program_for(point))?;
+                repaired.push(Repair::ProgramPin(point));
+            }
+        }
+        Ok(repaired)
+    }
+
+    /// Make the link of `point` live on `root`: keep it (swapping its program when `update`)
+    /// if it is pinned and attached there, else attach a new one and pin it.
+    fn ensure_link(
+        &mut self,
+        point: AttachPoint,
+        root: &GatedRoot,
+        update: bool,
+    ) -> Result<LinkState, LoaderError> {
+        let prog = self.program_for(point);
+        let name = prog.name();
+        let perr = |source| LoaderError::Program { name, source };
+        let link_path = self.layout.link(point.pin_name());
+        if link_path.exists() {
+            let link = sys::obj_get(&link_path).map_err(|source| LoaderError::Io {
+                what: "opening pinned link",
+                path: link_path.clone(),
+                source,
+            })?;
+            let info = sys::link_info(link.as_fd()).ok();
+            if info.is_some_and(|i| i.target == LinkTarget::Cgroup(root.id)) {
+                if !update {
+                    return Ok(LinkState::Live(None));
+                }
                 let p = self.ebpf.program(name).ok_or(LoaderError::MissingProgram(name))?;
                 let fd = p.fd().map_err(perr)?;
                 sys::link_update(link.as_fd(), fd.as_fd()).map_err(|source| LoaderError::Io {
@@ -58,47 +172,34 @@ impl Gate {
                     path: link_path.clone(),
                     source,
                 })?;
-                (old, None)
-            } else if point == AttachPoint::Egress {
-                let p: &mut CgroupSkb = program(&mut self.ebpf, prog)?;
-                let id = p
-                    .attach(&cgroup, CgroupSkbAttachType::Egress, CgroupAttachMode::Single)
-                    .map_err(perr)?;
-                let link = FdLink::try_from(p.take_link(id).map_err(perr)?)
-                    .map_err(|source| LoaderError::Link { name, source })?;
-                (None, Some(link))
-            } else if point == AttachPoint::Setsockopt {
-                // aya's link for this type cannot be pinned: create the bpf_link directly.
-                let p: &mut CgroupSockopt = program(&mut self.ebpf, prog)?;
-                let fd = p.fd().map_err(perr)?;
-                let link =
-                    sys::link_create_cgroup(fd.as_fd(), cgroup.as_fd(), sys::BPF_CGROUP_SETSOCKOPT)
-                        .map_err(|source| LoaderError::Io {
-                            what: "attaching with a bpf_link to",
-                            path: root.path.clone(),
-                            source,
-                        })?;
-                sys::obj_pin(link.as_fd(), &link_path).map_err(|source| LoaderError::Io {
-                    what: "pinning",
-                    path: link_path.clone(),
-                    source,
-                })?;
-                (None, None)
-            } else {
-                let p: &mut CgroupSockAddr = program(&mut self.ebpf, prog)?;
-                let id = p.attach(&cgroup, CgroupAttachMode::Single).map_err(perr)?;
-                let link = FdLink::try_from(p.take_link(id).map_err(perr)?)
-                    .map_err(|source| LoaderError::Link { name, source })?;
-                (None, Some(link))
-            };
-            if let Some(link) = fresh_link {
-                link.pin(&link_path)
-                    .map_err(|source| LoaderError::Pin { path: link_path.clone(), source })?;
+                return Ok(LinkState::Live(info.map(|i| i.prog_id)));
             }
-            let new_prog_id = self.pin_program(point, prog)?;
-            changes.push(HookChange { point, program: prog, old_prog_id, new_prog_id });
+            // Detached (its cgroup is gone) or on another cgroup: replace it.
+            fs::remove_file(&link_path).map_err(|source| LoaderError::Io {
+                what: "unpinning a stale link",
+                path: link_path.clone(),
+                source,
+            })?;
         }
-        Ok(changes)
+        let cgroup = fs::File::open(&root.path).map_err(|source| LoaderError::Io {
+            what: "opening cgroup",
+            path: root.path.clone(),
+            source,
+        })?;
+        let p = self.ebpf.program(name).ok_or(LoaderError::MissingProgram(name))?;
+        let fd = p.fd().map_err(perr)?;
+        let link = sys::link_create_cgroup(fd.as_fd(), cgroup.as_fd(), attach_type(point))
+            .map_err(|source| LoaderError::Io {
+                what: "attaching with a bpf_link to",
+                path: root.path.clone(),
+                source,
+            })?;
+        sys::obj_pin(link.as_fd(), &link_path).map_err(|source| LoaderError::Io {
+            what: "pinning",
+            path: link_path,
+            source,
+        })?;
+        Ok(LinkState::Created)
     }
 
     /// Pin (or re-pin) the program of an attach point; returns its id.

@@ -1,8 +1,15 @@
 //! The policy's way into the maps: a compiled image and an allow set are written into the
-//! inactive generation, the CONFIG slot is flipped with one 4-byte write, and only then are
-//! the old generation's entries deleted. A program reads the generation once per
-//! invocation, so it always sees one complete policy (see `gate_common::abi`).
-use std::time::{SystemTime, UNIX_EPOCH};
+//! inactive generation, the CONFIG slot is flipped with one 4-byte write, and only once an
+//! RCU grace period has passed — every program that read the old generation before the flip
+//! has finished — are the old generation's entries deleted. A program reads the generation
+//! once per invocation, so it always sees one complete policy, never a half-deleted one (see
+//! `gate_common::abi`).
+//!
+//! An apply either fails before the flip (nothing changed: the live generation is as it
+//! was) or is in force: what follows the flip (clearing the old generation, resetting
+//! counters, recording GATE_INFO) is logged if it fails, never reported as a failed apply,
+//! so the agent's idea of the policy is always the kernel's.
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use aya::maps::lpm_trie::Key;
 use gate_common::{
@@ -15,12 +22,12 @@ use gate_common::{
     user::{AllowSet, Mode, PolicyHash, TerminateState},
 };
 
-use super::{Gate, LoaderError, Maps, ignore_missing, map_err};
+use super::{Gate, LoaderError, Maps, ignore_missing, map_err, sys};
 use crate::cgroup::GatedRoot;
 
 /// A policy as the loader installs it: the compiled image plus what `status` and the
 /// metrics read back. Generation-free; [`Gate::apply`] stamps the generation.
-pub struct Install<'a> {
+pub(crate) struct Install<'a> {
     pub image: &'a Image,
     pub mode: Mode,
     /// Endpoint names by index.
@@ -46,7 +53,15 @@ struct Written {
 pub(super) struct Generations {
     active: u32,
     written: [Written; 2],
+    /// The generation left in place after the last flip because no grace period could be
+    /// waited for (then it is cleared before the next apply, at least [`FALLBACK_GRACE`]
+    /// after that flip).
+    stale: Option<(u32, Instant)>,
 }
+
+/// How long a generation stays after its flip where the kernel refuses membarrier: far
+/// longer than any program runs.
+const FALLBACK_GRACE: Duration = Duration::from_secs(1);
 
 impl Generations {
     /// Rebuild what each generation holds from the maps (an adopted gate's agent kept this in
@@ -84,7 +99,10 @@ impl Generations {
                 "found a pinned policy"
             );
         }
-        Ok(Generations { active, written: w })
+        // The inactive generation may hold the leftovers of an apply that was cut short, or
+        // the previous policy of an agent that died before clearing it: in use by no program
+        // once a grace period has passed since that flip, which cannot be known here.
+        Ok(Generations { active, written: w, stale: Some((active ^ 1, Instant::now())) })
     }
 
     fn live(&self) -> &Written {
@@ -95,8 +113,13 @@ impl Generations {
 impl Gate {
     /// Install a policy image and its allow set as the next generation and make it live.
     /// On error the live generation is untouched.
-    pub fn apply(&mut self, install: &Install<'_>, root: &GatedRoot) -> Result<(), LoaderError> {
+    pub(crate) fn apply(
+        &mut self,
+        install: &Install<'_>,
+        root: &GatedRoot,
+    ) -> Result<(), LoaderError> {
         let next = self.gens.active ^ 1;
+        self.settle_stale();
         self.clear(next)?;
         let m = &mut self.maps;
         let w = &mut self.gens.written[next as usize];
@@ -137,17 +160,28 @@ impl Gate {
             prefilter: install.image.prefilter,
         };
         m.meta.set(next, meta, 0).map_err(map_err(names::POLICY_META))?;
-        // The flip: one aligned 4-byte write.
+        // The flip: one aligned 4-byte write. From here on the new policy is in force.
         m.config.set(CONFIG_ACTIVE_GEN, next, 0).map_err(map_err(names::CONFIG))?;
         let old = self.gens.active;
         self.gens.active = next;
-        self.clear(old)?;
+        match sys::rcu_grace_period() {
+            Ok(()) => {
+                if let Err(e) = self.clear(old) {
+                    tracing::warn!(error = %e, "clearing the previous policy generation; the next apply retries");
+                    self.gens.stale = Some((old, Instant::now()));
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "no RCU grace period (membarrier); the previous generation stays until the next apply");
+                self.gens.stale = Some((old, Instant::now()));
+            }
+        }
         // Counters are per endpoint index: a new policy starts them afresh.
         for i in 0..endpoints {
-            self.maps
-                .ep_counters
-                .set(i, EndpointCounters::default(), 0)
-                .map_err(map_err(names::EP_COUNTERS))?;
+            if let Err(e) = self.maps.ep_counters.set(i, EndpointCounters::default(), 0) {
+                tracing::warn!(error = %e, "resetting endpoint counters");
+                break;
+            }
         }
         self.info = GateInfo {
             policy_generation: self.info.policy_generation + 1,
@@ -158,22 +192,47 @@ impl Gate {
                 .map_or(0, |d| d.as_millis() as u64),
             agent_pid: std::process::id(),
             terminate: TerminateState::Unknown.id(),
+            terminate_netns: 0,
+            terminate_hidden: 0,
             platform: fixed_str(install.platform),
             root_path: fixed_str(&root.path.to_string_lossy()),
         };
-        self.maps.info.set(0, self.info, 0).map_err(map_err(names::GATE_INFO))
+        if let Err(e) = self.maps.info.set(0, self.info, 0) {
+            tracing::warn!(error = %e, "recording what was applied (GATE_INFO); status will lag");
+        }
+        Ok(())
     }
 
-    /// Record whether established connections are terminated, for `status`.
-    pub fn set_terminate(&mut self, state: TerminateState) -> Result<(), LoaderError> {
+    /// Before the inactive generation is reused: if it was left in place after its flip,
+    /// make sure no program can still be reading it.
+    fn settle_stale(&mut self) {
+        let Some((generation, flipped)) = self.gens.stale.take() else { return };
+        if generation != self.gens.active ^ 1 {
+            return;
+        }
+        if sys::rcu_grace_period().is_err() {
+            std::thread::sleep(FALLBACK_GRACE.saturating_sub(flipped.elapsed()));
+        }
+    }
+
+    /// Record whether established connections are terminated, and what the last scan could
+    /// see (namespaces scanned, gated processes it could not look into), for `status`.
+    pub(crate) fn set_terminate(
+        &mut self,
+        state: TerminateState,
+        netns: usize,
+        hidden: usize,
+    ) -> Result<(), LoaderError> {
         self.info.terminate = state.id();
+        self.info.terminate_netns = netns.min(u32::MAX as usize) as u32;
+        self.info.terminate_hidden = hidden.min(u32::MAX as usize) as u32;
         self.maps.info.set(0, self.info, 0).map_err(map_err(names::GATE_INFO))
     }
 
     /// Make the live allow set equal `want` (cgroups that appeared under or vanished from a
     /// glob or a pod). Single inserts and deletes, each atomic on its own. Returns (added,
     /// removed).
-    pub fn sync_allow(&mut self, want: &AllowSet) -> Result<(usize, usize), LoaderError> {
+    pub(crate) fn sync_allow(&mut self, want: &AllowSet) -> Result<(usize, usize), LoaderError> {
         let live = self.gens.active;
         let w = &mut self.gens.written[live as usize];
         let mut added = 0;
@@ -198,7 +257,7 @@ impl Gate {
     }
 
     /// The live allow set.
-    pub fn allowed(&self) -> &AllowSet {
+    pub(crate) fn allowed(&self) -> &AllowSet {
         &self.gens.live().allowed
     }
 
@@ -227,7 +286,7 @@ impl Gate {
 
     /// Entries the live generation holds, per map, for the capacity metric:
     /// (map, used, capacity).
-    pub fn usage(&self) -> [(&'static str, usize, u32); 4] {
+    pub(crate) fn usage(&self) -> [(&'static str, usize, u32); 4] {
         let w = self.gens.live();
         [
             (names::PREFIX_V4, w.v4.len(), MAX_ENDPOINTS),

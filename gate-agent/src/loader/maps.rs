@@ -2,18 +2,18 @@
 //! (`gate-agent status`, which must work while no agent runs).
 use aya::{
     Ebpf,
-    maps::{Array, HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray},
+    maps::{Array, HashMap, IterableMap as _, LpmTrie, Map, MapData, MapError, PerCpuArray},
 };
 use gate_common::abi::{
-    AllowKey, CONFIG_ACTIVE_GEN, CONFIG_RECENT_CURSOR, DenyEvent, EndpointCounters, EndpointName,
-    EpNameKey, GateInfo, MAX_ENDPOINTS, NUM_HOOKS, NUM_VERDICTS, PolicyMeta, PortRuleKey, PrefixV4,
-    PrefixV6, PrefixValue, RECENT_DENIALS, STAT_EVENTS_LOST, TcClsact, fixed_str_value, names,
-    stat_slot,
+    AccessKey, AccessStats, AllowKey, CONFIG_ACTIVE_GEN, CONFIG_RECENT_CURSOR, DenyEvent,
+    EndpointCounters, EndpointName, EpNameKey, GateInfo, MAX_ENDPOINTS, NUM_HOOKS, NUM_VERDICTS,
+    PolicyMeta, PortRuleKey, PrefixV4, PrefixV6, PrefixValue, RECENT_DENIALS, STAT_EVENTS_LOST,
+    TcClsact, fixed_str_value, names, stat_slot,
 };
 
 use super::{LoaderError, map_err, pins::Layout};
 
-pub struct Maps {
+pub(crate) struct Maps {
     pub config: Array<MapData, u32>,
     pub meta: Array<MapData, PolicyMeta>,
     pub v4: LpmTrie<MapData, PrefixV4, PrefixValue>,
@@ -26,12 +26,13 @@ pub struct Maps {
     pub info: Array<MapData, GateInfo>,
     pub names: HashMap<MapData, EpNameKey, EndpointName>,
     pub strict: HashMap<MapData, u32, u32>,
+    pub access: HashMap<MapData, AccessKey, AccessStats>,
     pub clsact: HashMap<MapData, u64, TcClsact>,
 }
 
 /// Counters read back from the kernel.
 #[derive(Clone, Debug, Default)]
-pub struct Stats {
+pub(crate) struct Stats {
     /// `[hook][verdict]` summed over CPUs.
     pub decisions: Vec<Vec<u64>>,
     pub events_lost: u64,
@@ -70,35 +71,57 @@ macro_rules! open_all {
             info: $f($src, names::GATE_INFO)?,
             names: $f($src, names::EP_NAMES)?,
             strict: $f($src, names::STRICT_IFACES)?,
+            access: $f($src, names::ACCESS)?,
             clsact: $f($src, names::TC_CLSACT)?,
         })
     };
 }
 
 impl Maps {
-    pub fn take(ebpf: &mut Ebpf) -> Result<Maps, LoaderError> {
+    /// The map of a name, untyped (to pin it again).
+    pub(crate) fn data(&self, name: &str) -> Option<&MapData> {
+        Some(match name {
+            names::CONFIG => self.config.map(),
+            names::POLICY_META => self.meta.map(),
+            names::PREFIX_V4 => self.v4.map(),
+            names::PREFIX_V6 => self.v6.map(),
+            names::PORT_RULES => self.rules.map(),
+            names::ALLOWED => self.allowed.map(),
+            names::EP_COUNTERS => self.ep_counters.map(),
+            names::STATS => self.stats.map(),
+            names::RECENT => self.recent.map(),
+            names::GATE_INFO => self.info.map(),
+            names::EP_NAMES => self.names.map(),
+            names::STRICT_IFACES => self.strict.map(),
+            names::ACCESS => self.access.map(),
+            names::TC_CLSACT => self.clsact.map(),
+            _ => return None,
+        })
+    }
+
+    pub(crate) fn take(ebpf: &mut Ebpf) -> Result<Maps, LoaderError> {
         open_all!(take, ebpf)
     }
 
-    pub fn from_pins(layout: &Layout) -> Result<Maps, LoaderError> {
+    pub(crate) fn from_pins(layout: &Layout) -> Result<Maps, LoaderError> {
         open_all!(from_pin, layout)
     }
 
     /// The live generation (0 or 1).
-    pub fn active(&self) -> Result<u32, LoaderError> {
+    pub(crate) fn active(&self) -> Result<u32, LoaderError> {
         Ok(self.config.get(&CONFIG_ACTIVE_GEN, 0).map_err(map_err(names::CONFIG))? & 1)
     }
 
-    pub fn info(&self) -> Result<GateInfo, LoaderError> {
+    pub(crate) fn info(&self) -> Result<GateInfo, LoaderError> {
         self.info.get(&0, 0).map_err(map_err(names::GATE_INFO))
     }
 
-    pub fn policy_meta(&self, generation: u32) -> Result<PolicyMeta, LoaderError> {
+    pub(crate) fn policy_meta(&self, generation: u32) -> Result<PolicyMeta, LoaderError> {
         self.meta.get(&generation, 0).map_err(map_err(names::POLICY_META))
     }
 
     /// Endpoint names of a generation, by index (missing ones as `?`).
-    pub fn endpoint_names(&self, generation: u32, count: u32) -> Vec<String> {
+    pub(crate) fn endpoint_names(&self, generation: u32, count: u32) -> Vec<String> {
         (0..count.min(MAX_ENDPOINTS))
             .map(|index| {
                 self.names
@@ -110,7 +133,7 @@ impl Maps {
     }
 
     /// All counters.
-    pub fn stats(&self, endpoints: u32) -> Result<Stats, LoaderError> {
+    pub(crate) fn stats(&self, endpoints: u32) -> Result<Stats, LoaderError> {
         let read = |slot: u32| -> Result<u64, LoaderError> {
             let v = self.stats.get(&slot, 0).map_err(map_err(names::STATS))?;
             Ok(v.iter().sum())
@@ -131,7 +154,7 @@ impl Maps {
     }
 
     /// The last denials, oldest first.
-    pub fn recent(&self) -> Result<Vec<DenyEvent>, LoaderError> {
+    pub(crate) fn recent(&self) -> Result<Vec<DenyEvent>, LoaderError> {
         let cursor = self.config.get(&CONFIG_RECENT_CURSOR, 0).map_err(map_err(names::CONFIG))?;
         let n = cursor.min(RECENT_DENIALS);
         let mut out = Vec::new();
@@ -143,7 +166,7 @@ impl Maps {
     }
 
     /// Entries per generation in the allow set: `[gen0, gen1]`.
-    pub fn allowed_counts(&self) -> [usize; 2] {
+    pub(crate) fn allowed_counts(&self) -> [usize; 2] {
         let mut n = [0; 2];
         for k in self.allowed.keys().flatten() {
             n[(k.generation & 1) as usize] += 1;

@@ -17,14 +17,14 @@
 //! aya lacks.
 mod attach;
 mod generations;
+pub(crate) mod lock;
 mod maps;
-pub mod pins;
+pub(crate) mod pins;
 mod sys;
 mod tc;
 
 use std::path::{Path, PathBuf};
 
-pub use attach::HookChange;
 use aya::{
     Ebpf, EbpfLoader,
     maps::{MapData, MapError, RingBuf},
@@ -34,19 +34,23 @@ use gate_common::{
     abi::{GateInfo, names},
     user::{AttachPoint, Program},
 };
-pub use generations::Install;
-pub use maps::{Maps, Stats};
-pub use pins::{Layout, cleanup};
-pub use sys::{LinkInfo, LinkTarget};
-pub use tc::{TcMode, TcPlan, TcReport, TcTarget};
+pub(crate) use generations::Install;
+pub(crate) use maps::{Maps, Stats};
+pub(crate) use pins::{Layout, cleanup};
+pub(crate) use sys::{LinkInfo, LinkTarget};
+pub(crate) use tc::{TcMode, TcPlan, TcReport, TcTarget};
 
 use crate::cgroup::GatedRoot;
+
+/// The access tally (ACCESS), typed.
+pub(crate) type AccessMap =
+    aya::maps::HashMap<MapData, gate_common::abi::AccessKey, gate_common::abi::AccessStats>;
 
 /// The eBPF object built by build.rs (gate-ebpf for bpfel-unknown-none).
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gate"));
 
 #[derive(Debug, thiserror::Error)]
-pub enum LoaderError {
+pub(crate) enum LoaderError {
     #[error("loading the eBPF object: {0}")]
     Load(#[from] aya::EbpfError),
     #[error("program {name}: {source}")]
@@ -74,6 +78,11 @@ pub enum LoaderError {
          run `gate-agent cleanup --pin-dir {pin_dir}` first, or keep --cgroup-root"
     )]
     RootMismatch { pin_dir: PathBuf, pinned: String, pinned_id: u64, wanted: PathBuf },
+    #[error(
+        "another gate-agent (pid {holder}) holds {pin_dir}: one agent per gate. Stop it first \
+         (a DaemonSet update replaces the pod; it never runs two)"
+    )]
+    Locked { pin_dir: PathBuf, holder: String },
 }
 
 fn map_err(name: &'static str) -> impl FnOnce(MapError) -> LoaderError {
@@ -82,7 +91,7 @@ fn map_err(name: &'static str) -> impl FnOnce(MapError) -> LoaderError {
 
 /// Which cgroup_skb egress program to load.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum EgressProgram {
+pub(crate) enum EgressProgram {
     /// With pid/comm in events where the kernel allows, else without.
     #[default]
     Auto,
@@ -94,7 +103,7 @@ pub enum EgressProgram {
 
 /// How the gate came up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Start {
+pub(crate) enum Start {
     /// Nothing was pinned: a first install (or after `cleanup`).
     Fresh,
     /// A pinned gate was taken over; it never stopped enforcing.
@@ -102,11 +111,14 @@ pub enum Start {
 }
 
 /// The loaded, pinned gate.
-pub struct Gate {
+pub(crate) struct Gate {
     ebpf: Ebpf,
     layout: Layout,
     maps: Maps,
     events: Option<RingBuf<MapData>>,
+    /// The event ring buffer opened once more, so that its pin can be put back while the
+    /// reader owns the first.
+    events_pin: Option<MapData>,
     gens: generations::Generations,
     info: GateInfo,
     start: Start,
@@ -114,6 +126,8 @@ pub struct Gate {
     egress: Program,
     /// clsact filters attached by this agent (TC_CLSACT keys).
     clsact_done: std::collections::BTreeSet<u64>,
+    /// Held for the agent's life: one agent per gate.
+    _lock: lock::PinLock,
 }
 
 /// A program of the object, as its concrete type.
@@ -133,12 +147,13 @@ impl Gate {
     /// already pinned (nothing attached changes here).
     /// `may_mount`: whether bpffs may be mounted on the pin dir's parent when it is missing
     /// (standalone; never in a pod, where the mount would not outlive the container).
-    pub fn open(
+    pub(crate) fn open(
         pin_dir: &Path,
         egress: EgressProgram,
         may_mount: bool,
     ) -> Result<Gate, LoaderError> {
         let layout = pins::prepare(pin_dir, may_mount)?;
+        let lock = lock::lock(pin_dir)?;
         let start = if layout.links().is_empty() { Start::Fresh } else { Start::Adopted };
         let mut loader = EbpfLoader::new();
         for name in names::ALL {
@@ -163,6 +178,7 @@ impl Gate {
                 .try_into()
                 .map_err(map_err(names::EVENTS))?,
         );
+        let events_pin = MapData::from_pin(layout.map(names::EVENTS)).ok();
         let info = maps.info()?;
         let gens = generations::Generations::scan(&mut maps, &info)?;
         Ok(Gate {
@@ -170,27 +186,34 @@ impl Gate {
             layout,
             maps,
             events,
+            events_pin,
             gens,
             info,
             start,
             egress,
             clsact_done: Default::default(),
+            _lock: lock,
         })
     }
 
-    pub fn start(&self) -> Start {
+    pub(crate) fn start(&self) -> Start {
         self.start
     }
 
     /// What was last applied (for an adopted gate: by the previous agent).
-    pub fn info(&self) -> &GateInfo {
+    pub(crate) fn info(&self) -> &GateInfo {
         &self.info
     }
 
     /// Refuse to adopt a gate that protects another cgroup: enforcing elsewhere would open it.
-    pub fn check_root(&self, root: &GatedRoot) -> Result<(), LoaderError> {
+    /// A gate pinned for the same path whose cgroup was recreated (a new id: a kubelet that
+    /// restarted its slices, a node that rebooted with pins kept) is taken over: its links
+    /// are re-attached to the cgroup that is there now.
+    pub(crate) fn check_root(&self, root: &GatedRoot) -> Result<(), LoaderError> {
         let pinned = self.info.root_cgroup_id;
-        if self.start == Start::Adopted && pinned != 0 && pinned != root.id {
+        let pinned_path = gate_common::abi::fixed_str_value(&self.info.root_path);
+        let same_path = Path::new(pinned_path) == root.path;
+        if self.start == Start::Adopted && pinned != 0 && pinned != root.id && !same_path {
             return Err(LoaderError::RootMismatch {
                 pin_dir: self.layout.dir.parent().map(Path::to_path_buf).unwrap_or_default(),
                 pinned: gate_common::abi::fixed_str_value(&self.info.root_path).to_owned(),
@@ -203,7 +226,7 @@ impl Gate {
 
     /// Unpin other ABI versions under the same pin dir, once this one enforces: a clean
     /// hand-over (both enforced while they overlapped). Returns what was removed.
-    pub fn retire_other_versions(&self) -> Vec<PathBuf> {
+    pub(crate) fn retire_other_versions(&self) -> Vec<PathBuf> {
         let Some(pin_dir) = self.layout.dir.parent() else { return Vec::new() };
         let mut removed = Vec::new();
         for (abi, dir) in pins::other_versions(pin_dir) {
@@ -218,26 +241,26 @@ impl Gate {
         removed
     }
 
-    /// The denial event ring buffer (taken once, by the event reader).
-    pub fn take_events(&mut self) -> Option<RingBuf<MapData>> {
-        self.events.take()
-    }
-
-    pub fn maps(&self) -> &Maps {
-        &self.maps
+    /// What the event reader reads (taken once): the denial event ring buffer, and the
+    /// access tally (ACCESS, opened again so that the reader needs no lock).
+    pub(crate) fn take_events(&mut self) -> Option<(RingBuf<MapData>, AccessMap)> {
+        let ring = self.events.take()?;
+        let data = MapData::from_pin(self.layout.map(names::ACCESS)).ok()?;
+        let tally = aya::maps::Map::from_map_data(data).ok()?.try_into().ok()?;
+        Some((ring, tally))
     }
 
     /// Read all counters of the live policy.
-    pub fn stats(&self, endpoints: u32) -> Result<Stats, LoaderError> {
+    pub(crate) fn stats(&self, endpoints: u32) -> Result<Stats, LoaderError> {
         self.maps.stats(endpoints)
     }
 
-    pub fn pin_dir(&self) -> &Path {
+    pub(crate) fn pin_dir(&self) -> &Path {
         &self.layout.dir
     }
 
     /// The egress program variant the kernel accepted.
-    pub fn egress_program(&self) -> Program {
+    pub(crate) fn egress_program(&self) -> Program {
         self.egress
     }
 }

@@ -17,26 +17,26 @@ const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
 /// Where one ABI version of the gate lives.
 #[derive(Clone, Debug)]
-pub struct Layout {
+pub(crate) struct Layout {
     /// `<pin-dir>/v<ABI>`.
     pub dir: PathBuf,
 }
 
 impl Layout {
-    pub fn new(pin_dir: &Path) -> Self {
+    pub(crate) fn new(pin_dir: &Path) -> Self {
         Self { dir: versioned(pin_dir, ABI_VERSION) }
     }
-    pub fn map(&self, name: &str) -> PathBuf {
+    pub(crate) fn map(&self, name: &str) -> PathBuf {
         self.dir.join("maps").join(name)
     }
-    pub fn link(&self, hook: &str) -> PathBuf {
+    pub(crate) fn link(&self, hook: &str) -> PathBuf {
         self.dir.join("links").join(hook)
     }
-    pub fn prog(&self, hook: &str) -> PathBuf {
+    pub(crate) fn prog(&self, hook: &str) -> PathBuf {
         self.dir.join("progs").join(hook)
     }
     /// Names of the pinned links.
-    pub fn links(&self) -> Vec<String> {
+    pub(crate) fn links(&self) -> Vec<String> {
         let mut v: Vec<String> = fs::read_dir(self.dir.join("links"))
             .into_iter()
             .flatten()
@@ -49,13 +49,13 @@ impl Layout {
 }
 
 /// `<pin-dir>/v<abi>`.
-pub fn versioned(pin_dir: &Path, abi: u32) -> PathBuf {
+pub(crate) fn versioned(pin_dir: &Path, abi: u32) -> PathBuf {
     pin_dir.join(format!("v{abi}"))
 }
 
 /// Mount bpffs at the pin dir's parent if that is not on bpffs yet (and `may_mount`), then
 /// create the layout.
-pub fn prepare(pin_dir: &Path, may_mount: bool) -> Result<Layout, LoaderError> {
+pub(crate) fn prepare(pin_dir: &Path, may_mount: bool) -> Result<Layout, LoaderError> {
     let err = |reason: String| LoaderError::PinDir { path: pin_dir.to_path_buf(), reason };
     let parent = pin_dir
         .parent()
@@ -85,7 +85,7 @@ pub fn prepare(pin_dir: &Path, may_mount: bool) -> Result<Layout, LoaderError> {
 }
 
 /// Other ABI versions pinned under the same pin dir (`v<N>` directories), oldest first.
-pub fn other_versions(pin_dir: &Path) -> Vec<(u32, PathBuf)> {
+pub(crate) fn other_versions(pin_dir: &Path) -> Vec<(u32, PathBuf)> {
     let mut v: Vec<(u32, PathBuf)> = fs::read_dir(pin_dir)
         .into_iter()
         .flatten()
@@ -102,6 +102,7 @@ pub fn other_versions(pin_dir: &Path) -> Vec<(u32, PathBuf)> {
 
 fn statfs_type(path: &Path) -> io::Result<i64> {
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())?;
+    // SAFETY: statfs is plain C data, for which all-zero bytes are a valid value.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: valid NUL-terminated path and out-pointer.
     if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
@@ -129,7 +130,7 @@ fn mount_bpffs(path: &Path) -> io::Result<()> {
 /// Remove one versioned dir: its clsact filters (which no pin holds), then its pins.
 /// Unpinning the links detaches them once no process holds them, which opens that version's
 /// gate.
-pub fn remove_version(dir: &Path) -> Result<(), LoaderError> {
+pub(crate) fn remove_version(dir: &Path) -> Result<(), LoaderError> {
     super::tc::cleanup_clsact(dir);
     fs::remove_dir_all(dir).map_err(|e| LoaderError::PinDir {
         path: dir.to_path_buf(),
@@ -138,7 +139,7 @@ pub fn remove_version(dir: &Path) -> Result<(), LoaderError> {
 }
 
 /// Remove every version pinned under `pin_dir`: this opens the gate. Returns the removed dirs.
-pub fn cleanup(pin_dir: &Path) -> Result<Vec<PathBuf>, LoaderError> {
+pub(crate) fn cleanup(pin_dir: &Path) -> Result<Vec<PathBuf>, LoaderError> {
     let mut removed = Vec::new();
     let mut dirs = other_versions(pin_dir);
     dirs.push((ABI_VERSION, Layout::new(pin_dir).dir));
@@ -154,7 +155,7 @@ pub fn cleanup(pin_dir: &Path) -> Result<Vec<PathBuf>, LoaderError> {
 }
 
 /// Describe the link pinned as `links/<name>`.
-pub fn pinned_link_info(layout: &Layout, name: &str) -> io::Result<super::LinkInfo> {
+pub(crate) fn pinned_link_info(layout: &Layout, name: &str) -> io::Result<super::LinkInfo> {
     use std::os::fd::AsFd as _;
     let fd = super::sys::obj_get(&layout.link(name))?;
     super::sys::link_info(fd.as_fd())

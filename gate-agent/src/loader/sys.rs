@@ -15,7 +15,7 @@ const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_LINK_CREATE: libc::c_long = 28;
 /// `enum bpf_attach_type` BPF_CGROUP_SETSOCKOPT.
-pub const BPF_CGROUP_SETSOCKOPT: u32 = 22;
+pub(super) const BPF_CGROUP_SETSOCKOPT: u32 = 22;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_LINK_UPDATE: libc::c_long = 29;
 
@@ -36,7 +36,7 @@ struct ObjGetAttr {
 }
 
 /// Open a pinned bpf object (link, program or map).
-pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
+pub(super) fn obj_get(path: &Path) -> io::Result<OwnedFd> {
     let c = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
     let mut attr = ObjGetAttr { pathname: c.as_ptr() as u64, bpf_fd: 0, file_flags: 0 };
@@ -55,7 +55,7 @@ struct LinkCreateAttr {
 
 /// Attach a program to a cgroup with a bpf_link (5.7+): for program types whose aya link
 /// cannot be pinned.
-pub fn link_create_cgroup(
+pub(super) fn link_create_cgroup(
     prog: BorrowedFd<'_>,
     cgroup: BorrowedFd<'_>,
     attach_type: u32,
@@ -72,7 +72,7 @@ pub fn link_create_cgroup(
 }
 
 /// Pin a bpf object (link, program, map) at `path` on bpffs.
-pub fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
+pub(super) fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
     let c = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
     let mut attr =
@@ -89,7 +89,7 @@ struct LinkUpdateAttr {
 }
 
 /// Replace the program of a link in one step: there is no moment without a program.
-pub fn link_update(link: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Result<()> {
+pub(super) fn link_update(link: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Result<()> {
     let mut attr = LinkUpdateAttr {
         link_fd: link.as_raw_fd() as u32,
         new_prog_fd: prog.as_raw_fd() as u32,
@@ -119,7 +119,7 @@ struct RawLinkInfo {
 
 /// What a link is attached to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LinkTarget {
+pub(crate) enum LinkTarget {
     /// A cgroup link: the cgroup v2 id.
     Cgroup(u64),
     /// A tcx link: the interface index.
@@ -130,7 +130,7 @@ pub enum LinkTarget {
 
 /// A link's id, program and target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LinkInfo {
+pub(crate) struct LinkInfo {
     pub id: u32,
     pub prog_id: u32,
     pub target: LinkTarget,
@@ -144,7 +144,7 @@ struct InfoAttr {
 }
 
 /// Describe a link.
-pub fn link_info(link: BorrowedFd<'_>) -> io::Result<LinkInfo> {
+pub(super) fn link_info(link: BorrowedFd<'_>) -> io::Result<LinkInfo> {
     let mut raw = RawLinkInfo::default();
     let mut attr = InfoAttr {
         bpf_fd: link.as_raw_fd() as u32,
@@ -165,7 +165,7 @@ pub fn link_info(link: BorrowedFd<'_>) -> io::Result<LinkInfo> {
 
 impl LinkTarget {
     /// The cgroup id or ifindex, for display.
-    pub fn id(self) -> u64 {
+    pub(crate) fn id(self) -> u64 {
         match self {
             LinkTarget::Cgroup(id) => id,
             LinkTarget::Ifindex(i) => u64::from(i),
@@ -175,3 +175,12 @@ impl LinkTarget {
 }
 
 const _: () = assert!(size_of::<RawLinkInfo>() == 32);
+
+/// Wait for an RCU grace period: every BPF program that was running when this is called has
+/// finished when it returns (`membarrier(MEMBARRIER_CMD_GLOBAL)` is `synchronize_rcu()`).
+/// Fails on kernels that refuse the command (nohz_full CPUs).
+pub(super) fn rcu_grace_period() -> io::Result<()> {
+    // SAFETY: membarrier takes plain integers.
+    let rc = unsafe { libc::syscall(libc::SYS_membarrier, libc::MEMBARRIER_CMD_GLOBAL, 0, 0) };
+    if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}

@@ -37,7 +37,7 @@ use crate::{
 
 /// How tc programs are attached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum TcMode {
+pub(crate) enum TcMode {
     /// tcx where the kernel has it (6.6+), else clsact.
     #[default]
     Auto,
@@ -47,7 +47,7 @@ pub enum TcMode {
 
 /// One interface and direction the program belongs on.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct TcTarget {
+pub(crate) struct TcTarget {
     pub ifindex: u32,
     pub name: String,
     pub direction: TcDirection,
@@ -55,7 +55,7 @@ pub struct TcTarget {
 
 /// Where the program should be attached: every target, in one network namespace.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct TcPlan {
+pub(crate) struct TcPlan {
     pub targets: BTreeSet<TcTarget>,
     /// Workload-facing interfaces (ifindex) where only an allowed gated socket passes.
     pub strict: BTreeSet<u32>,
@@ -67,7 +67,7 @@ pub struct TcPlan {
 
 /// What one [`Gate::sync_tc`] changed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct TcReport {
+pub(crate) struct TcReport {
     /// Newly attached (including re-attached after someone removed ours).
     pub attached: Vec<TcTarget>,
     /// Attachments that had gone missing (detached link, deleted filter) and were restored.
@@ -105,7 +105,7 @@ impl Gate {
     /// swap the program of existing attachments when `update` (agent start), and detach from
     /// interfaces the plan no longer names. A target that fails is reported and the rest go
     /// on; an error means the namespace could not be entered, and nothing was changed.
-    pub fn sync_tc(&mut self, plan: &TcPlan, update: bool) -> Result<TcReport, LoaderError> {
+    pub(crate) fn sync_tc(&mut self, plan: &TcPlan, update: bool) -> Result<TcReport, LoaderError> {
         let layout = self.layout.clone();
         let ebpf = &mut self.ebpf;
         let clsact_map = &mut self.maps.clsact;
@@ -359,7 +359,7 @@ fn detach_clsact(rec: &TcClsact, dir: TcDirection) {
 
 /// Remove every clsact filter recorded in the pinned TC_CLSACT map of `version_dir` (part of
 /// `cleanup`, and of retiring another ABI version).
-pub fn cleanup_clsact(version_dir: &std::path::Path) {
+pub(super) fn cleanup_clsact(version_dir: &std::path::Path) {
     let path = version_dir.join("maps").join(names::TC_CLSACT);
     let Ok(data) = aya::maps::MapData::from_pin(path) else { return };
     let Ok(map) = aya::maps::Map::from_map_data(data) else { return };

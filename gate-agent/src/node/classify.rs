@@ -1,9 +1,10 @@
 //! Which interfaces the node-level program belongs on, from the namespace's interfaces and
 //! routes: pure, so every rule is unit-tested.
 //!
-//! * **Egress, on every interface but loopback.** A gated socket with CAP_NET_RAW can send
-//!   an AF_PACKET frame on any interface that reaches the metadata service's segment — the
-//!   uplink, a second NIC, the parent of a VLAN uplink, a bridge port — and forwarded traffic
+//! * **Egress, on every interface, loopback included.** A gated socket with CAP_NET_RAW can
+//!   send an AF_PACKET frame on any interface that reaches the metadata service's segment —
+//!   the uplink, a second NIC, the parent of a VLAN uplink, a bridge port, or loopback, which
+//!   hands it back to the node as forwarded traffic without its socket — and forwarded traffic
 //!   leaves by whichever interface the route (in any table: pods may be routed by policy)
 //!   or the bridge or Open vSwitch datapath picks. The program's common case is two loads and
 //!   a bit test, so guarding every egress costs less than guessing which ones matter.
@@ -26,14 +27,14 @@ use crate::loader::TcTarget;
 /// Interface-name globs that are not valid.
 #[derive(Debug, thiserror::Error)]
 #[error("interface glob {pattern:?}: {reason}")]
-pub struct GlobError {
+pub(crate) struct GlobError {
     pub pattern: String,
     pub reason: String,
 }
 
 /// The rules the classification follows besides the namespace itself.
 #[derive(Clone, Debug)]
-pub struct Rules {
+pub(crate) struct Rules {
     /// Node-level discovery on: egress on every interface, ingress per `workload_ingress`.
     /// Off: only what the flags name.
     pub discover: bool,
@@ -50,7 +51,7 @@ pub struct Rules {
 }
 
 impl Rules {
-    pub fn new(
+    pub(crate) fn new(
         discover: bool,
         workload_ingress: bool,
         strict_found: bool,
@@ -79,7 +80,7 @@ fn globset(patterns: &[String]) -> Result<GlobSet, GlobError> {
 
 /// Where the program goes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Classified {
+pub(crate) struct Classified {
     /// (ifindex, name, direction) of every attachment.
     pub targets: BTreeSet<TcTarget>,
     /// Workload-facing interfaces where only an allowed gated socket passes.
@@ -89,7 +90,7 @@ pub struct Classified {
 }
 
 /// Where the program goes, by the rules above.
-pub fn classify(
+pub(crate) fn classify(
     links: &[Link],
     routes: &[Route],
     protected: &[IpAddr],
@@ -103,15 +104,20 @@ pub fn classify(
         .filter(|i| exists.contains(i))
         .collect();
     let mut out = Classified { uplinks: uplinks.clone(), ..Classified::default() };
-    for l in links.iter().filter(|l| !l.loopback) {
+    for l in links {
         let mut add = |direction| {
             out.targets.insert(TcTarget { ifindex: l.ifindex, name: l.name.clone(), direction });
         };
+        // Loopback's egress too: an AF_PACKET frame sent on `lo` loses its socket there and
+        // comes back in as forwarded traffic.
         if rules.discover || rules.uplinks.is_match(&l.name) {
             add(TcDirection::Egress);
         }
         let named = rules.workloads.is_match(&l.name);
-        let found = rules.discover && rules.workload_ingress && !uplinks.contains(&l.ifindex);
+        let found = rules.discover
+            && rules.workload_ingress
+            && !l.loopback
+            && !uplinks.contains(&l.ifindex);
         if named || found {
             add(TcDirection::Ingress);
             if named || rules.strict_found {
@@ -163,7 +169,7 @@ mod tests {
         let rules = Rules::new(true, true, false, &[], &[]).unwrap();
         let t = classify(&links, &routes, &imds(), &rules);
         assert_eq!(t.uplinks, [2, 5].into());
-        assert_eq!(names(&t, TcDirection::Egress), vec!["eth0", "veth1a", "tap0", "eth1"]);
+        assert_eq!(names(&t, TcDirection::Egress), vec!["lo", "eth0", "veth1a", "tap0", "eth1"]);
         assert_eq!(names(&t, TcDirection::Ingress), vec!["veth1a", "tap0"]);
         assert!(t.strict.is_empty(), "found interfaces are lenient unless the rules say");
         let rules = Rules::new(true, true, true, &[], &[]).unwrap();

@@ -8,8 +8,8 @@
 //! interface is guarded as it appears, not at the next rescan) and every verify period,
 //! which also restores an attachment someone removed. A listing that fails changes nothing:
 //! what is attached stays attached.
-pub mod classify;
-pub mod rtnl;
+pub(crate) mod classify;
+pub(crate) mod rtnl;
 
 use std::{
     net::IpAddr,
@@ -30,7 +30,7 @@ use crate::{
 
 /// How the node level is set up.
 #[derive(Clone, Debug, Default)]
-pub struct NodeConfig {
+pub(crate) struct NodeConfig {
     /// `--node-enforcement`: off leaves only the cgroup hooks and what the flags below name
     /// (and opens the paths the cgroup hooks cannot see).
     pub enabled: bool,
@@ -52,7 +52,7 @@ pub struct NodeConfig {
 
 /// What keeps the node level from being planned.
 #[derive(Debug, thiserror::Error)]
-pub enum NodeError {
+pub(crate) enum NodeError {
     #[error(transparent)]
     Glob(#[from] classify::GlobError),
     #[error(transparent)]
@@ -65,13 +65,13 @@ pub enum NodeError {
 
 /// The node level's configuration, compiled.
 #[derive(Debug)]
-pub struct NodeLevel {
+pub(crate) struct NodeLevel {
     cfg: NodeConfig,
     rules: classify::Rules,
 }
 
 impl NodeLevel {
-    pub fn new(cfg: NodeConfig) -> Result<NodeLevel, NodeError> {
+    pub(crate) fn new(cfg: NodeConfig) -> Result<NodeLevel, NodeError> {
         let rules = classify::Rules::new(
             cfg.enabled,
             cfg.workload_ingress,
@@ -83,7 +83,7 @@ impl NodeLevel {
     }
 
     /// The `NODE_*` bits the policy maps carry for the program.
-    pub fn node_flags(&self) -> u32 {
+    pub(crate) fn node_flags(&self) -> u32 {
         if self.cfg.gate_forwarded { NODE_GATE_FORWARDED } else { 0 }
     }
 
@@ -93,7 +93,7 @@ impl NodeLevel {
 
     /// Where the program belongs now, for these protected addresses. An error means the
     /// namespace could not be listed: then nothing may be detached.
-    pub fn plan(&self, protected: &[IpAddr]) -> Result<TcPlan, NodeError> {
+    pub(crate) fn plan(&self, protected: &[IpAddr]) -> Result<TcPlan, NodeError> {
         let mut plan = TcPlan {
             targets: Default::default(),
             strict: Default::default(),
@@ -114,7 +114,7 @@ impl NodeLevel {
 
     /// Plan and make the kernel match; `update` swaps the program of existing attachments
     /// (agent start). Logs what changed.
-    pub fn sync(
+    pub(crate) fn sync(
         &self,
         gate: &Mutex<Gate>,
         protected: &[IpAddr],
@@ -127,9 +127,11 @@ impl NodeLevel {
         Ok(report)
     }
 
-    /// A socket on the namespace's link and route events.
+    /// A socket on the namespace's link, route and tc events (a clsact qdisc or filter
+    /// someone deleted is put back at once, not at the next tick).
     fn events(&self) -> Result<NlSocket, NodeError> {
-        let groups = rtnl::RTMGRP_LINK | rtnl::RTMGRP_IPV4_ROUTE | rtnl::RTMGRP_IPV6_ROUTE;
+        let groups =
+            rtnl::RTMGRP_LINK | rtnl::RTMGRP_TC | rtnl::RTMGRP_IPV4_ROUTE | rtnl::RTMGRP_IPV6_ROUTE;
         let sock = netns::run_in(self.netns(), "mg-rtnl", || {
             NlSocket::subscribe(libc::NETLINK_ROUTE, groups)
         })?;
@@ -160,14 +162,15 @@ impl std::os::fd::AsRawFd for EventFd {
     }
 }
 
-/// Keep the attachments in step with the namespace until the task is dropped: on link and
-/// route events (debounced by `settle`), when the protected addresses change, and every
+/// Keep the attachments in step with the namespace until the task is dropped: on link, route
+/// and tc events (debounced by `settle`), when the protected addresses change, and every
 /// `verify`.
-pub async fn watch(
+pub(crate) async fn watch(
     node: Arc<NodeLevel>,
     gate: Arc<Mutex<Gate>>,
     mut protected: channel::Receiver<Vec<IpAddr>>,
     verify: Duration,
+    metrics: crate::metrics::AgentMetrics,
 ) {
     if !node.cfg.enabled && node.cfg.uplinks.is_empty() && node.cfg.workloads.is_empty() {
         return;
@@ -181,7 +184,7 @@ pub async fn watch(
     let events = match registered {
         Ok(fd) => Some(fd),
         Err(e) => {
-            tracing::error!(error = %e, "watching link and route events; relying on the periodic check");
+            tracing::error!(error = %e, "watching link, route and tc events; relying on the periodic check");
             None
         }
     };
@@ -216,7 +219,11 @@ pub async fn watch(
         let (node, gate) = (node.clone(), gate.clone());
         let r = tokio::task::spawn_blocking(move || node.sync(&gate, &addrs, false)).await;
         match r {
-            Ok(Ok(_)) => {}
+            Ok(Ok(report)) => {
+                for _ in &report.repaired {
+                    metrics.repaired("tc");
+                }
+            }
             Ok(Err(e)) => tracing::error!(error = %e, "node level: nothing detached, will retry"),
             Err(e) => tracing::error!(error = %e, "node level sync task failed"),
         }

@@ -22,10 +22,11 @@ const RTA_MULTIPATH: u16 = 9;
 const RTA_TABLE: u16 = 15;
 const RTN_UNICAST: u8 = 1;
 const IFF_LOOPBACK: u32 = 0x8;
-/// Multicast groups: links, IPv4 routes, IPv6 routes.
-pub const RTMGRP_LINK: u32 = 0x1;
-pub const RTMGRP_IPV4_ROUTE: u32 = 0x40;
-pub const RTMGRP_IPV6_ROUTE: u32 = 0x400;
+/// Multicast groups: links, tc (qdiscs and filters), IPv4 routes, IPv6 routes.
+pub(crate) const RTMGRP_LINK: u32 = 0x1;
+pub(crate) const RTMGRP_TC: u32 = 0x8;
+pub(crate) const RTMGRP_IPV4_ROUTE: u32 = 0x40;
+pub(crate) const RTMGRP_IPV6_ROUTE: u32 = 0x400;
 
 /// `struct ifinfomsg`.
 #[repr(C)]
@@ -79,7 +80,7 @@ unsafe impl aya::Pod for RtNexthop {}
 
 /// An interface of the namespace.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Link {
+pub(crate) struct Link {
     pub ifindex: u32,
     pub name: String,
     /// `IFLA_INFO_KIND` (`veth`, `bridge`, `openvswitch`, `tun`, `vxlan`, …); `None` for
@@ -92,7 +93,7 @@ pub struct Link {
 
 /// A route: its prefix and the interfaces it leaves by.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Route {
+pub(crate) struct Route {
     pub dst: IpAddr,
     pub dst_len: u8,
     pub table: u32,
@@ -101,7 +102,7 @@ pub struct Route {
 
 impl Route {
     /// Whether the route's prefix contains `addr`.
-    pub fn covers(&self, addr: IpAddr) -> bool {
+    pub(crate) fn covers(&self, addr: IpAddr) -> bool {
         fn masked<const N: usize>(a: [u8; N], len: u8) -> [u8; N] {
             let mut o = a;
             for (i, b) in o.iter_mut().enumerate() {
@@ -123,12 +124,12 @@ impl Route {
 }
 
 /// A request socket on the calling thread's namespace.
-pub fn open() -> std::io::Result<NlSocket> {
+pub(crate) fn open() -> std::io::Result<NlSocket> {
     NlSocket::open(libc::NETLINK_ROUTE, Duration::from_secs(5))
 }
 
 /// Every interface of the namespace.
-pub fn links(sock: &mut NlSocket) -> Result<Vec<Link>, NetlinkError> {
+pub(crate) fn links(sock: &mut NlSocket) -> Result<Vec<Link>, NetlinkError> {
     let req = IfInfoMsg::default();
     let replies = sock.dump(RTM_GETLINK, &[bytes_of(&req)], RTM_NEWLINK)?;
     replies.iter().map(|p| parse_link(p).map_err(NetlinkError::from)).collect()
@@ -165,7 +166,7 @@ fn parse_link(payload: &[u8]) -> Result<Link, WireError> {
 }
 
 /// Every unicast route of every table, IPv4 and IPv6.
-pub fn routes(sock: &mut NlSocket) -> Result<Vec<Route>, NetlinkError> {
+pub(crate) fn routes(sock: &mut NlSocket) -> Result<Vec<Route>, NetlinkError> {
     let mut out = Vec::new();
     for family in [libc::AF_INET, libc::AF_INET6] {
         let req = RtMsg { family: family as u8, ..Default::default() };

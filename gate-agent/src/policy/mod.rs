@@ -1,7 +1,7 @@
 //! The policy: which endpoints are protected and who may still reach them.
 //!
 //! A policy is a YAML document (a file in standalone mode, the ConfigMap key `policy.yaml` in a
-//! cluster) with the schema of DESIGN.md, section "Policy":
+//! cluster) with this schema (every field: docs/policy.md):
 //!
 //! ```yaml
 //! platform: AWS
@@ -33,13 +33,15 @@ use gate_common::user::PolicyHash;
 use globset::GlobMatcher;
 use ipnet::IpNet;
 
+pub mod check;
+pub mod platforms;
 mod schema;
 mod validate;
 
 #[cfg(test)]
 mod tests;
 
-/// The OpenShift `PlatformType` values a policy may name (see shared/PLATFORMS.md).
+/// The OpenShift `PlatformType` values a policy may name (docs/platforms.md).
 pub const PLATFORMS: &[&str] = &[
     "AWS",
     "Azure",
@@ -259,6 +261,8 @@ pub struct Policy {
     image: Arc<Image>,
     /// Digest of everything above but `source` (see [`Policy::hash`]).
     hash: PolicyHash,
+    /// The document as written (what a node keeps for its boot step).
+    text: Arc<str>,
 }
 
 /// A policy that cannot be read or is not valid.
@@ -302,7 +306,14 @@ impl Policy {
     /// `configmap ns/name`).
     pub fn parse(source: &str, text: &str) -> Result<Policy, PolicyError> {
         let raw = validate::deserialize(source, text)?;
-        validate::validate(source, raw)
+        let mut policy = validate::validate(source, raw)?;
+        policy.text = text.into();
+        Ok(policy)
+    }
+
+    /// The document as written.
+    pub fn text(&self) -> &str {
+        &self.text
     }
 
     /// A policy from validated parts: compiles the endpoints (rule-count and table limits are
@@ -324,6 +335,7 @@ impl Policy {
             allow,
             image: Arc::new(image),
             hash: PolicyHash::default(),
+            text: Arc::from(""),
         };
         policy.hash = PolicyHash(fnv1a64(policy.canonical().as_bytes()));
         Ok(policy)

@@ -1,4 +1,4 @@
-//! The policy document exactly as written: the serde shape of DESIGN.md's YAML.
+//! The policy document exactly as written: the serde shape of the YAML (docs/policy.md).
 //!
 //! Everything a user may get wrong is kept loose here (strings, optional fields, wide integers)
 //! so that [`validate`](super::validate) can reject it with a message naming the field and the

@@ -14,7 +14,7 @@ use std::{
 use gate_common::{user::bytes_of, verdict::Addr};
 
 use super::TerminateError;
-pub use crate::netlink::WireError;
+pub(crate) use crate::netlink::WireError;
 use crate::netlink::{
     NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NlSocket, attrs, errno_of,
     message, messages, read,

@@ -31,9 +31,12 @@
 //! sockets are left alone (their packets are still dropped on egress); so are sockets in a
 //! namespace in which no gated process lives any more (other than the agent's own).
 //!
-//! Three rooms: this module decides ([`Judge`]) and reports ([`Report`], the log lines of
+//! AF_PACKET sockets that predate the gate cannot be destroyed; [`packet_sockets_before_gate`]
+//! names their holders instead (see `packet`).
+//!
+//! Four rooms: this module decides ([`Judge`]) and reports ([`Report`], the log lines of
 //! [`after_policy_change`]); `scan` finds the namespaces and sockets to judge; `diag` is the
-//! NETLINK_SOCK_DIAG client that dumps and destroys them.
+//! NETLINK_SOCK_DIAG client that dumps and destroys them; `packet` finds packet sockets.
 use std::{fmt, io, net::SocketAddr, path::PathBuf};
 
 use gate_common::{
@@ -46,14 +49,15 @@ use gate_common::{
 use crate::{cgroup::GatedRoot, netns::NetnsError, policy::Policy};
 
 mod diag;
+mod packet;
 mod scan;
 
-pub use diag::WireError;
-pub use scan::terminate_established;
+pub(crate) use diag::WireError;
+pub(crate) use scan::terminate_established;
 
 /// What can stop a scan, or one namespace of it.
 #[derive(Debug, thiserror::Error)]
-pub enum TerminateError {
+pub(crate) enum TerminateError {
     #[error("network namespace {netns}: {op}: {source}")]
     Io { netns: String, op: &'static str, source: io::Error },
     #[error("network namespace {netns}: malformed sock_diag reply: {error}")]
@@ -66,7 +70,7 @@ pub enum TerminateError {
 
 /// Why the kernel cannot terminate established connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unsupported {
+pub(crate) enum Unsupported {
     /// `SOCK_DESTROY` answered `EOPNOTSUPP` (kernel without `CONFIG_INET_DIAG_DESTROY`).
     SockDestroy,
     /// sock_diag replies carry no cgroup id (kernel older than 5.7), so the gated sockets
@@ -89,7 +93,7 @@ impl fmt::Display for Unsupported {
 
 /// One socket that matched: destroyed (enforce) or would have been (audit).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Conn {
+pub(crate) struct Conn {
     pub cgroup_id: u64,
     /// Path of its cgroup relative to the gated root (`.` for the root itself).
     pub cgroup: PathBuf,
@@ -103,7 +107,7 @@ pub struct Conn {
 
 /// What a scan found and did.
 #[derive(Debug, Default)]
-pub struct Report {
+pub(crate) struct Report {
     /// Network namespaces scanned.
     pub netns: usize,
     /// Sockets inspected (all connected TCP and UDP sockets of those namespaces).
@@ -121,18 +125,30 @@ pub struct Report {
     pub udp_unsupported: bool,
     /// Namespaces that could not be scanned completely (the others were).
     pub errors: Vec<TerminateError>,
+    /// Gated processes whose network namespace the agent could not open: not in its pid
+    /// namespace (a pod without hostPID), or exited during the scan. Their connections were
+    /// not checked (their packets are still dropped).
+    pub hidden: usize,
 }
 
 impl Report {
     /// One line for status output.
-    pub fn status_line(&self) -> String {
+    pub(crate) fn status_line(&self) -> String {
         match self.unsupported {
             Some(why) => format!("terminate-established: unsupported by this kernel ({why})"),
             None => format!(
-                "terminate-established: on ({} destroyed in {} network namespaces{})",
+                "terminate-established: on ({} destroyed in {} network namespaces{}{})",
                 self.destroyed.len(),
                 self.netns,
-                if self.udp_unsupported { "; UDP unsupported by this kernel" } else { "" }
+                if self.udp_unsupported { "; UDP unsupported by this kernel" } else { "" },
+                if self.hidden > 0 {
+                    format!(
+                        "; {} gated processes' namespaces not visible (run with hostPID)",
+                        self.hidden
+                    )
+                } else {
+                    String::new()
+                }
             ),
         }
     }
@@ -146,6 +162,7 @@ impl Report {
         self.unsupported = self.unsupported.or(o.unsupported);
         self.udp_unsupported |= o.udp_unsupported;
         self.errors.extend(o.errors);
+        self.hidden += o.hidden;
     }
 }
 
@@ -153,7 +170,7 @@ impl Report {
 
 /// The decision context: the compiled policy and allow set, in the form the kernel programs
 /// read them.
-pub struct Judge {
+pub(crate) struct Judge {
     tables: HostTables,
     generation: u32,
     mode: u32,
@@ -162,7 +179,7 @@ pub struct Judge {
 
 impl Judge {
     /// The policy's compiled image and the allow set as written to the maps.
-    pub fn new(policy: &Policy, root: &GatedRoot, allow: &AllowSet) -> Judge {
+    pub(crate) fn new(policy: &Policy, root: &GatedRoot, allow: &AllowSet) -> Judge {
         let generation = 0;
         let mut tables = HostTables::default();
         tables.load(policy.image(), generation);
@@ -176,39 +193,47 @@ impl Judge {
     /// are `chain` (outermost first), or `None` if `dst` is not protected.
     fn verdict(&self, dst: &Dst, chain: &[u64]) -> Option<(u32, u32)> {
         let endpoint = match_endpoint(&self.tables, self.generation, dst)?;
+        Some((endpoint, decide(self.mode, self.allowed(chain))))
+    }
+
+    /// Whether a cgroup whose ids below the gated root are `chain` is allowed.
+    fn allowed(&self, chain: &[u64]) -> bool {
         let ancestor = |level: u32| {
             level
                 .checked_sub(self.root_level + 1)
                 .and_then(|i| chain.get(i as usize).copied())
                 .unwrap_or(0)
         };
-        let allowed =
-            cgroup_allowed(&self.tables, self.generation, self.root_level, ancestor).is_some();
-        Some((endpoint, decide(self.mode, allowed)))
+        cgroup_allowed(&self.tables, self.generation, self.root_level, ancestor).is_some()
     }
 }
 
 // ---- entry points ----------------------------------------------------------------------------
 
+/// Run `scan` off the async runtime with the decision context of `policy` and `allow`.
+async fn judged<T: Send + 'static>(
+    root: &GatedRoot,
+    policy: &Policy,
+    allow: AllowSet,
+    scan: fn(&GatedRoot, &Judge) -> T,
+) -> Result<T, TerminateError> {
+    let (root, policy) = (root.clone(), policy.clone());
+    tokio::task::spawn_blocking(move || scan(&root, &Judge::new(&policy, &root, &allow)))
+        .await
+        .map_err(|e| TerminateError::Task(e.to_string()))
+}
+
 /// Destroy the sockets the current policy denies, logging each and a summary; call it once the
 /// gate is attached, and again after each policy change. Runs the scan off the async runtime.
 /// `allow` is the mode's allow set for `policy`, resolved afresh by the caller (a cgroup that
 /// has just appeared under an allowed glob or pod is spared even if the maps lag behind).
-pub async fn after_policy_change(
+pub(crate) async fn after_policy_change(
     root: &GatedRoot,
     policy: &Policy,
     allow: AllowSet,
 ) -> Option<Report> {
-    let (root, policy) = (root.clone(), policy.clone());
-    let result = tokio::task::spawn_blocking(move || {
-        let judge = Judge::new(&policy, &root, &allow);
-        let report = terminate_established(&root, &judge);
-        Ok::<_, TerminateError>((report, policy))
-    })
-    .await
-    .map_err(|e| TerminateError::Task(e.to_string()))
-    .and_then(|r| r);
-    let (report, policy) = match result {
+    let scan = judged(root, policy, allow, terminate_established).await;
+    let report = match scan {
         Ok(r) => r,
         Err(e) => {
             tracing::error!(error = %e, "terminating established connections");
@@ -244,10 +269,37 @@ pub async fn after_policy_change(
         scanned = report.scanned,
         destroyed = report.destroyed.len(),
         audited = report.audited.len(),
+        hidden = report.hidden,
         status = %report.status_line(),
         "established connections checked"
     );
     Some(report)
+}
+
+/// Name every AF_PACKET socket a gated, not allowed process holds (see [`packet`]); call it
+/// once the gate is attached. Returns how many there are (`None`: the scan failed).
+pub(crate) async fn packet_sockets_before_gate(
+    root: &GatedRoot,
+    policy: &Policy,
+    allow: AllowSet,
+) -> Option<usize> {
+    let holders = judged(root, policy, allow, packet::packet_holders).await;
+    let holders = match holders {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::error!(error = %e, "looking for AF_PACKET sockets that predate the gate");
+            return None;
+        }
+    };
+    for h in &holders {
+        tracing::warn!(
+            pid = h.pid, comm = %h.comm, cgroup = %h.cgroup.display(), inode = h.inode,
+            "a gated process holds an AF_PACKET socket opened before the gate: if it set \
+             PACKET_QDISC_BYPASS, its frames skip every tc program, this gate's included; \
+             restart it"
+        );
+    }
+    Some(holders.len())
 }
 
 #[cfg(test)]

@@ -27,10 +27,10 @@ use crate::{
 
 /// The cgroups at or below the gated root: id → (relative path, ids of the path's
 /// components below the root, outermost first).
-struct CgroupIndex(HashMap<u64, (PathBuf, Vec<u64>)>);
+pub(super) struct CgroupIndex(HashMap<u64, (PathBuf, Vec<u64>)>);
 
 impl CgroupIndex {
-    fn new(root_id: u64, walked: Vec<(PathBuf, u64)>) -> CgroupIndex {
+    pub(super) fn new(root_id: u64, walked: Vec<(PathBuf, u64)>) -> CgroupIndex {
         let by_path: HashMap<&Path, u64> =
             walked.iter().map(|(p, id)| (p.as_path(), *id)).collect();
         let mut map: HashMap<u64, (PathBuf, Vec<u64>)> = walked
@@ -56,15 +56,22 @@ impl CgroupIndex {
     fn paths(&self) -> impl Iterator<Item = &Path> {
         self.0.values().map(|(p, _)| p.as_path())
     }
+
+    /// (relative path, ids below the root) of every indexed cgroup.
+    pub(super) fn entries(&self) -> impl Iterator<Item = (&Path, &[u64])> {
+        self.0.values().map(|(p, chain)| (p.as_path(), chain.as_slice()))
+    }
 }
 
 /// The blocking scan: every namespace of the gated processes plus the agent's own.
-pub fn terminate_established(root: &GatedRoot, judge: &Judge) -> Report {
+pub(crate) fn terminate_established(root: &GatedRoot, judge: &Judge) -> Report {
     let index = CgroupIndex::new(root.id, root.walk());
     let mut report = scan_here("agent", judge, &index);
     let mut seen: HashSet<(u64, u64)> =
         netns_id(Path::new("/proc/thread-self/ns/net")).ok().into_iter().collect();
-    for (pid, file, id) in gated_namespaces(root, &index) {
+    let (namespaces, hidden) = gated_namespaces(root, &index);
+    report.hidden = hidden;
+    for (pid, file, id) in namespaces {
         if seen.insert(id) {
             let label = format!("net:[{}] of pid {pid}", id.1);
             report.merge(scan_in(&label, file, judge, &index));
@@ -86,17 +93,23 @@ fn netns_id(path: &Path) -> io::Result<(u64, u64)> {
 }
 
 /// The distinct network namespaces of the processes in cgroups at or below the root: (a pid
-/// in it, the open namespace file, its (device, inode)). Processes that exit meanwhile are
-/// skipped.
-fn gated_namespaces(root: &GatedRoot, index: &CgroupIndex) -> Vec<(u32, File, (u64, u64))> {
+/// in it, the open namespace file, its (device, inode)); and how many gated processes had a
+/// namespace the agent could not open (not in its pid namespace — a pod without hostPID — or
+/// exited meanwhile).
+type Namespaces = Vec<(u32, File, (u64, u64))>;
+fn gated_namespaces(root: &GatedRoot, index: &CgroupIndex) -> (Namespaces, usize) {
     let mut out = Vec::new();
+    let mut hidden = 0;
     let mut seen = HashSet::new();
     for rel in index.paths() {
         let Ok(procs) = std::fs::read_to_string(root.path.join(rel).join("cgroup.procs")) else {
             continue;
         };
         for pid in procs.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
-            let Ok(file) = File::open(format!("/proc/{pid}/ns/net")) else { continue };
+            let Ok(file) = File::open(format!("/proc/{pid}/ns/net")) else {
+                hidden += 1;
+                continue;
+            };
             let Ok(meta) = file.metadata() else { continue };
             let id = (meta.dev(), meta.ino());
             if seen.insert(id) {
@@ -104,7 +117,7 @@ fn gated_namespaces(root: &GatedRoot, index: &CgroupIndex) -> Vec<(u32, File, (u
             }
         }
     }
-    out
+    (out, hidden)
 }
 
 /// Scan the namespace of the calling thread.

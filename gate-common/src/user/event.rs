@@ -35,6 +35,39 @@ impl DenyEvent {
     pub fn proto_name(&self) -> String {
         proto_name(self.proto)
     }
+
+    /// The destination as text: the address, or what stands in for one (a refused socket
+    /// option names no destination; an unreadable frame has none that could be read).
+    pub fn dst_text(&self) -> String {
+        match (self.family, self.sockopt()) {
+            (4 | 6, _) => self.dst().to_string(),
+            (_, Some(_)) => "-".into(),
+            _ => "(unreadable frame)".into(),
+        }
+    }
+
+    /// For a refused socket option (hook `setsockopt`): `LEVEL/OPTION`.
+    pub fn sockopt(&self) -> Option<String> {
+        if u32::from(self.hook) != crate::abi::HOOK_SETSOCKOPT {
+            return None;
+        }
+        let level = i32::from_ne_bytes([self.addr[0], self.addr[1], self.addr[2], self.addr[3]]);
+        let level_name = match level {
+            263 => "SOL_PACKET".to_owned(),
+            283 => "SOL_XDP".to_owned(),
+            l => l.to_string(),
+        };
+        let opt = match (level, self.port) {
+            (263, 20) => "PACKET_QDISC_BYPASS".to_owned(),
+            (283, 2) => "XDP_RX_RING".to_owned(),
+            (283, 3) => "XDP_TX_RING".to_owned(),
+            (283, 4) => "XDP_UMEM_REG".to_owned(),
+            (283, 5) => "XDP_UMEM_FILL_RING".to_owned(),
+            (283, 6) => "XDP_UMEM_COMPLETION_RING".to_owned(),
+            (_, o) => o.to_string(),
+        };
+        Some(format!("{level_name}/{opt}"))
+    }
 }
 
 /// Name of an IP protocol number: TCP, UDP, ICMP, ICMPv6, or the number.

@@ -1,8 +1,8 @@
 //! Plain-data glue: the map types may be read from and written to aya maps, and raw bytes
 //! become structs in exactly one way ([`read_pod`]).
 use crate::abi::{
-    AllowKey, DenyEvent, EndpointCounters, EndpointName, EpNameKey, GateInfo, PolicyMeta,
-    PortRuleKey, PrefixV4, PrefixV6, PrefixValue, TcClsact,
+    AccessKey, AccessStats, AllowKey, DenyEvent, EndpointCounters, EndpointName, EpNameKey,
+    GateInfo, PolicyMeta, PortRuleKey, PrefixV4, PrefixV6, PrefixValue, TcClsact,
 };
 
 // SAFETY: all are #[repr(C)], Copy, with explicit padding and no invalid bit patterns.
@@ -29,6 +29,10 @@ unsafe impl aya::Pod for EpNameKey {}
 unsafe impl aya::Pod for EndpointName {}
 // SAFETY: as above.
 unsafe impl aya::Pod for TcClsact {}
+// SAFETY: as above.
+unsafe impl aya::Pod for AccessKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for AccessStats {}
 
 /// A plain-data value copied out of the front of `bytes`; `None` if `bytes` is too short.
 /// Alignment does not matter (the copy is unaligned).

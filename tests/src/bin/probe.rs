@@ -3,17 +3,31 @@
 //!
 //! `probe --netns PATH --cgroup DIR <tcp|udp|udp-connected|raw|hold-tcp|hold-udp> ADDR PORT [TOKEN]`
 //!
+//! Hand-built bytes (hex, several separated by `,`; see `integration_tests::frame`):
+//! * `frame IFACE SLL_PROTO FRAMES`: send the Ethernet frames on an AF_PACKET socket bound
+//!   to IFACE, with `sll_protocol` SLL_PROTO (hex, e.g. `0800`).
+//! * `frame-bypass IFACE SLL_PROTO FRAMES`: the same after setting PACKET_QDISC_BYPASS; if
+//!   the option is refused, the frames are sent anyway (without it) and the result says
+//!   `stage: "setsockopt"` with its errno, and in `reply` how the sends went.
+//! * `ip-raw PACKETS`: send IP packets as they are on a raw IPPROTO_RAW socket (IPv4 or IPv6).
+//! * `xdp-umem-reg`: open an AF_XDP socket and register a UMEM (`setsockopt XDP_UMEM_REG`);
+//!   `stage` names the call that failed.
+//! * `tap IFACE FRAMES`: attach a queue to the multi-queue tap IFACE and write the frames.
+//! * `hold-frame-bypass IFACE SLL_PROTO`: set PACKET_QDISC_BYPASS up now, print
+//!   `{"stage":"connected"}`, then send the frames of the next stdin line.
+//!
 //! Hold commands connect first, print `{"stage":"connected"}`, read the token from stdin,
 //! then send. `hammer-tcp` prints `{"stage":"connected"}`, then connect()s and sends the
 //! token in a loop until a line arrives on stdin, and reports
 //! `attempts=N successes=N eperm=N other=N` as its reply (ok = no success). It refuses to run without --netns: it never sends from the host namespace.
 use std::{
     io::{BufRead as _, Read as _, Write as _},
-    net::{IpAddr, SocketAddr, TcpStream, UdpSocket},
-    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, UdpSocket},
+    os::fd::{AsRawFd, FromRawFd as _, OwnedFd},
     time::{Duration, Instant},
 };
 
+use integration_tests::frame;
 use serde_json::json;
 
 struct Outcome {
@@ -89,35 +103,13 @@ fn raw_syn(dst: &SocketAddr, token: &str) -> Outcome {
     }
     // SAFETY: fresh valid fd.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let mut seg = vec![0u8; 20];
-    seg[0..2].copy_from_slice(&(40000 + (std::process::id() % 20000) as u16).to_be_bytes());
-    seg[2..4].copy_from_slice(&dst.port().to_be_bytes());
-    seg[4..8].copy_from_slice(&0x1234_5678u32.to_be_bytes());
-    seg[12] = 5 << 4; // data offset: 5 words
-    seg[13] = 0x02; // SYN
-    seg[14..16].copy_from_slice(&64240u16.to_be_bytes());
-    seg.extend_from_slice(token.as_bytes());
-    let sin = libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: 0,
-        sin_addr: libc::in_addr { s_addr: u32::from(ip).to_be() },
-        sin_zero: [0; 8],
-    };
-    // SAFETY: buffers valid for the given lengths.
-    let n = unsafe {
-        libc::sendto(
-            fd.as_raw_fd(),
-            seg.as_ptr().cast(),
-            seg.len(),
-            0,
-            (&sin as *const libc::sockaddr_in).cast(),
-            size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        )
-    };
-    if n < 0 {
-        fail("send", &std::io::Error::last_os_error())
-    } else {
-        Outcome { ok: true, errno: None, stage: "send", reply: None }
+    // The kernel adds the IP header; the checksum stays 0 (the source is the kernel's pick).
+    let sport = 40000 + (std::process::id() % 20000) as u16;
+    let mut seg = frame::tcp_syn(&[0; 4], &[0; 4], sport, dst.port(), 0, token.as_bytes());
+    seg[16..18].copy_from_slice(&[0, 0]);
+    match CSockAddr::from(SocketAddr::new(ip.into(), 0)).sendto(&fd, &seg) {
+        Ok(()) => Outcome { ok: true, errno: None, stage: "send", reply: None },
+        Err(e) => fail("send", &e),
     }
 }
 
@@ -126,14 +118,19 @@ fn raw_syn(dst: &SocketAddr, token: &str) -> Outcome {
 fn hop_by_hop(s: &UdpSocket) -> std::io::Result<()> {
     // next header (filled in by the kernel), length 0 (8 bytes), PadN with 4 zero bytes.
     let opts: [u8; 8] = [0, 0, 1, 4, 0, 0, 0, 0];
-    // SAFETY: valid fd and option buffer.
+    setsockopt(s, libc::IPPROTO_IPV6, libc::IPV6_HOPOPTS, &opts)
+}
+
+/// setsockopt(2) with the option value `value`, as its bytes.
+fn setsockopt<T>(fd: &impl AsRawFd, level: i32, name: i32, value: &T) -> std::io::Result<()> {
+    // SAFETY: valid fd; the option buffer is `value`, valid for its size.
     let rc = unsafe {
         libc::setsockopt(
-            s.as_raw_fd(),
-            libc::IPPROTO_IPV6,
-            libc::IPV6_HOPOPTS,
-            opts.as_ptr().cast(),
-            opts.len() as libc::socklen_t,
+            fd.as_raw_fd(),
+            level,
+            name,
+            (value as *const T).cast(),
+            size_of::<T>() as libc::socklen_t,
         )
     };
     if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
@@ -200,14 +197,6 @@ fn run(cmd: &str, dst: SocketAddr, token: &str, iface: &str) -> Outcome {
     }
 }
 
-fn ip_checksum(h: &[u8]) -> u16 {
-    let mut sum: u32 = h.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], c[1]]))).sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
-}
-
 /// A hand-built Ethernet + IPv4 + UDP frame carrying the token, sent on an AF_PACKET socket
 /// bound to `iface`: it never passes the cgroup socket hooks. L2 broadcast, so no ARP is
 /// needed; the receiver delivers it by its IP destination.
@@ -220,48 +209,40 @@ fn packet_udp(dst: SocketAddr, token: &str, iface: &str) -> Outcome {
             reply: None,
         };
     };
+    let ip = frame::udp4(Ipv4Addr::new(169, 254, 0, 1), ip, dst.port(), token.as_bytes());
+    let f = frame::ethernet([0xff; 6], frame::SRC_MAC, &[], frame::ETH_P_IP, &ip);
+    send_frames(iface, frame::ETH_P_IP, &[f], false)
+}
+
+/// An AF_PACKET socket and the index of `iface`.
+fn packet_socket(iface: &str) -> Result<(OwnedFd, u32), Outcome> {
     let Ok(cname) = std::ffi::CString::new(iface) else {
-        return Outcome { ok: false, errno: Some(libc::EINVAL), stage: "usage", reply: None };
+        return Err(Outcome { ok: false, errno: Some(libc::EINVAL), stage: "usage", reply: None });
     };
-    // SAFETY: plain libc calls with valid arguments; the fd is owned right away.
+    // SAFETY: valid C string.
     let ifindex = unsafe { libc::if_nametoindex(cname.as_ptr()) };
     if ifindex == 0 {
-        return fail("ifindex", &std::io::Error::last_os_error());
+        return Err(fail("ifindex", &std::io::Error::last_os_error()));
     }
+    // SAFETY: plain socket(2).
     let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
     if fd < 0 {
-        return fail("socket", &std::io::Error::last_os_error());
+        return Err(fail("socket", &std::io::Error::last_os_error()));
     }
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-    let payload = token.as_bytes();
-    let udp_len = 8 + payload.len();
-    let total = 20 + udp_len;
-    let mut f = Vec::with_capacity(14 + total);
-    f.extend_from_slice(&[0xff; 6]); // dst MAC: broadcast
-    f.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x01]); // src MAC: locally administered
-    f.extend_from_slice(&0x0800u16.to_be_bytes());
-    let mut iph = [0u8; 20];
-    iph[0] = 0x45;
-    iph[2..4].copy_from_slice(&(total as u16).to_be_bytes());
-    iph[8] = 64;
-    iph[9] = 17;
-    iph[12..16].copy_from_slice(&[169, 254, 0, 1]);
-    iph[16..20].copy_from_slice(&ip.octets());
-    let csum = ip_checksum(&iph);
-    iph[10..12].copy_from_slice(&csum.to_be_bytes());
-    f.extend_from_slice(&iph);
-    f.extend_from_slice(&40000u16.to_be_bytes());
-    f.extend_from_slice(&dst.port().to_be_bytes());
-    f.extend_from_slice(&(udp_len as u16).to_be_bytes());
-    f.extend_from_slice(&[0, 0]); // no UDP checksum (allowed for IPv4)
-    f.extend_from_slice(payload);
+    // SAFETY: fresh valid fd.
+    Ok((unsafe { OwnedFd::from_raw_fd(fd) }, ifindex))
+}
+
+/// Send the frame `f` on `sock` out of `ifindex`, with `sll_protocol` `proto` (which the
+/// sender chooses freely; the frame's own Ethernet type may say otherwise).
+fn af_packet_send(sock: &OwnedFd, ifindex: u32, proto: u16, f: &[u8]) -> std::io::Result<()> {
     // SAFETY: zeroed sockaddr_ll is valid; the fields set below are all it needs.
     let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
     sll.sll_family = libc::AF_PACKET as u16;
-    sll.sll_protocol = 0x0800u16.to_be();
+    sll.sll_protocol = proto.to_be();
     sll.sll_ifindex = ifindex as i32;
     sll.sll_halen = 6;
-    sll.sll_addr[..6].copy_from_slice(&[0xff; 6]);
+    sll.sll_addr[..6].copy_from_slice(&f[..6]);
     // SAFETY: valid buffer and address.
     let rc = unsafe {
         libc::sendto(
@@ -273,10 +254,239 @@ fn packet_udp(dst: SocketAddr, token: &str, iface: &str) -> Outcome {
             size_of::<libc::sockaddr_ll>() as libc::socklen_t,
         )
     };
-    if rc < 0 {
-        return fail("send", &std::io::Error::last_os_error());
+    if rc < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
+}
+
+/// `frame` / `frame-bypass`: send `frames` on `iface`, after asking for PACKET_QDISC_BYPASS
+/// if `bypass`. Every frame is sent even when one fails (a tc drop on egress shows as
+/// ENOBUFS); the first failure is the result. If the option is refused, that is the result
+/// (`stage: "setsockopt"`), and `reply` says how the sends went.
+fn send_frames(iface: &str, proto: u16, frames: &[Vec<u8>], bypass: bool) -> Outcome {
+    let (sock, ifindex) = match packet_socket(iface) {
+        Ok(s) => s,
+        Err(o) => return o,
+    };
+    let refused = if bypass {
+        setsockopt(&sock, libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, &1i32).err()
+    } else {
+        None
+    };
+    let results: Vec<_> = frames.iter().map(|f| af_packet_send(&sock, ifindex, proto, f)).collect();
+    let failed = results.into_iter().find_map(Result::err);
+    let sent = match &failed {
+        None => "sent".to_owned(),
+        Some(e) => format!("send failed: {e}"),
+    };
+    match (refused, failed) {
+        (Some(e), _) => {
+            Outcome { ok: false, errno: e.raw_os_error(), stage: "setsockopt", reply: Some(sent) }
+        }
+        (None, Some(e)) => fail("send", &e),
+        (None, None) => Outcome { ok: true, errno: None, stage: "send", reply: None },
+    }
+}
+
+/// `ip-raw`: send IP packets as they are (header included) on a raw socket of their family.
+fn send_raw_ip(packets: &[Vec<u8>]) -> Outcome {
+    for p in packets {
+        let v6 = p.first().is_some_and(|b| b >> 4 == 6);
+        let family = if v6 { libc::AF_INET6 } else { libc::AF_INET };
+        // SAFETY: plain socket(2); owned right away.
+        let fd = unsafe { libc::socket(family, libc::SOCK_RAW, libc::IPPROTO_RAW) };
+        if fd < 0 {
+            return fail("socket", &std::io::Error::last_os_error());
+        }
+        // SAFETY: fresh valid fd.
+        let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+        let dst: SocketAddr = if v6 {
+            let a: [u8; 16] = p[24..40].try_into().unwrap_or_default();
+            SocketAddr::new(IpAddr::from(a), 0)
+        } else {
+            let a: [u8; 4] = p[16..20].try_into().unwrap_or_default();
+            SocketAddr::new(IpAddr::from(a), 0)
+        };
+        let sent = CSockAddr::from(dst).sendto(&sock, p);
+        if let Err(e) = sent {
+            return fail("send", &e);
+        }
     }
     Outcome { ok: true, errno: None, stage: "send", reply: None }
+}
+
+/// A socket address in its C form, for sendto(2).
+enum CSockAddr {
+    V4(libc::sockaddr_in),
+    V6(libc::sockaddr_in6),
+}
+
+impl From<SocketAddr> for CSockAddr {
+    fn from(a: SocketAddr) -> Self {
+        match a {
+            SocketAddr::V4(a) => CSockAddr::V4(libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr { s_addr: u32::from(*a.ip()).to_be() },
+                sin_zero: [0; 8],
+            }),
+            SocketAddr::V6(a) => {
+                // SAFETY: an all-zero sockaddr_in6 is valid.
+                let mut s: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+                s.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+                s.sin6_port = a.port().to_be();
+                s.sin6_addr.s6_addr = a.ip().octets();
+                CSockAddr::V6(s)
+            }
+        }
+    }
+}
+
+impl CSockAddr {
+    fn sendto(&self, sock: &OwnedFd, buf: &[u8]) -> std::io::Result<()> {
+        let (ptr, len) = match self {
+            CSockAddr::V4(s) => ((s as *const libc::sockaddr_in).cast(), size_of_val(s)),
+            CSockAddr::V6(s) => ((s as *const libc::sockaddr_in6).cast(), size_of_val(s)),
+        };
+        // SAFETY: valid buffer and address of the given lengths.
+        let n = unsafe {
+            libc::sendto(
+                sock.as_raw_fd(),
+                buf.as_ptr().cast(),
+                buf.len(),
+                0,
+                ptr,
+                len as libc::socklen_t,
+            )
+        };
+        if n < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
+    }
+}
+
+/// `struct xdp_umem_reg` (with `flags` and `tx_metadata_len`).
+#[repr(C)]
+struct XdpUmemReg {
+    addr: u64,
+    len: u64,
+    chunk_size: u32,
+    headroom: u32,
+    flags: u32,
+    tx_metadata_len: u32,
+}
+
+const SOL_XDP: i32 = 283;
+const XDP_UMEM_REG: i32 = 4;
+
+/// `xdp-umem-reg`: the first step of an AF_XDP socket, which sends and receives frames
+/// beside the whole stack (tc included): register a UMEM of 16 pages.
+fn xdp_umem_reg() -> Outcome {
+    // SAFETY: plain socket(2); owned right away.
+    let fd = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW, 0) };
+    if fd < 0 {
+        return fail("socket", &std::io::Error::last_os_error());
+    }
+    // SAFETY: fresh valid fd.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    let len = 16 * 4096;
+    // SAFETY: anonymous private mapping; unmapped below.
+    let mem = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if mem == libc::MAP_FAILED {
+        return fail("mmap", &std::io::Error::last_os_error());
+    }
+    let reg = XdpUmemReg {
+        addr: mem as u64,
+        len: len as u64,
+        chunk_size: 2048,
+        headroom: 0,
+        flags: 0,
+        tx_metadata_len: 0,
+    };
+    let registered = setsockopt(&sock, SOL_XDP, XDP_UMEM_REG, &reg);
+    drop(sock);
+    // SAFETY: the mapping made above; the socket holding it is closed.
+    unsafe { libc::munmap(mem, len) };
+    match registered {
+        Ok(()) => Outcome { ok: true, errno: None, stage: "setsockopt", reply: None },
+        Err(e) => fail("setsockopt", &e),
+    }
+}
+
+/// `hold-frame-bypass`: an AF_PACKET socket with PACKET_QDISC_BYPASS, set up now; prints
+/// `connected`, then sends the frames of the next stdin line (hex, `,`-separated) on it.
+fn hold_frame_bypass(iface: &str, proto: u16) -> Outcome {
+    let (sock, ifindex) = match packet_socket(iface) {
+        Ok(s) => s,
+        Err(o) => return o,
+    };
+    if let Err(e) = setsockopt(&sock, libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, &1i32) {
+        return fail("setsockopt", &e);
+    }
+    print(&Outcome { ok: true, errno: None, stage: "connected", reply: None }, Instant::now());
+    let line = read_token();
+    for h in line.split(',') {
+        let Ok(f) = frame::from_hex(h) else {
+            return Outcome { ok: false, errno: Some(libc::EINVAL), stage: "usage", reply: None };
+        };
+        if let Err(e) = af_packet_send(&sock, ifindex, proto, &f) {
+            return fail("send", &e);
+        }
+    }
+    Outcome { ok: true, errno: None, stage: "send", reply: None }
+}
+
+/// `tap`: attach a queue of our own to the multi-queue tap `iface`, as a VM's VMM does, and
+/// write the frames into it: the node receives them charged to this process's tun socket.
+fn tap_write(iface: &str, frames: &[Vec<u8>]) -> Outcome {
+    let fd = match integration_tests::tap::attach(iface, 0) {
+        Ok(fd) => fd,
+        Err(e) => return fail("attach", &e),
+    };
+    for f in frames {
+        // SAFETY: valid fd and buffer.
+        if unsafe { libc::write(fd.as_raw_fd(), f.as_ptr().cast(), f.len()) } < 0 {
+            return fail("write", &std::io::Error::last_os_error());
+        }
+    }
+    Outcome { ok: true, errno: None, stage: "send", reply: None }
+}
+
+/// The hand-built-bytes commands (see the module doc), or `None` for the others.
+fn run_bytes(rest: &[String]) -> Option<Outcome> {
+    let hex = |list: &str| -> Option<Vec<Vec<u8>>> {
+        list.split(',').map(|h| frame::from_hex(h).ok()).collect()
+    };
+    let usage = Outcome { ok: false, errno: Some(libc::EINVAL), stage: "usage", reply: None };
+    Some(match rest {
+        [cmd, iface, proto, frames] if cmd == "frame" || cmd == "frame-bypass" => {
+            match (u16::from_str_radix(proto, 16), hex(frames)) {
+                (Ok(proto), Some(frames)) => {
+                    send_frames(iface, proto, &frames, cmd == "frame-bypass")
+                }
+                _ => usage,
+            }
+        }
+        [cmd, packets] if cmd == "ip-raw" => match hex(packets) {
+            Some(p) => send_raw_ip(&p),
+            None => usage,
+        },
+        [cmd] if cmd == "xdp-umem-reg" => xdp_umem_reg(),
+        [cmd, iface, proto] if cmd == "hold-frame-bypass" => match u16::from_str_radix(proto, 16) {
+            Ok(proto) => hold_frame_bypass(iface, proto),
+            Err(_) => usage,
+        },
+        [cmd, iface, frames] if cmd == "tap" => match hex(frames) {
+            Some(f) => tap_write(iface, &f),
+            None => usage,
+        },
+        _ => return None,
+    })
 }
 
 /// connect() + send the token in a tight loop until stdin yields a line.
@@ -316,6 +526,11 @@ fn hammer_tcp(dst: SocketAddr, token: &str) -> Outcome {
 
 fn main() {
     let rest = integration_tests::imds::enter_workload("probe");
+    let started = Instant::now();
+    if let Some(outcome) = run_bytes(&rest) {
+        print(&outcome, started);
+        return;
+    }
     let [cmd, addr, port, tail @ ..] = rest.as_slice() else {
         eprintln!("usage: probe --netns PATH [--cgroup DIR] CMD ADDR PORT [TOKEN]");
         std::process::exit(2);
@@ -325,7 +540,6 @@ fn main() {
         std::process::exit(2);
     };
     let token = tail.first().map(String::as_str).unwrap_or("");
-    let started = Instant::now();
     let iface = tail.get(1).map(String::as_str).unwrap_or("");
     let outcome = run(cmd, SocketAddr::new(ip, port), token, iface);
     print(&outcome, started);

@@ -11,8 +11,8 @@ use serde_json::json;
 
 use super::Env;
 
-const NODE: &str = "node-1";
-const NS: &str = "metadata-gate";
+pub(super) const NODE: &str = "node-1";
+pub(super) const NS: &str = "metadata-gate";
 const CCM_UID: &str = "0b6c0f5e-1111-4a2b-9c3d-000000000001";
 const WEB_UID: &str = "0b6c0f5e-2222-4a2b-9c3d-000000000002";
 
@@ -21,12 +21,18 @@ fn cid(n: u8) -> String {
 }
 
 fn policy(extra_endpoint: &str) -> String {
+    policy_with(&format!(
+        "  - {{name: ec2-imds, cidr: 169.254.169.254/32, ports: [80], protocols: [TCP]}}\n{extra_endpoint}"
+    ))
+}
+
+/// A policy with these `endpoints` entries (YAML list items) that allows the CCM pod.
+pub(super) fn policy_with(endpoints: &str) -> String {
     format!(
         r#"platform: AWS
 mode: enforce
 endpoints:
-  - {{name: ec2-imds, cidr: 169.254.169.254/32, ports: [80], protocols: [TCP]}}
-{extra_endpoint}allow:
+{endpoints}allow:
   - name: aws-cloud-controller-manager
     namespace: openshift-cloud-controller-manager
     podSelector: {{matchLabels: {{k8s-app: aws-cloud-controller-manager}}}}
@@ -44,15 +50,17 @@ fn container_cgroup(uid: &str, id: &str) -> String {
     )
 }
 
-struct Cluster {
-    env: Env,
-    api: KubeApi,
-    ccm: String,
-    web: String,
+pub(super) struct Cluster {
+    pub(super) env: Env,
+    pub(super) api: KubeApi,
+    /// The allowed host-network pod's container cgroup (relative to the tree's base).
+    pub(super) ccm: String,
+    /// A pod-network pod's.
+    pub(super) web: String,
     dir: PathBuf,
 }
 
-fn cluster() -> Cluster {
+pub(super) fn cluster() -> Cluster {
     let env = Env::new("enforce");
     let api = KubeApi::start_in(&env.net.node_path(), Some("s3cret")).expect("API double");
     api.put(INFRASTRUCTURES, kubeapi::infrastructure("AWS"));
@@ -94,6 +102,32 @@ fn cluster() -> Cluster {
 }
 
 impl Cluster {
+    /// Add a host-network pod that no allow entry selects (right namespace, wrong labels);
+    /// returns its container cgroup.
+    pub(super) fn rogue(&self) -> String {
+        const ROGUE_UID: &str = "0b6c0f5e-3333-4a2b-9c3d-000000000003";
+        self.api.put(
+            PODS,
+            kubeapi::pod(
+                "openshift-cloud-controller-manager",
+                "rogue",
+                ROGUE_UID,
+                NODE,
+                json!({"k8s-app": "something-else"}),
+                true,
+                &format!("cri-o://{}", cid(3)),
+            ),
+        );
+        let rogue = container_cgroup(ROGUE_UID, &cid(3));
+        self.env.cg.create(&rogue).expect("rogue cgroup");
+        rogue
+    }
+
+    /// The gated root: the kubepods cgroup of the tree.
+    pub(super) fn kubepods(&self) -> PathBuf {
+        self.dir.join("kubepods.slice")
+    }
+
     fn kubeconfig(&self, token: &str) -> PathBuf {
         let name =
             self.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
@@ -101,14 +135,14 @@ impl Cluster {
         self.api.kubeconfig(&path, token).expect("kubeconfig")
     }
 
-    fn start(&mut self) {
+    pub(super) fn start(&mut self) {
         self.start_with(&[]);
     }
 
     /// Start the agent in cluster mode against the double, with `extra` flags.
-    fn start_with(&mut self, extra: &[&str]) {
+    pub(super) fn start_with(&mut self, extra: &[&str]) {
         let kubeconfig = self.kubeconfig("s3cret");
-        let root = self.dir.join("kubepods.slice").to_string_lossy().into_owned();
+        let root = self.kubepods().to_string_lossy().into_owned();
         let kc = kubeconfig.to_string_lossy().into_owned();
         let mut flags = vec![
             "--kubeconfig",
@@ -247,7 +281,7 @@ fn cluster_mode_without_the_crd_uses_the_provider_id_and_a_bad_token_is_named() 
 
     // Wrong credentials: `run` exits and says why.
     let bad = c.kubeconfig("wrong");
-    let root = c.dir.join("kubepods.slice").to_string_lossy().into_owned();
+    let root = c.kubepods().to_string_lossy().into_owned();
     let out = c
         .env
         .gate_agent(
@@ -275,25 +309,46 @@ fn cluster_mode_without_the_crd_uses_the_provider_id_and_a_bad_token_is_named() 
 fn host_network_only_scope_gates_only_host_network_pods() {
     privileged!(host_network_only_scope_gates_only_host_network_pods);
     let mut c = cluster();
-    // A host-network pod that no allow entry selects (right namespace, wrong labels).
-    const ROGUE_UID: &str = "0b6c0f5e-3333-4a2b-9c3d-000000000003";
-    c.api.put(
-        PODS,
-        kubeapi::pod(
-            "openshift-cloud-controller-manager",
-            "rogue",
-            ROGUE_UID,
-            NODE,
-            json!({"k8s-app": "something-else"}),
-            true,
-            &format!("cri-o://{}", cid(3)),
-        ),
-    );
-    let rogue = container_cgroup(ROGUE_UID, &cid(3));
-    c.env.cg.create(&rogue).expect("rogue cgroup");
+    let rogue = c.rogue();
     c.start_with(&["--gate-scope", "host-network-only"]);
     // The pod-network pod is left to the SDN's rules; the host-network ones are gated.
     c.env.assert_served(&c.web, "tcp", IMDS_V4, "80");
     c.refused(&rogue, "tcp", IMDS_V4, "80");
     c.env.assert_served(&c.ccm, "tcp", IMDS_V4, "80");
+}
+
+/// New nodes carry `metadata-gate.io/not-ready:NoSchedule` until the gate is closed on them:
+/// the agent removes it from its own Node once ready, and only it.
+#[test]
+fn a_new_nodes_not_ready_taint_is_removed_once_the_gate_is_closed() {
+    privileged!(a_new_nodes_not_ready_taint_is_removed_once_the_gate_is_closed);
+    let mut c = cluster();
+    let mut node = kubeapi::node(NODE, "aws:///us-east-1a/i-0123");
+    node["spec"]["taints"] = json!([
+        {"key": "metadata-gate.io/not-ready", "effect": "NoSchedule"},
+        {"key": "example.com/other", "value": "x", "effect": "NoSchedule"},
+    ]);
+    c.api.put(NODES, node);
+    c.start();
+    c.refused(&c.web, "tcp", IMDS_V4, "80");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let taints = loop {
+        let n = c.api.objects(NODES).into_iter().find(|n| n["metadata"]["name"] == NODE);
+        let taints = n.map(|n| n["spec"]["taints"].clone()).unwrap_or_default();
+        if !taints.to_string().contains("metadata-gate.io/not-ready")
+            || std::time::Instant::now() > deadline
+        {
+            break taints;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(taints, json!([{"key": "example.com/other", "value": "x", "effect": "NoSchedule"}]));
+    assert!(
+        c.env
+            .agent()
+            .find(|v| v["message"].as_str().is_some_and(|m| m.contains("not-ready taint")))
+            .is_some(),
+        "{:#?}",
+        c.env.agent().logs()
+    );
 }

@@ -53,14 +53,18 @@ fn sigkill_keeps_the_gate_closed_and_a_restart_adopts_it() {
         .as_array()
         .map(|a| a.iter().filter_map(|x| x["hook"].as_str()).collect())
         .unwrap_or_default();
-    // The uplink's node-level program: a tcx link on 6.6+, a clsact filter before.
+    // The node-level programs of lo and the uplink: tcx links on 6.6+, clsact filters before.
     let mut want = vec!["connect4", "connect6", "egress", "sendmsg4", "sendmsg6", "setsockopt"];
     if kernel_has_tcx() {
-        want.push("tc-egress-vnode");
+        want.extend(["tc-egress-lo", "tc-egress-vnode"]);
     } else {
+        assert_tc_egress(&down, "lo");
         assert_tc_egress(&down, "vnode");
     }
-    assert_eq!(hooks, want, "the cgroup hooks and the uplink's node-level program: {down}");
+    assert_eq!(
+        hooks, want,
+        "the cgroup hooks and the node-level links of lo and the uplink: {down}"
+    );
     assert_eq!(prog_ids(&down), prog_ids(&before), "programs changed while no agent ran");
     let eps = &down["policy"]["endpoints"];
     assert_eq!(eps[0]["name"], "ec2-imds", "{down}");
@@ -204,6 +208,7 @@ fn policy_file_edits_are_live_and_a_bad_edit_keeps_the_last_good() {
         "{body}"
     );
     assert_eq!(metric(&body, "metadata_gate_policy_generation"), Some(2.0), "{body}");
+    assert_eq!(metric(&body, "metadata_gate_policy_rejected"), Some(1.0), "{body}");
     assert_eq!(status(&env)["policy"]["generation"], 2);
 
     // An in-place rewrite back to the original opens NTP again; SIGHUP with no change is a no-op.
@@ -215,6 +220,8 @@ fn policy_file_edits_are_live_and_a_bad_edit_keeps_the_last_good() {
         )
         .unwrap_or_else(|| panic!("policy not applied: {:#?}", env.agent().logs()));
     env.assert_served("gated/pod-a", "udp", NTP_V4, "123");
+    let (_, body) = env.agent().http_get("/metrics").expect("metrics");
+    assert_eq!(metric(&body, "metadata_gate_policy_rejected"), Some(0.0), "{body}");
     env.agent().signal(libc::SIGHUP);
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
@@ -364,4 +371,24 @@ fn an_abi_change_hands_over_to_a_new_pin_dir_without_an_open_window() {
     let pin = env.agent().pin_dir.to_string_lossy().into_owned();
     env.cleanup(&pin);
     env.assert_served("gated/pod-a", "tcp", IMDS_V4, "80");
+}
+
+/// As the DaemonSet runs it: /healthz and /readyz on --listen, /metrics on --metrics-listen
+/// alone (where kube-rbac-proxy reads it), and neither on the other's address.
+#[test]
+fn metrics_apart_from_the_probes() {
+    privileged!(metrics_apart_from_the_probes);
+    const METRICS: &str = "127.0.0.1:19751";
+    let mut env = Env::new("enforce");
+    env.start_agent_with(&["--metrics-listen", METRICS]);
+    let agent = env.agent();
+    assert_eq!(agent.http_get("/readyz").expect("readyz").0, 200);
+    assert_eq!(agent.http_get("/healthz").expect("healthz").0, 200);
+    assert_eq!(agent.http_get("/metrics").expect("the probe address").0, 404);
+    let (code, body) = agent.http_get_at(METRICS, "/metrics").expect("metrics");
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("metadata_gate_policy_generation "), "{body}");
+    assert_eq!(agent.http_get_at(METRICS, "/readyz").expect("the metrics address").0, 404);
+    let ready = agent.find(|v| v["message"] == "ready").expect("ready logged");
+    assert_eq!(ready["metrics"], METRICS, "{ready}");
 }

@@ -13,7 +13,10 @@
 //! | [`terminate`] | connections established before the gate |
 //! | [`tc`] | AF_PACKET frames, a forwarding workload interface, the clsact fallback |
 //! | [`lifecycle`] | kill and adopt, upgrade, policy file edits, log rate limits, cleanup, ABI hand-over |
+//! | [`resilience`] | one agent per gate, repairs, a recreated root, retried applies, policy flips under load |
+//! | [`inspect`] | audit → report → suggest → enforce, `explain` against the live maps |
 //! | [`cluster`] | cluster mode against a Kubernetes API double |
+//! | [`bypass`] | every way around the gate (frames, rewrites, forwarding, VLAN tags, fragments, IPv6 chains, qdisc bypass, AF_XDP, a VM's tap), each without an agent, standalone and in cluster mode |
 use std::{path::PathBuf, process::Output, time::Duration};
 
 use integration_tests::{
@@ -36,9 +39,12 @@ macro_rules! privileged {
     };
 }
 
+mod bypass;
 mod cluster;
 mod enforcement;
+mod inspect;
 mod lifecycle;
+mod resilience;
 mod tc;
 mod terminate;
 

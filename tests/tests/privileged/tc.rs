@@ -97,7 +97,9 @@ fn clsact_fallback_outlives_the_agent_is_replaced_in_place_and_cleaned_up() {
     assert!(!frame_arrives(&env, "clsact-1"), "AF_PACKET frame passed the clsact filter");
     assert_eq!(filters(&env), 1);
     let st = status(&env);
-    assert_eq!(st["tc_clsact"][0], format!("egress vnode {netns}"), "{st}");
+    let vnode = format!("egress vnode {netns}");
+    let clsact = st["tc_clsact"].as_array().expect("tc_clsact");
+    assert!(clsact.iter().any(|c| c.as_str() == Some(vnode.as_str())), "{st}");
 
     env.agent.as_mut().expect("agent").kill();
     assert!(!frame_arrives(&env, "clsact-2"), "the filter went with the agent");
@@ -111,4 +113,28 @@ fn clsact_fallback_outlives_the_agent_is_replaced_in_place_and_cleaned_up() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(filters(&env), 0, "cleanup left the clsact filter");
     assert!(frame_arrives(&env, "clsact-4"), "frame still dropped after cleanup");
+}
+
+/// A clsact qdisc deleted under the gate (all a host-network pod with NET_ADMIN can do to the
+/// node-level program on kernels without tcx) is put back on the tc event, not at the next
+/// periodic check (an hour away here).
+#[test]
+fn a_deleted_clsact_qdisc_is_restored_on_the_event() {
+    privileged!(a_deleted_clsact_qdisc_is_restored_on_the_event);
+    let mut env = Env::new("enforce");
+    env.start_agent_with(&["--tc-mode", "clsact", "--rescan-ms", "3600000"]);
+    let frame_arrives = |env: &Env, tag: &str| {
+        let t = token(tag);
+        env.probe("gated/pod-a", &["packet", IMDS_V4, "80", &t, "vnode"]);
+        env.imds.wait_for(&t, Duration::from_millis(700))
+    };
+    assert!(!frame_arrives(&env, "qdisc-1"), "AF_PACKET frame passed the clsact filter");
+    let del = ["netns", "exec", &env.net.node, "tc", "qdisc", "del", "dev", "vnode", "clsact"];
+    sh("ip", &del).expect("tc qdisc del");
+    let restored = env.agent().wait_log(
+        |v| v["message"] == "tc attachment was missing; restored" && v["interface"] == "vnode",
+        Duration::from_secs(5),
+    );
+    assert!(restored.is_some(), "the deleted clsact qdisc was not restored on the event");
+    assert!(!frame_arrives(&env, "qdisc-2"), "AF_PACKET frame passed after the restore");
 }

@@ -177,3 +177,27 @@ fn audit_mode_terminates_nothing() {
     assert!(o.ok, "audit mode cut a connection: {o:?}");
     assert!(env.imds.wait_for(&t, Duration::from_secs(2)));
 }
+
+/// As shipped (cluster mode, the agent sharing the node's pid namespace as the DaemonSet's
+/// hostPID gives it): a pod-network pod's connection, in the pod's own network namespace,
+/// is seen and destroyed, and status says what the scan could see.
+#[test]
+fn cluster_mode_sees_pod_network_namespaces() {
+    privileged!(cluster_mode_sees_pod_network_namespaces);
+    let mut c = super::cluster::cluster();
+    let pod = integration_tests::net::PodNet::new(&c.env.net).expect("pod netns");
+    let web = c.env.cgroup(&c.web);
+    let held = Held::start_in(&c.env.bins, &pod.path(), &web, &["hold-tcp", IMDS_V4, "80"])
+        .expect("the pod's connection, before the agent");
+    c.start();
+    let o = held.send(&token("pod-held")).expect("held result");
+    assert!(!o.ok, "the pod's pre-existing connection survived: {o:?}");
+    let summary =
+        c.env.agent().find(|v| v["message"] == "established connections checked").expect("summary");
+    assert!(summary["destroyed"].as_u64() >= Some(1), "{summary}");
+    assert!(summary["netns"].as_u64() >= Some(2), "the node's and the pod's: {summary}");
+    assert_eq!(summary["hidden"], 0, "{summary}");
+    let s = super::status(&c.env);
+    assert_eq!(s["terminate_established"], "on", "{s}");
+    assert!(s["terminate_scan"]["netns"].as_u64() >= Some(2), "{s}");
+}

@@ -32,7 +32,7 @@ fn ms(ns: Vec<f64>) -> Vec<f64> {
     ns.into_iter().map(|n| n / 1e6).collect()
 }
 
-pub fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
+pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
     let w = World::new()?;
     let policy = w.write_policy("policy.yaml", &toggled(false))?;
     let _active = variants::apply(Variant::Gate, &w, &policy, &cfg.bins)?;

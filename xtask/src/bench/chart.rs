@@ -24,7 +24,7 @@ const VARIANTS: [(&str, &str, RGBColor); 3] = [
     ("ipt", "iptables", RGBColor(0x2c, 0xa0, 0x2c)),
 ];
 
-pub fn draw(rep: &Report, path: &Path) -> Result<()> {
+pub(super) fn draw(rep: &Report, path: &Path) -> Result<()> {
     register_font()?;
     let groups: [(&str, &str); 3] = [
         ("connect() rate", "connect_rate_ratio_"),

@@ -14,7 +14,7 @@ use super::{
     world::World,
 };
 
-pub fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
+pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
     let w = World::new()?;
     let policy =
         w.write_policy("policy.yaml", &policy::aws(&Extra { endpoints: vec![], allow: vec![] }))?;

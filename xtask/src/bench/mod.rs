@@ -20,10 +20,10 @@ use integration_tests::{
 };
 
 use crate::bins::target_dir;
-pub use report::Report;
+pub(crate) use report::Report;
 
 /// How long and how often: `--quick` is a smoke run, never judged on its numbers.
-pub struct Cfg {
+pub(crate) struct Cfg {
     pub quick: bool,
     /// Seconds per rate measurement.
     pub secs: f64,
@@ -46,7 +46,7 @@ impl Cfg {
     }
 }
 
-pub fn run_bench(quick: bool) -> Result<()> {
+pub(crate) fn run_bench(quick: bool) -> Result<()> {
     if let Some(why) = missing_privileges() {
         bail!("the benchmark {why}: run it as root (sudo -E cargo xtask bench)");
     }
@@ -105,7 +105,7 @@ pub fn run_bench(quick: bool) -> Result<()> {
 }
 
 /// Redraw target/bench/chart.png from target/bench/report.json.
-pub fn redraw() -> Result<()> {
+pub(crate) fn redraw() -> Result<()> {
     let out = target_dir().join("bench");
     let rep = Report::load(&out.join("report.json"))?;
     chart::draw(&rep, &out.join("chart.png"))?;
@@ -138,12 +138,12 @@ fn leftovers() -> Result<()> {
 }
 
 /// Median of `v` (NaN for none).
-pub fn median(v: &[f64]) -> f64 {
+pub(crate) fn median(v: &[f64]) -> f64 {
     percentile(v, 50.0)
 }
 
 /// Nearest-rank percentile.
-pub fn percentile(v: &[f64], p: f64) -> f64 {
+pub(crate) fn percentile(v: &[f64], p: f64) -> f64 {
     if v.is_empty() {
         return f64::NAN;
     }
@@ -154,7 +154,7 @@ pub fn percentile(v: &[f64], p: f64) -> f64 {
 }
 
 /// Agent resident memory (MiB) and CPU time (seconds, user + system).
-pub fn agent_usage(pid: u32) -> Option<(f64, f64)> {
+pub(crate) fn agent_usage(pid: u32) -> Option<(f64, f64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let kb: f64 = status
         .lines()

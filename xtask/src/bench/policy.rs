@@ -2,7 +2,7 @@
 //! allow entries (scale) or an extra endpoint (policy change latency).
 use std::fmt::Write as _;
 
-pub struct Extra {
+pub(super) struct Extra {
     /// (name, cidr, ports)
     pub endpoints: Vec<(String, String, String)>,
     /// (name, cgroup glob)
@@ -10,7 +10,7 @@ pub struct Extra {
 }
 
 /// The AWS example policy (deploy/examples/standalone-aws.yaml) plus `extra`.
-pub fn aws(extra: &Extra) -> String {
+pub(super) fn aws(extra: &Extra) -> String {
     let mut s = String::from(
         "platform: AWS\nmode: enforce\nendpoints:\n\
          \x20 - name: ec2-imds\n    cidr: 169.254.169.254/32\n    ports: [80]\n    protocols: [TCP]\n\
@@ -31,7 +31,7 @@ pub fn aws(extra: &Extra) -> String {
 
 /// `n` endpoints and `n` allow entries in all: the example's plus `n - 1` generated ones
 /// (IPv4 /32s in 10.0.0.0/8, never the benchmark's destination).
-pub fn scaled(n: usize) -> String {
+pub(super) fn scaled(n: usize) -> String {
     let k = n.saturating_sub(1);
     aws(&Extra {
         endpoints: (1..=k)

@@ -15,13 +15,13 @@ use super::{
     world::World,
 };
 
-pub const SCENARIOS: [(&str, &str, u16, &str); 3] = [
+pub(super) const SCENARIOS: [(&str, &str, u16, &str); 3] = [
     ("connect", "connect-rate", CONNECT_PORT, "connect()+close()/s"),
     ("udp", "udp-rate", UDP_PORT, "sendto()/s"),
     ("bulk", "bulk", BULK_PORT, "bytes/s"),
 ];
 
-pub fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
+pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
     let w = World::new()?;
     let policy =
         w.write_policy("policy.yaml", &policy::aws(&Extra { endpoints: vec![], allow: vec![] }))?;

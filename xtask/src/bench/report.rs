@@ -6,7 +6,7 @@ use serde_json::{Map, Value, json};
 
 use super::Cfg;
 
-pub struct Row {
+pub(super) struct Row {
     pub scenario: String,
     pub variant: String,
     pub value: String,
@@ -14,7 +14,7 @@ pub struct Row {
     pub target: String,
 }
 
-pub struct Report {
+pub(crate) struct Report {
     keys: Map<String, Value>,
     details: Map<String, Value>,
     rows: Vec<Row>,
@@ -28,7 +28,7 @@ fn first_line(cmd: &str, args: &[&str]) -> String {
 }
 
 /// CPU count, model, kernel and tool versions.
-pub fn machine() -> Value {
+pub(super) fn machine() -> Value {
     let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
         .lines()
@@ -52,7 +52,7 @@ pub fn machine() -> Value {
 }
 
 impl Report {
-    pub fn new(cfg: &Cfg) -> Report {
+    pub(crate) fn new(cfg: &Cfg) -> Report {
         let mut r =
             Report { keys: Map::new(), details: Map::new(), rows: vec![], machine: machine() };
         r.detail(
@@ -65,7 +65,7 @@ impl Report {
     }
 
     /// The numeric keys of a written report.json (to redraw its chart).
-    pub fn load(path: &Path) -> Result<Report> {
+    pub(crate) fn load(path: &Path) -> Result<Report> {
         let text = fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
         let v: Value =
             serde_json::from_str(&text).with_context(|| format!("parse {}", path.display()))?;
@@ -75,20 +75,20 @@ impl Report {
     }
 
     /// A top-level numeric key; NaN or infinite becomes null.
-    pub fn set_num(&mut self, key: &str, v: f64) {
+    pub(crate) fn set_num(&mut self, key: &str, v: f64) {
         let v = if v.is_finite() { json!((v * 1e4).round() / 1e4) } else { Value::Null };
         self.keys.insert(key.into(), v);
     }
 
-    pub fn get(&self, key: &str) -> Option<f64> {
+    pub(crate) fn get(&self, key: &str) -> Option<f64> {
         self.keys.get(key).and_then(Value::as_f64)
     }
 
-    pub fn detail(&mut self, key: &str, v: Value) {
+    pub(crate) fn detail(&mut self, key: &str, v: Value) {
         self.details.insert(key.into(), v);
     }
 
-    pub fn row(
+    pub(crate) fn row(
         &mut self,
         scenario: &str,
         variant: &str,
@@ -105,7 +105,7 @@ impl Report {
         });
     }
 
-    pub fn write(&self, dir: &Path) -> Result<()> {
+    pub(crate) fn write(&self, dir: &Path) -> Result<()> {
         fs::create_dir_all(dir).with_context(|| format!("mkdir {}", dir.display()))?;
         let mut all = self.keys.clone();
         all.insert("machine".into(), self.machine.clone());
@@ -115,7 +115,7 @@ impl Report {
         Ok(())
     }
 
-    pub fn machine_line(&self) -> String {
+    pub(crate) fn machine_line(&self) -> String {
         let m = &self.machine;
         format!(
             "{} × {} ({} GiB), Linux {}, {}, {}",
@@ -128,7 +128,7 @@ impl Report {
         )
     }
 
-    pub fn markdown(&self) -> String {
+    pub(crate) fn markdown(&self) -> String {
         let mut s = format!("Machine: {}\n\n", self.machine_line());
         s.push_str(
             "| scenario | variant | result | ratio to no gate | target |\n|---|---|---|---|---|\n",
@@ -150,7 +150,7 @@ impl Report {
 }
 
 /// `1234567.8` → `1.23 M`.
-pub fn si(v: f64) -> String {
+pub(super) fn si(v: f64) -> String {
     if !v.is_finite() {
         return "n/a".into();
     }

@@ -20,7 +20,7 @@ fn pod(i: usize) -> String {
     format!("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{i}.slice/{scope}")
 }
 
-pub fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
+pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
     let w = World::new()?;
     let port = CONNECT_PORT.to_string();
     let secs = cfg.secs_arg();

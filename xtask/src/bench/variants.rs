@@ -2,24 +2,20 @@
 //! (deploy/examples/standalone-aws.yaml: 169.254.169.254 TCP 80 and fd00:ec2::254 TCP 80
 //! refused from the gated cgroup, `cloud-agent` below it allowed):
 //! no enforcement, metadata-gate, nftables and iptables rules in the workload netns.
-use std::{
-    io::Write as _,
-    path::Path,
-    process::{Command, Stdio},
-};
+use std::path::Path;
 
 use anyhow::{Context as _, Result, bail};
 use integration_tests::{
     agent::Agent,
     bench::{self, IMDS_PORT},
     bins::Bins,
-    net::IMDS_V4,
+    net::{IMDS_V4, nsenter},
 };
 
 use super::world::{World, cgroup_rel, nft_cgroup_path};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Variant {
+pub(super) enum Variant {
     None,
     Gate,
     /// nftables `socket cgroupv2` + `reject with tcp reset`
@@ -31,7 +27,7 @@ pub enum Variant {
 }
 
 impl Variant {
-    pub fn key(self) -> &'static str {
+    pub(super) fn key(self) -> &'static str {
         match self {
             Variant::None => "none",
             Variant::Gate => "gate",
@@ -41,7 +37,7 @@ impl Variant {
         }
     }
 
-    pub fn label(self) -> &'static str {
+    pub(super) fn label(self) -> &'static str {
         match self {
             Variant::None => "no gate",
             Variant::Gate => "metadata-gate",
@@ -53,14 +49,14 @@ impl Variant {
 }
 
 /// A variant in force in a world; removed on drop.
-pub enum Active {
+pub(super) enum Active {
     None,
     Gate(Box<Agent>),
     Rules { netns: String, tables: &'static [&'static str] },
 }
 
 impl Active {
-    pub fn agent(&self) -> Option<&Agent> {
+    pub(super) fn agent(&self) -> Option<&Agent> {
         match self {
             Active::Gate(a) => Some(a),
             _ => None,
@@ -79,39 +75,9 @@ impl Drop for Active {
     }
 }
 
-/// Run a tool in a test network namespace only (nsenter --net keeps the host's /sys, where
-/// nft resolves cgroup paths; `ip netns exec` would remount it).
-pub fn nsenter(netns: &str, program: &str, args: &[&str], stdin: Option<&str>) -> Result<()> {
-    if !netns.starts_with("/run/netns/mg-") {
-        bail!("{netns} is not a test network namespace");
-    }
-    let mut child = Command::new("nsenter")
-        .arg(format!("--net={netns}"))
-        .arg(program)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("nsenter {program}"))?;
-    if let Some(mut w) = child.stdin.take() {
-        w.write_all(stdin.unwrap_or("").as_bytes())?;
-    }
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        bail!(
-            "{program} {} in {netns}: {}{}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim(),
-            stdin.map(|s| format!("\ninput:\n{s}")).unwrap_or_default()
-        );
-    }
-    Ok(())
-}
-
 /// The nftables ruleset a careful administrator would write: cheap address match first,
 /// the allow-listed cgroup accepted, the rest of the gated cgroup refused.
-pub fn nft_ruleset(world: &World, verdict: &str) -> Result<String> {
+pub(super) fn nft_ruleset(world: &World, verdict: &str) -> Result<String> {
     let (_, level) = cgroup_rel(&world.cg.gated())?;
     let gated = nft_cgroup_path(&world.cg.gated())?;
     let allowed = nft_cgroup_path(&world.allowed)?;
@@ -142,7 +108,7 @@ fn ipt_rules(world: &World, dst: &str) -> Result<String> {
 /// Put `v` in force in `world` (`policy` is the gate's policy file) and check that it
 /// enforces the policy: the workload is refused, the allow-listed cgroup served.
 /// `bins` is the build under test (gate-agent, and bench-probe for the check).
-pub fn apply(v: Variant, world: &World, policy: &Path, bins: &Bins) -> Result<Active> {
+pub(super) fn apply(v: Variant, world: &World, policy: &Path, bins: &Bins) -> Result<Active> {
     let netns = world.net.node_path();
     let active = match v {
         Variant::None => Active::None,

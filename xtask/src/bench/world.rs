@@ -15,10 +15,10 @@ use integration_tests::{
 };
 
 /// A directory `/tmp/mg-<pid>-<n>/` for policy files (the stale sweep knows the name).
-pub struct TempDir(pub PathBuf);
+pub(super) struct TempDir(pub PathBuf);
 
 impl TempDir {
-    pub fn new() -> Result<TempDir> {
+    pub(super) fn new() -> Result<TempDir> {
         let p = std::env::temp_dir().join(unique("mg"));
         fs::create_dir_all(&p).with_context(|| format!("mkdir {}", p.display()))?;
         Ok(TempDir(p))
@@ -32,7 +32,7 @@ impl Drop for TempDir {
 }
 
 // Field order is drop order: sink threads leave the netns before it is deleted.
-pub struct World {
+pub(super) struct World {
     _sink: Sink,
     pub net: TestNet,
     pub cg: CgroupTree,
@@ -44,7 +44,7 @@ pub struct World {
 }
 
 impl World {
-    pub fn new() -> Result<World> {
+    pub(super) fn new() -> Result<World> {
         let net = TestNet::new()?;
         let sink = Sink::start(&net)?;
         let cg = CgroupTree::new()?;
@@ -55,7 +55,7 @@ impl World {
 
     /// Write `text` as `name` in the world's directory (write to a temp file, then rename,
     /// as an editor or a ConfigMap update would).
-    pub fn write_policy(&self, name: &str, text: &str) -> Result<PathBuf> {
+    pub(super) fn write_policy(&self, name: &str, text: &str) -> Result<PathBuf> {
         let p = self.dir.0.join(name);
         let tmp = self.dir.0.join(format!(".{name}.tmp"));
         fs::write(&tmp, text).with_context(|| format!("write {}", tmp.display()))?;
@@ -65,7 +65,7 @@ impl World {
 }
 
 /// `path` relative to the cgroup2 mount, and its level (depth) in the cgroup2 hierarchy.
-pub fn cgroup_rel(path: &Path) -> Result<(String, usize)> {
+pub(super) fn cgroup_rel(path: &Path) -> Result<(String, usize)> {
     let mount = cgroup2_mount()?;
     let rel = path
         .strip_prefix(&mount)
@@ -75,7 +75,7 @@ pub fn cgroup_rel(path: &Path) -> Result<(String, usize)> {
 
 /// `path` as nft's `socket cgroupv2` wants it: relative to /sys/fs/cgroup, where nft looks
 /// it up (on a hybrid layout the cgroup2 mount is /sys/fs/cgroup/unified).
-pub fn nft_cgroup_path(path: &Path) -> Result<String> {
+pub(super) fn nft_cgroup_path(path: &Path) -> Result<String> {
     let rel = path.strip_prefix("/sys/fs/cgroup").with_context(|| {
         format!("{} is not below /sys/fs/cgroup, where nft resolves cgroupv2 paths", path.display())
     })?;

@@ -85,6 +85,10 @@ pub struct PodInfo {
     /// Init containers, then regular containers, then ephemeral containers (spec order), with
     /// the ids from their statuses; a status naming no container of the spec is appended.
     pub containers: Vec<ContainerInfo>,
+    /// What runs the pod: (kind, name) of its controller — a ReplicaSet's pods are named by
+    /// their Deployment (the pod-template-hash cut off), a mirror pod is a `StaticPod` named
+    /// by itself; `None` for a bare pod.
+    pub owner: Option<(String, String)>,
 }
 
 impl PodInfo {
@@ -190,6 +194,7 @@ impl PodInfo {
             service_account,
             labels: meta.labels.clone().unwrap_or_default(),
             containers,
+            owner: owner_of(pod),
         })
     }
 
@@ -211,6 +216,23 @@ impl PodInfo {
 }
 
 /// `Some(s)` for a present, non-empty string.
+/// The controller that runs `pod` (see [`PodInfo::owner`]).
+fn owner_of(pod: &Pod) -> Option<(String, String)> {
+    let meta = &pod.metadata;
+    if meta.annotations.as_ref().is_some_and(|a| a.contains_key(MIRROR_ANNOTATION)) {
+        return Some(("StaticPod".into(), meta.name.clone().unwrap_or_default()));
+    }
+    let r = meta.owner_references.as_ref()?.iter().find(|r| r.controller == Some(true))?;
+    let hash = meta.labels.as_ref().and_then(|l| l.get("pod-template-hash"));
+    match (r.kind.as_str(), hash) {
+        ("ReplicaSet", Some(h)) => match r.name.strip_suffix(&format!("-{h}")) {
+            Some(deployment) => Some(("Deployment".into(), deployment.to_owned())),
+            None => Some((r.kind.clone(), r.name.clone())),
+        },
+        _ => Some((r.kind.clone(), r.name.clone())),
+    }
+}
+
 fn non_empty(s: &Option<String>) -> Option<&str> {
     s.as_deref().filter(|s| !s.is_empty())
 }

@@ -150,6 +150,7 @@ fn simple_pod(
                 id: Some((Runtime::Containerd, cid(*c))),
             })
             .collect(),
+        owner: None,
     }
 }
 

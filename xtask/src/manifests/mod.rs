@@ -5,20 +5,33 @@
 //!   (a misspelt or misplaced field would be silently dropped by the API server);
 //! - the OpenShift SecurityContextConstraints, which k8s-openapi does not know, is checked
 //!   structurally (apiVersion, required fields, field types, strategy and volume names);
+//! - the Prometheus Operator's ServiceMonitor and PrometheusRule, which k8s-openapi does not
+//!   know either, are checked against the fields, types and enums of their CRDs ([`crd`]);
 //! - any other kind is an error;
 //! - cross-object rules the API server or the agent would otherwise only enforce at deploy
 //!   time: Bidirectional mount propagation needs a privileged container, the DaemonSet's
 //!   service account and namespace exist, the SCC allows exactly what the DaemonSet asks
-//!   for and is granted to its service account, and each policy ConfigMap is named after the
-//!   platform its policy names.
+//!   for and is granted to its service account, each policy ConfigMap is named after the
+//!   platform its policy names, and a DaemonSet that fixes its platform (`--platform`) finds
+//!   that platform's policy ConfigMap in the same render;
+//! - how the metrics are reached and alerted on ([`monitoring`]): no plain /metrics beyond
+//!   loopback, probes on the probe listener, kube-rbac-proxy in front of the agent with its
+//!   RBAC, the Service selecting the agent's pods, the ServiceMonitor selecting the Service by
+//!   a port it has and verifying what it can, and every alerting rule naming only metrics,
+//!   labels, namespaces, DaemonSets and jobs that exist.
+mod crd;
+mod monitoring;
+mod promql;
+
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 
 use anyhow::{Context as _, Result, bail};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 use serde::de::{Deserialize, DeserializeOwned};
 use serde_json::Value;
@@ -26,11 +39,25 @@ use serde_json::Value;
 use crate::util::{output, root, show};
 
 /// Kustomize directories, relative to the workspace root. Each must render.
-pub const TARGETS: &[&str] =
-    &["deploy/base", "deploy/policies", "deploy/overlays/openshift", "deploy/overlays/kind"];
+pub(crate) const TARGETS: &[&str] = &[
+    "deploy/base",
+    "deploy/policies",
+    "deploy/overlays/openshift",
+    "deploy/overlays/kind",
+    "deploy/overlays/openshift-boot",
+    "deploy/profiles/gke",
+    "deploy/profiles/eks",
+    "deploy/profiles/aks",
+];
 
 /// Plain manifests (applied with `kubectl apply -f`), checked object by object.
-pub const PLAIN_DIRS: &[&str] = &["deploy/kind/e2e"];
+pub(crate) const PLAIN_DIRS: &[&str] = &["deploy/kind/e2e"];
+
+/// Targets applied together, checked as one render: a component that only adds objects
+/// (`kubectl apply -k` of each, or the component listed under `components:`) together with
+/// the overlay it goes on. overlays/openshift includes components/monitoring itself.
+pub(crate) const COMBINED: &[&[&str]] =
+    &[&["deploy/overlays/kind", "deploy/components/monitoring"]];
 
 /// Namespace of the agent and of its policy ConfigMaps.
 const NAMESPACE: &str = "metadata-gate";
@@ -67,12 +94,23 @@ impl Object {
     }
 }
 
-pub fn run() -> Result<()> {
+pub(crate) fn run() -> Result<()> {
     let mut problems = Vec::new();
     let mut objects_seen = 0;
     for target in TARGETS {
         let objects = render(target)?;
         objects_seen += objects.len();
+        problems.extend(check_set(&objects));
+    }
+    for targets in COMBINED {
+        let mut objects = Vec::new();
+        for target in *targets {
+            objects.extend(render(target)?);
+        }
+        let name = targets.join(" + ");
+        for o in &mut objects {
+            o.origin = name.clone();
+        }
         problems.extend(check_set(&objects));
     }
     for dir in PLAIN_DIRS {
@@ -86,8 +124,9 @@ pub fn run() -> Result<()> {
         bail!("{} problem(s) in deploy/:\n  {}", problems.len(), problems.join("\n  "));
     }
     eprintln!(
-        "manifests: {} Kustomize targets and {} plain dirs, {objects_seen} objects: OK",
+        "manifests: {} Kustomize targets, {} combined, {} plain dirs, {objects_seen} objects: OK",
         TARGETS.len(),
+        COMBINED.len(),
         PLAIN_DIRS.len()
     );
     Ok(())
@@ -164,6 +203,10 @@ fn check_set(objects: &[Object]) -> Vec<String> {
     let mut problems: Vec<String> = objects.iter().flat_map(check_object).collect();
     problems.extend(check_policy_configmaps(objects));
     problems.extend(check_daemonsets(objects));
+    problems.extend(monitoring::check_services(objects));
+    let (found, scrapes) = monitoring::check_service_monitors(objects);
+    problems.extend(found);
+    problems.extend(monitoring::check_rules(objects, &scrapes));
     problems
 }
 
@@ -175,6 +218,7 @@ fn check_object(o: &Object) -> Vec<String> {
         ("v1", "ServiceAccount") => typed::<ServiceAccount>(&o.value),
         ("v1", "ConfigMap") => typed::<ConfigMap>(&o.value),
         ("v1", "Pod") => typed::<Pod>(&o.value),
+        ("v1", "Service") => typed::<Service>(&o.value),
         ("rbac.authorization.k8s.io/v1", "ClusterRole") => typed::<ClusterRole>(&o.value),
         ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
             typed::<ClusterRoleBinding>(&o.value)
@@ -182,10 +226,14 @@ fn check_object(o: &Object) -> Vec<String> {
         ("rbac.authorization.k8s.io/v1", "Role") => typed::<Role>(&o.value),
         ("rbac.authorization.k8s.io/v1", "RoleBinding") => typed::<RoleBinding>(&o.value),
         ("security.openshift.io/v1", "SecurityContextConstraints") => scc_structure(&o.value),
+        ("machineconfiguration.openshift.io/v1", "MachineConfig") => machineconfig(&o.value),
+        ("monitoring.coreos.com/v1", "ServiceMonitor") => custom(&o.value, &crd::SERVICE_MONITOR),
+        ("monitoring.coreos.com/v1", "PrometheusRule") => custom(&o.value, &crd::PROMETHEUS_RULE),
         (api, kind) => Err(vec![format!(
             "unknown kind {kind:?} (apiVersion {api:?}); deploy/ ships only DaemonSet, \
-             Namespace, ServiceAccount, ConfigMap, Pod (e2e), ClusterRole, \
-             ClusterRoleBinding, Role, RoleBinding and SecurityContextConstraints"
+             Namespace, ServiceAccount, ConfigMap, Service, Pod (e2e), ClusterRole, \
+             ClusterRoleBinding, Role, RoleBinding, SecurityContextConstraints, \
+             MachineConfig, ServiceMonitor and PrometheusRule"
         )]),
     };
     let mut problems: Vec<String> = match result {
@@ -215,6 +263,16 @@ fn typed<T: DeserializeOwned + Serialize>(value: &Value) -> std::result::Result<
     }
 }
 
+/// A custom resource: its metadata as ObjectMeta, the rest against the CRD's shape.
+fn custom(value: &Value, shape: &crd::Shape) -> std::result::Result<(), Vec<String>> {
+    let mut errs = Vec::new();
+    crd::check(value, shape, "", &mut errs);
+    if let Err(meta) = typed::<ObjectMeta>(value.get("metadata").unwrap_or(&Value::Null)) {
+        errs.extend(meta.into_iter().map(|e| format!("metadata: {e}")));
+    }
+    if errs.is_empty() { Ok(()) } else { Err(errs) }
+}
+
 fn lost_fields(orig: &Value, back: &Value, path: &str, out: &mut Vec<String>) {
     match (orig, back) {
         (Value::Object(o), Value::Object(b)) => {
@@ -234,6 +292,44 @@ fn lost_fields(orig: &Value, back: &Value, path: &str, out: &mut Vec<String>) {
         }
         _ => {}
     }
+}
+
+// ---- MachineConfig (the boot step) ---------------------------------------------------------
+
+/// The boot unit every MachineConfig of ours carries, word for word.
+const BOOT_UNIT: &str = "deploy/boot/metadata-gate-boot.service";
+
+/// A MachineConfig (machineconfiguration.openshift.io/v1, which k8s-openapi does not know):
+/// a role label, an Ignition 3 config, and the boot unit identical to [`BOOT_UNIT`].
+fn machineconfig(v: &Value) -> std::result::Result<(), Vec<String>> {
+    let mut errs = Vec::new();
+    if v.pointer("/metadata/labels/machineconfiguration.openshift.io~1role")
+        .and_then(Value::as_str)
+        .is_none()
+    {
+        errs.push("metadata.labels: machineconfiguration.openshift.io/role is missing".into());
+    }
+    let ignition = v.pointer("/spec/config/ignition/version").and_then(Value::as_str).unwrap_or("");
+    if !ignition.starts_with("3.") {
+        errs.push(format!("spec.config.ignition.version {ignition:?}: Ignition 3.x expected"));
+    }
+    let want = std::fs::read_to_string(root().join(BOOT_UNIT)).unwrap_or_default();
+    let units = v.pointer("/spec/config/systemd/units").and_then(Value::as_array);
+    let unit = units.and_then(|u| u.iter().find(|u| u["name"] == "metadata-gate-boot.service"));
+    match unit {
+        None => {
+            errs.push("spec.config.systemd.units: metadata-gate-boot.service is missing".into())
+        }
+        Some(u) => {
+            if u["enabled"] != Value::Bool(true) {
+                errs.push("metadata-gate-boot.service: enabled must be true".into());
+            }
+            if u["contents"].as_str() != Some(want.as_str()) {
+                errs.push(format!("metadata-gate-boot.service: contents differ from {BOOT_UNIT}"));
+            }
+        }
+    }
+    if errs.is_empty() { Ok(()) } else { Err(errs) }
 }
 
 // ---- SecurityContextConstraints ------------------------------------------------------------
@@ -398,7 +494,23 @@ fn scc_structure(v: &Value) -> std::result::Result<(), Vec<String>> {
     {
         errs.push("runAsUser: MustRunAs needs uid".into());
     }
+    if v.pointer("/runAsUser/type").and_then(Value::as_str) == Some("MustRunAsRange") {
+        let min = v.pointer("/runAsUser/uidRangeMin").and_then(Value::as_u64);
+        let max = v.pointer("/runAsUser/uidRangeMax").and_then(Value::as_u64);
+        if min.zip(max).is_none_or(|(min, max)| min > max) {
+            errs.push("runAsUser: MustRunAsRange needs uidRangeMin <= uidRangeMax".into());
+        }
+    }
     if errs.is_empty() { Ok(()) } else { Err(errs) }
+}
+
+/// The value of `--name=VALUE` or `--name VALUE` among `args`.
+fn flag(args: &[String], name: &str) -> Option<String> {
+    args.iter().enumerate().find_map(|(i, a)| {
+        a.strip_prefix(&format!("{name}="))
+            .map(str::to_owned)
+            .or_else(|| (a == name).then(|| args.get(i + 1).cloned().unwrap_or_default()))
+    })
 }
 
 fn string_list(v: &Value, pointer: &str) -> Vec<String> {
@@ -486,6 +598,47 @@ fn check_daemonsets(objects: &[Object]) -> Vec<String> {
             problems.push(format!("{label}: service account {ns}/{sa} is not part of this render"));
         }
         problems.extend(check_scc(objects, ds, &spec, &containers, ns, sa));
+        problems.extend(check_agent_args(objects, &label, &containers, ns));
+        problems.extend(monitoring::check_daemonset(objects, &label, &spec, &containers, ns, sa));
+    }
+    problems
+}
+
+/// The agent's own flags that name objects or values: `--platform NAME` needs the ConfigMap
+/// `metadata-gate-policy-<name>` (lower case, `/` as `-`) in the agent's namespace of the same
+/// render, unless `--policy-configmap` names another; `--gate-scope` takes `all-pods` or
+/// `host-network-only`.
+fn check_agent_args(
+    objects: &[Object],
+    label: &str,
+    containers: &[&Value],
+    ns: &str,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    for c in containers {
+        let args = string_list(c, "/args");
+        let value = |name: &str| flag(&args, name);
+        if let Some(scope) = value("--gate-scope")
+            && !matches!(scope.as_str(), "all-pods" | "host-network-only")
+        {
+            problems.push(format!(
+                "{label}: --gate-scope {scope:?}: expected all-pods or host-network-only"
+            ));
+        }
+        let Some(platform) = value("--platform") else { continue };
+        if value("--policy-configmap").is_some() {
+            continue;
+        }
+        let want = format!("{POLICY_PREFIX}{}", platform.to_ascii_lowercase().replace('/', "-"));
+        let found = objects
+            .iter()
+            .any(|o| o.kind() == "ConfigMap" && o.name() == want && o.namespace() == Some(ns));
+        if !found {
+            problems.push(format!(
+                "{label}: --platform {platform} reads ConfigMap {ns}/{want}, which is not part of \
+                 this render"
+            ));
+        }
     }
     problems
 }
@@ -535,6 +688,7 @@ fn check_scc(
              DaemonSet adds {added:?}"
         ));
     }
+    problems.extend(scc_admits_users(scc, spec, containers));
     let scc_bool = |f: &str| scc.value.get(f).and_then(Value::as_bool).unwrap_or(false);
     for (pod_field, scc_field) in [
         ("hostNetwork", "allowHostNetwork"),
@@ -590,6 +744,38 @@ fn check_scc(
              securitycontextconstraints {} bound to it",
             scc.name()
         ));
+    }
+    problems
+}
+
+/// Each container's user (its own runAsUser, else the pod's, else the SCC's default, which
+/// always fits) is one the SCC's runAsUser strategy admits.
+fn scc_admits_users(scc: &Object, spec: &Value, containers: &[&Value]) -> Vec<String> {
+    let strategy = scc.str_at("/runAsUser/type").unwrap_or("");
+    let at = |f: &str| scc.value.pointer(&format!("/runAsUser/{f}")).and_then(Value::as_u64);
+    let pod_user = spec.pointer("/securityContext/runAsUser").and_then(Value::as_u64);
+    let mut problems = Vec::new();
+    for c in containers {
+        let cname = c.get("name").and_then(Value::as_str).unwrap_or("?");
+        let Some(uid) =
+            c.pointer("/securityContext/runAsUser").and_then(Value::as_u64).or(pod_user)
+        else {
+            continue;
+        };
+        let admitted = match strategy {
+            "MustRunAs" => at("uid") == Some(uid),
+            "MustRunAsRange" => at("uidRangeMin")
+                .zip(at("uidRangeMax"))
+                .is_some_and(|(lo, hi)| (lo..=hi).contains(&uid)),
+            "MustRunAsNonRoot" => uid != 0,
+            _ => true,
+        };
+        if !admitted {
+            problems.push(format!(
+                "{}: runAsUser {strategy} does not admit user {uid} of container {cname}",
+                scc.label()
+            ));
+        }
     }
     problems
 }
@@ -657,17 +843,65 @@ mod tests {
         assert!(check_object(&o)[0].contains("unknown kind \"Secret\""));
     }
 
+    /// A DaemonSet d/n with one container `c`; `container` and `pod` are more YAML lines for
+    /// the container and the pod spec.
+    fn daemonset(container: &str, pod: &str) -> Object {
+        obj(&format!(
+            "apiVersion: apps/v1\nkind: DaemonSet\nmetadata: {{name: d, namespace: n}}\nspec:\n  \
+             selector: {{matchLabels: {{a: b}}}}\n  template:\n    metadata: {{labels: {{a: b}}}}\n    \
+             spec:\n      containers:\n        - name: c\n          image: i\n          \
+             {container}\n      {pod}\n"
+        ))
+    }
+
     #[test]
     fn bidirectional_needs_privileged() {
-        let ds = obj(
-            "apiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: d, namespace: n}\nspec:\n  \
-             selector: {matchLabels: {a: b}}\n  template:\n    metadata: {labels: {a: b}}\n    \
-             spec:\n      containers:\n        - name: c\n          image: i\n          \
-             volumeMounts: [{name: v, mountPath: /x, mountPropagation: Bidirectional}]\n      \
-             volumes: [{name: v, hostPath: {path: /x}}]\n",
+        let ds = daemonset(
+            "volumeMounts: [{name: v, mountPath: /x, mountPropagation: Bidirectional}]",
+            "volumes: [{name: v, hostPath: {path: /x}}]",
         );
         let problems = check_daemonsets(&[ds]);
         assert!(problems.iter().any(|p| p.contains("Bidirectional")), "{problems:?}");
+    }
+
+    #[test]
+    fn a_fixed_platform_needs_its_policy_in_the_render() {
+        let ds = daemonset("args: [run, --platform, External/oci, --gate-scope, pods]", "");
+        let c = ds.value.pointer("/spec/template/spec/containers/0").cloned().expect("container");
+        let problems = check_agent_args(&[], "ds", &[&c], "n");
+        assert!(
+            problems.iter().any(|p| p.contains("n/metadata-gate-policy-external-oci")),
+            "{problems:?}"
+        );
+        assert!(problems.iter().any(|p| p.contains("--gate-scope \"pods\"")), "{problems:?}");
+        let cm = obj(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: metadata-gate-policy-external-oci, namespace: n}\n",
+        );
+        let problems = check_agent_args(&[cm], "ds", &[&c], "n");
+        assert_eq!(problems.len(), 1, "{problems:?}");
+    }
+
+    #[test]
+    fn the_scc_admits_every_container_user() {
+        let scc = |user: &str| {
+            obj(&format!(
+                "apiVersion: security.openshift.io/v1\nkind: SecurityContextConstraints\nmetadata: {{name: s}}\nrunAsUser: {user}\n"
+            ))
+        };
+        let ds = daemonset(
+            "securityContext: {runAsUser: 0}\n        - name: proxy\n          image: p\n          securityContext: {runAsUser: 65534}",
+            "",
+        );
+        let spec = ds.value.pointer("/spec/template/spec").cloned().expect("spec");
+        let containers: Vec<&Value> =
+            spec["containers"].as_array().expect("containers").iter().collect();
+        let found = scc_admits_users(&scc("{type: MustRunAs, uid: 0}"), &spec, &containers);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("user 65534 of container proxy"), "{found:?}");
+        let range = scc("{type: MustRunAsRange, uidRangeMin: 0, uidRangeMax: 65534}");
+        assert_eq!(scc_admits_users(&range, &spec, &containers), Vec::<String>::new());
+        let nonroot = scc_admits_users(&scc("{type: MustRunAsNonRoot}"), &spec, &containers);
+        assert!(nonroot.len() == 1 && nonroot[0].contains("user 0 of container c"), "{nonroot:?}");
     }
 
     #[test]

@@ -5,6 +5,9 @@
 //!
 //! A policy flows downhill: the engine parses it ([`Policy`], compiled once into its image),
 //! turns it into a loader [`Install`] with the mode's allow set, and the loader writes it.
+//!
+//! Rooms: this module brings the gate up and applies policies; `heal` retries failed applies
+//! and repairs what went missing.
 use std::{
     net::IpAddr,
     sync::{
@@ -17,6 +20,8 @@ use std::{
 use anyhow::{Context as _, Result};
 use gate_common::user::{AllowSet, TerminateState};
 
+mod heal;
+
 use crate::{
     cgroup::GatedRoot,
     config::{AgentConfig, GateConfig},
@@ -25,21 +30,24 @@ use crate::{
     metrics::{self, AgentMetrics},
     node::{self, NodeLevel},
     policy::Policy,
-    server, terminate,
+    server,
+    state::{AllowedPath, StateDir},
+    terminate,
 };
+use heal::Retry;
 
 /// How a mode finds the allow set of a policy.
-pub trait AllowSource: Send {
+pub(crate) trait AllowSource: Send {
     /// The cgroups the policy's allow entries select now.
     fn allow_set(&self, policy: &Policy) -> AllowSet;
 }
 
 /// What the loader installs for `policy` with `allow`.
-fn install<'a>(
+pub(crate) fn install<'a>(
     policy: &'a Policy,
     names: &'a [String],
     allow: &'a AllowSet,
-    node: &NodeLevel,
+    node_flags: u32,
 ) -> Install<'a> {
     Install {
         image: policy.image(),
@@ -48,7 +56,7 @@ fn install<'a>(
         hash: policy.hash(),
         platform: &policy.platform,
         allow,
-        node_flags: node.node_flags(),
+        node_flags,
     }
 }
 
@@ -81,7 +89,7 @@ fn bring_up(
     let result = (|| -> Result<()> {
         gate.check_root(root)?;
         let names = policy.endpoint_names();
-        gate.apply(&install(policy, &names, allow, node), root)
+        gate.apply(&install(policy, &names, allow, node.node_flags()), root)
             .context("writing the policy maps")?;
         let changes =
             gate.attach(root).with_context(|| format!("attaching to {}", root.path.display()))?;
@@ -134,10 +142,9 @@ fn bring_up(
 
 /// The outcome of offering a policy text.
 #[derive(Debug)]
-pub enum Offer {
-    Applied {
-        generation: u64,
-    },
+pub(crate) enum Offer {
+    /// Written to the maps and in force.
+    Applied,
     /// The same text as last time (applied or refused): nothing to do.
     Unchanged,
     /// Refused; the last good policy stays. The message names the field and reason.
@@ -145,7 +152,7 @@ pub enum Offer {
 }
 
 /// The running gate and the policy in force.
-pub struct Engine {
+pub(crate) struct Engine {
     pub policy: Policy,
     pub root: GatedRoot,
     pub gate: Arc<Mutex<Gate>>,
@@ -153,20 +160,27 @@ pub struct Engine {
     pub metrics: AgentMetrics,
     pub ready: Arc<AtomicBool>,
     cfg: GateConfig,
+    /// The node's state for the boot step, if kept.
+    state: Option<StateDir>,
     allow: Box<dyn AllowSource>,
     node: Arc<NodeLevel>,
     /// The live policy's protected addresses, for the node-level watcher.
     protected: tokio::sync::watch::Sender<Vec<IpAddr>>,
     _node_watch: AbortOnDrop,
-    /// The policy text as last judged (applied or refused), so one change is judged once.
+    /// The policy text last judged for good: applied, or refused as invalid. One change is
+    /// judged once; a text that failed to *apply* is not recorded here but retried.
     last_text: Option<String>,
-    _server: tokio::task::JoinHandle<()>,
+    /// Whether `last_text` was refused (so the policy in force is not the newest one).
+    last_refused: bool,
+    /// A valid policy whose apply failed: retried with backoff by [`Engine::sync`].
+    retry: Option<Retry>,
+    server: server::Server,
 }
 
 impl Engine {
     /// Bring the gate up with `policy`, start the event reader and the health/metrics server,
     /// and report ready. `names` turns cgroup ids into workload names for denial events.
-    pub async fn start(
+    pub(crate) async fn start(
         cfg: &AgentConfig,
         policy: Policy,
         root: GatedRoot,
@@ -187,17 +201,17 @@ impl Engine {
         let gate = Arc::new(Mutex::new(gate));
         let mut sinks = EventSinks::new(policy.endpoint_names());
         sinks.notify = notify;
+        sinks.state_dir = cfg.state_dir.clone();
         let agent_metrics = AgentMetrics::default();
         let ready = Arc::new(AtomicBool::new(false));
         let shared = metrics::Shared { gate: gate.clone(), sinks: sinks.clone() };
         let server =
             server::serve(cfg.listen, ready.clone(), metrics::registry(shared, &agent_metrics))
-                .await
-                .with_context(|| format!("listening on {}", cfg.listen))?;
-        if let Some(ring) = ring {
+                .await?;
+        if let Some((ring, tally)) = ring {
             let sinks = sinks.clone();
             tokio::spawn(async move {
-                if let Err(e) = events::run(ring, sinks, names).await {
+                if let Err(e) = events::run(ring, tally, sinks, names).await {
                     tracing::error!(error = %e, "event reader stopped");
                 }
             });
@@ -208,6 +222,7 @@ impl Engine {
             gate.clone(),
             protected_rx,
             cfg.rescan,
+            agent_metrics.clone(),
         )));
         let mut engine = Engine {
             policy,
@@ -217,16 +232,26 @@ impl Engine {
             metrics: agent_metrics,
             ready,
             cfg: cfg.gate.clone(),
+            state: cfg.state_dir.as_deref().map(StateDir::new),
             allow,
             node,
             protected,
             _node_watch: node_watch,
             last_text: None,
-            _server: server,
+            last_refused: false,
+            retry: None,
+            server,
         };
         // The gate is attached: connections opened before it are cut before we report ready.
         engine.terminate_established(allow_set.clone()).await;
-        let (policy, root) = (&engine.policy, &engine.root);
+        if let Some(n) =
+            terminate::packet_sockets_before_gate(&engine.root, &engine.policy, allow_set.clone())
+                .await
+        {
+            engine.metrics.pregate_packet_sockets.set(n as i64);
+        }
+        engine.keep_state(true);
+        let (policy, root, http) = (&engine.policy, &engine.root, &engine.server);
         engine.ready.store(true, Ordering::Release);
         tracing::info!(
             policy = %policy.source,
@@ -239,6 +264,8 @@ impl Engine {
             mode = %policy.mode,
             endpoints = policy.endpoints.len(),
             allowed_cgroups = allow_set.len(),
+            probes = %http.probes,
+            metrics = %http.metrics,
             "ready"
         );
         if let Ok(g) = engine.gate.lock() {
@@ -250,104 +277,171 @@ impl Engine {
     /// Destroy established connections the live policy denies (`--terminate-established`)
     /// and record in the pinned gate whether the kernel can.
     async fn terminate_established(&mut self, allow: AllowSet) {
-        let state = if !self.cfg.terminate_established {
-            TerminateState::Off
+        let (state, netns, hidden) = if !self.cfg.terminate_established {
+            (TerminateState::Off, 0, 0)
         } else {
             match terminate::after_policy_change(&self.root, &self.policy, allow).await {
-                Some(r) if r.unsupported.is_some() => TerminateState::Unsupported,
-                Some(_) => TerminateState::On,
-                None => TerminateState::Unknown,
+                Some(r) if r.unsupported.is_some() => {
+                    (TerminateState::Unsupported, r.netns, r.hidden)
+                }
+                Some(r) => (TerminateState::On, r.netns, r.hidden),
+                None => (TerminateState::Unknown, 0, 0),
             }
         };
         if let Ok(mut g) = self.gate.lock()
-            && let Err(e) = g.set_terminate(state)
+            && let Err(e) = g.set_terminate(state, netns, hidden)
         {
             tracing::warn!(error = %e, "recording the terminate-established state");
         }
     }
 
-    /// Log and count a policy that was refused: the one place both modes report it.
-    pub fn refuse(&self, source: &str, trigger: &str, why: &str) {
+    /// Save the live policy and allow set for the boot step (and, at start, the binary).
+    /// Failures are logged: the gate does not depend on them.
+    fn keep_state(&self, starting: bool) {
+        let Some(state) = &self.state else { return };
+        let allowed: Vec<AllowedPath> = match self.gate.lock() {
+            Ok(g) => {
+                let ids = g.allowed();
+                self.root
+                    .walk()
+                    .into_iter()
+                    .filter_map(|(path, id)| Some(AllowedPath { path, entry: ids.get(id)? }))
+                    .collect()
+            }
+            Err(_) => return,
+        };
+        let result = state
+            .save_policy(self.policy.text())
+            .and_then(|()| state.save_allow(&allowed))
+            .and_then(|()| if starting { state.install_binary().map(drop) } else { Ok(()) });
+        if let Err(e) = result {
+            tracing::warn!(dir = %state.dir().display(), error = %e, "keeping the node's state for the boot step");
+        }
+    }
+
+    /// Log and count a policy that was refused: the one place both modes report it. Until a
+    /// policy is applied (or the newest text turns out to be the live policy),
+    /// `metadata_gate_policy_rejected` stays 1.
+    pub(crate) fn refuse(&self, source: &str, trigger: &str, why: &str) {
         tracing::error!(
             trigger, policy = %source, error = %why, live_policy_hash = %self.policy.hash(),
             "policy rejected; the last good policy stays in force"
         );
         self.metrics.reload("failure");
+        self.metrics.policy_rejected.set(1);
     }
 
     /// Judge a policy text from `source` and, if it is good and new, swap it in atomically.
-    pub async fn offer(&mut self, source: &str, text: &str, trigger: &str) -> Offer {
+    /// The text counts as judged only once it is in force or refused as invalid: an apply
+    /// that fails (a map the kernel would not write) leaves the last good policy in force and
+    /// is retried with backoff.
+    pub(crate) async fn offer(&mut self, source: &str, text: &str, trigger: &str) -> Offer {
         let started = Instant::now();
         if self.last_text.as_deref() == Some(text) {
             tracing::debug!(trigger, "policy unchanged");
             self.metrics.reload("unchanged");
+            self.metrics.policy_rejected.set(i64::from(self.last_refused));
             return Offer::Unchanged;
         }
-        self.last_text = Some(text.to_owned());
-        let result =
-            Policy::parse(source, text).map_err(anyhow::Error::from).and_then(|candidate| {
-                if candidate.hash() == self.policy.hash() {
-                    return Ok(None);
-                }
-                let allow_set = self.allow.allow_set(&candidate);
-                let names = candidate.endpoint_names();
-                let mut g = self.gate.lock().map_err(|_| anyhow::anyhow!("gate lock poisoned"))?;
-                g.apply(&install(&candidate, &names, &allow_set, &self.node), &self.root)
-                    .context("writing the policy maps")?;
-                Ok(Some((candidate, names, allow_set, g.info().policy_generation)))
-            });
-        match result {
-            Ok(None) => {
-                self.metrics.reload("unchanged");
-                Offer::Unchanged
+        let candidate = match Policy::parse(source, text) {
+            Ok(c) => c,
+            Err(e) => {
+                self.last_text = Some(text.to_owned());
+                self.last_refused = true;
+                self.retry = None;
+                let msg = e.to_string();
+                self.refuse(source, trigger, &msg);
+                return Offer::Rejected(msg);
             }
-            Ok(Some((candidate, names, allow_set, generation))) => {
-                if let Ok(mut n) = self.sinks.endpoints.write() {
-                    *n = names;
-                }
-                tracing::info!(
-                    trigger,
-                    generation,
-                    policy = %source,
-                    policy_hash = %candidate.hash(),
-                    mode = %candidate.mode,
-                    endpoints = candidate.endpoints.len(),
-                    allowed_cgroups = allow_set.len(),
-                    took_us = started.elapsed().as_micros() as u64,
-                    "policy applied"
-                );
-                self.protected.send_replace(protected_addrs(&candidate));
-                self.policy = candidate;
-                self.metrics.reload("success");
-                if self.cfg.terminate_established {
-                    self.terminate_established(allow_set).await;
-                }
-                Offer::Applied { generation }
-            }
+        };
+        if candidate.hash() == self.policy.hash() {
+            self.last_text = Some(text.to_owned());
+            self.last_refused = false;
+            self.retry = None;
+            self.metrics.reload("unchanged");
+            self.metrics.policy_rejected.set(0);
+            return Offer::Unchanged;
+        }
+        let allow_set = self.allow.allow_set(&candidate);
+        let names = candidate.endpoint_names();
+        let applied = self.gate.lock().map_err(|_| anyhow::anyhow!("gate lock poisoned")).and_then(
+            |mut g| {
+                g.apply(
+                    &install(&candidate, &names, &allow_set, self.node.node_flags()),
+                    &self.root,
+                )
+                .context("writing the policy maps")?;
+                Ok(g.info().policy_generation)
+            },
+        );
+        let generation = match applied {
+            Ok(g) => g,
             Err(e) => {
                 let msg = format!("{e:#}");
                 self.refuse(source, trigger, &msg);
-                Offer::Rejected(msg)
+                let backoff = self.retry.as_ref().map_or(Retry::FIRST, |r| r.backoff * 2);
+                let backoff = backoff.min(Retry::MAX);
+                tracing::warn!(
+                    retry_in_ms = backoff.as_millis() as u64,
+                    "will retry applying this policy"
+                );
+                self.retry = Some(Retry {
+                    source: source.to_owned(),
+                    text: text.to_owned(),
+                    at: Instant::now() + backoff,
+                    backoff,
+                });
+                return Offer::Rejected(msg);
             }
+        };
+        self.last_text = Some(text.to_owned());
+        self.last_refused = false;
+        self.retry = None;
+        self.metrics.policy_rejected.set(0);
+        if let Ok(mut n) = self.sinks.endpoints.write() {
+            *n = names;
         }
+        tracing::info!(
+            trigger,
+            generation,
+            policy = %source,
+            policy_hash = %candidate.hash(),
+            mode = %candidate.mode,
+            endpoints = candidate.endpoints.len(),
+            allowed_cgroups = allow_set.len(),
+            took_us = started.elapsed().as_micros() as u64,
+            "policy applied"
+        );
+        self.protected.send_replace(protected_addrs(&candidate));
+        self.policy = candidate;
+        self.metrics.reload("success");
+        self.keep_state(false);
+        if self.cfg.terminate_established {
+            self.terminate_established(allow_set).await;
+        }
+        Offer::Applied
     }
 
-    /// Bring the allow set up to date (new or vanished cgroups, pods). The node level keeps
-    /// itself current (see [`node::watch`]).
-    pub fn sync(&mut self) {
+    /// Bring the allow set up to date (new or vanished cgroups, pods) and retry a failed
+    /// apply whose time has come. The node level keeps itself current (see [`node::watch`]).
+    pub(crate) async fn sync(&mut self) {
+        self.retry_due().await;
+        self.verify();
         let want = self.allow.allow_set(&self.policy);
         let Ok(mut g) = self.gate.lock() else { return };
         match g.sync_allow(&want) {
             Ok((0, 0)) => {}
             Ok((added, removed)) => {
-                tracing::info!(added, removed, allowed_cgroups = want.len(), "allow set updated")
+                tracing::info!(added, removed, allowed_cgroups = want.len(), "allow set updated");
+                drop(g);
+                self.keep_state(false);
             }
             Err(e) => tracing::error!(error = %e, "updating the allow set"),
         }
     }
 
     /// Stop serving ready; the gate stays pinned.
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         self.ready.store(false, Ordering::Release);
         if let Ok(g) = self.gate.lock() {
             tracing::info!(

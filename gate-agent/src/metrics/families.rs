@@ -1,0 +1,123 @@
+//! The metric families the agent exports, as a scrape sees them: the one list the encoder
+//! takes names and help from, which a test holds to the exposition, and which `cargo xtask
+//! manifests` compiles in (this file, by path) to check that every PrometheusRule shipped in
+//! deploy/ queries only metrics and labels that exist. Plain data without dependencies, so
+//! that it can be included that way.
+
+/// Counter or gauge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Samples are named `<name>_total`.
+    Counter,
+    Gauge,
+}
+
+/// One metric family.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Family {
+    /// The name as registered (a counter's samples add `_total`).
+    pub name: &'static str,
+    pub kind: Kind,
+    pub help: &'static str,
+    /// The labels of its samples, besides those the scrape adds (job, instance, ...).
+    pub labels: &'static [&'static str],
+}
+
+impl Family {
+    /// The name a query uses: a counter's with `_total`.
+    pub(crate) fn sample_name(&self) -> String {
+        match self.kind {
+            Kind::Counter => format!("{}_total", self.name),
+            Kind::Gauge => self.name.to_owned(),
+        }
+    }
+}
+
+pub(crate) const DECISIONS: Family = Family {
+    name: "metadata_gate_decisions",
+    kind: Kind::Counter,
+    help: "Hook invocations by hook and verdict (unmatched: destination not protected)",
+    labels: &["hook", "verdict"],
+};
+pub(crate) const ENDPOINT_DECISIONS: Family = Family {
+    name: "metadata_gate_endpoint_decisions",
+    kind: Kind::Counter,
+    help: "Decisions on traffic that matched a protected endpoint (reset when a policy is applied)",
+    labels: &["endpoint", "verdict"],
+};
+pub(crate) const WORKLOAD_DENIALS: Family = Family {
+    name: "metadata_gate_workload_denials",
+    kind: Kind::Counter,
+    help: "Denial events by workload (cgroup below the gated root; at most 256 workloads, the rest as _other)",
+    labels: &["workload"],
+};
+pub(crate) const WORKLOAD_ACCESSES: Family = Family {
+    name: "metadata_gate_workload_accesses",
+    kind: Kind::Counter,
+    help: "Accesses to protected endpoints by workload and verdict, allowed ones included (at most 256 workloads per verdict, the rest as _other)",
+    labels: &["workload", "verdict"],
+};
+pub(crate) const EVENTS_LOST: Family = Family {
+    name: "metadata_gate_events_lost",
+    kind: Kind::Counter,
+    help: "Denial events dropped because the ring buffer was full",
+    labels: &[],
+};
+pub(crate) const POLICY_GENERATION: Family = Family {
+    name: "metadata_gate_policy_generation",
+    kind: Kind::Gauge,
+    help: "Policies applied over the life of the pinned gate",
+    labels: &[],
+};
+pub(crate) const MAP_ENTRIES: Family = Family {
+    name: "metadata_gate_map_entries",
+    kind: Kind::Gauge,
+    help: "Entries the live policy holds per map",
+    labels: &["map"],
+};
+pub(crate) const MAP_CAPACITY: Family = Family {
+    name: "metadata_gate_map_capacity",
+    kind: Kind::Gauge,
+    help: "Entries one policy may hold per map",
+    labels: &["map"],
+};
+pub(crate) const POLICY_RELOADS: Family = Family {
+    name: "metadata_gate_policy_reloads",
+    kind: Kind::Counter,
+    help: "Policy reloads by result (failure: refused, the last good policy stays)",
+    labels: &["result"],
+};
+pub(crate) const POLICY_REJECTED: Family = Family {
+    name: "metadata_gate_policy_rejected",
+    kind: Kind::Gauge,
+    help: "1 while the newest policy offered (file or ConfigMap) was refused and the last good one stays in force; 0 once the newest is in force",
+    labels: &[],
+};
+pub(crate) const REPAIRS: Family = Family {
+    name: "metadata_gate_repairs",
+    kind: Kind::Counter,
+    help: "Parts of the gate found missing and put back by the running agent, by what",
+    labels: &["what"],
+};
+pub(crate) const PREGATE_PACKET_SOCKETS: Family = Family {
+    name: "metadata_gate_pregate_packet_sockets",
+    kind: Kind::Gauge,
+    help: "AF_PACKET sockets that gated processes opened before the gate (found at start; one that set PACKET_QDISC_BYPASS skips tc: restart its pod)",
+    labels: &[],
+};
+
+/// Every family the agent exports.
+pub(crate) const ALL: &[Family] = &[
+    DECISIONS,
+    ENDPOINT_DECISIONS,
+    WORKLOAD_DENIALS,
+    WORKLOAD_ACCESSES,
+    EVENTS_LOST,
+    POLICY_GENERATION,
+    MAP_ENTRIES,
+    MAP_CAPACITY,
+    POLICY_RELOADS,
+    POLICY_REJECTED,
+    REPAIRS,
+    PREGATE_PACKET_SOCKETS,
+];

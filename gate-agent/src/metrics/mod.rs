@@ -1,0 +1,353 @@
+//! Prometheus metrics. Kernel counters are read from the maps at scrape time; agent-side
+//! counters (reloads, denials by workload) are kept here. Names, help and labels come from
+//! [`families`], the catalog that the shipped alerting rules are checked against.
+use std::sync::{Arc, Mutex};
+
+// Parts of the catalog (`ALL`, labels, sample names) are read only by the scrape test and by
+// xtask, which compiles the file in by path.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) mod families;
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
+    metrics::{
+        MetricType, counter::ConstCounter, counter::Counter, family::Family, gauge::ConstGauge,
+        gauge::Gauge,
+    },
+    registry::Registry,
+};
+
+use gate_common::user::{Hook, Verdict};
+
+use crate::{
+    events::EventSinks,
+    loader::{Gate, Stats},
+};
+use families::{
+    DECISIONS, ENDPOINT_DECISIONS, EVENTS_LOST, Kind, MAP_CAPACITY, MAP_ENTRIES, POLICY_GENERATION,
+    POLICY_REJECTED, POLICY_RELOADS, PREGATE_PACKET_SOCKETS, REPAIRS, WORKLOAD_ACCESSES,
+    WORKLOAD_DENIALS,
+};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ReloadLabels {
+    /// `success`, `failure` or `unchanged`.
+    pub result: &'static str,
+}
+
+/// Agent-side metrics the rest of the agent updates.
+#[derive(Clone)]
+pub(crate) struct AgentMetrics {
+    pub reloads: Family<ReloadLabels, Counter>,
+    pub repairs: Family<RepairLabels, Counter>,
+    /// 1 while the newest policy offered was refused (the last good one stays in force).
+    pub policy_rejected: Gauge,
+    /// AF_PACKET sockets held by gated processes since before the gate (found at start).
+    pub pregate_packet_sockets: Gauge,
+}
+
+/// Every `result` of a reload.
+pub(crate) const RELOAD_RESULTS: [&str; 3] = ["success", "failure", "unchanged"];
+/// Every part of the gate the agent repairs.
+pub(crate) const REPAIRED: [&str; 5] = ["root", "link", "map-pin", "program-pin", "tc"];
+
+impl Default for AgentMetrics {
+    /// Every reload result and repaired part starts at 0, so that an alert on `increase()`
+    /// sees the first one (a series that appears at 1 has not increased).
+    fn default() -> Self {
+        let m = AgentMetrics {
+            reloads: Family::default(),
+            repairs: Family::default(),
+            policy_rejected: Gauge::default(),
+            pregate_packet_sockets: Gauge::default(),
+        };
+        for result in RELOAD_RESULTS {
+            let _ = m.reloads.get_or_create(&ReloadLabels { result });
+        }
+        for what in REPAIRED {
+            let _ = m.repairs.get_or_create(&RepairLabels { what });
+        }
+        m
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct RepairLabels {
+    /// `root`, `link`, `map-pin`, `program-pin` or `tc`.
+    pub what: &'static str,
+}
+
+impl AgentMetrics {
+    pub(crate) fn reload(&self, result: &'static str) {
+        self.reloads.get_or_create(&ReloadLabels { result }).inc();
+    }
+
+    pub(crate) fn repaired(&self, what: &'static str) {
+        self.repairs.get_or_create(&RepairLabels { what }).inc();
+    }
+}
+
+/// What the collector needs: the gate (for its maps) and the event reader's state.
+#[derive(Clone)]
+pub(crate) struct Shared {
+    pub gate: Arc<Mutex<Gate>>,
+    pub sinks: EventSinks,
+}
+
+#[derive(Clone)]
+struct GateCollector(Shared);
+
+impl std::fmt::Debug for GateCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GateCollector")
+    }
+}
+
+/// What one scrape reads from the gate and the event reader.
+#[derive(Clone, Debug, Default)]
+struct Snapshot {
+    /// Endpoint names of the live policy, by index.
+    names: Vec<String>,
+    stats: Stats,
+    generation: u64,
+    /// (map, entries used, capacity)
+    usage: Vec<(&'static str, usize, u32)>,
+    denials_by_workload: Vec<(String, u64)>,
+    /// Per verdict (allowed, denied, audited): accesses by workload.
+    accesses: Option<[Vec<(String, u64)>; 3]>,
+}
+
+impl GateCollector {
+    fn snapshot(&self) -> Option<Snapshot> {
+        let names = self.0.sinks.endpoints.read().map(|n| n.clone()).unwrap_or_default();
+        let (stats, generation, usage) = match self.0.gate.lock() {
+            Ok(g) => match g.stats(names.len() as u32) {
+                Ok(s) => (s, g.info().policy_generation, g.usage().to_vec()),
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading counters for /metrics");
+                    return None;
+                }
+            },
+            Err(_) => return None,
+        };
+        let denials_by_workload =
+            self.0.sinks.by_workload.lock().map(|c| c.snapshot()).unwrap_or_default();
+        let accesses =
+            self.0.sinks.accesses.lock().ok().map(|c| c.each_ref().map(|w| w.snapshot()));
+        Some(Snapshot { names, stats, generation, usage, denials_by_workload, accesses })
+    }
+}
+
+impl Collector for GateCollector {
+    fn encode(&self, enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        match self.snapshot() {
+            Some(s) => encode_snapshot(&s, enc),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The descriptor of a family of the catalog.
+fn describe<'a>(
+    enc: &'a mut DescriptorEncoder,
+    f: &families::Family,
+) -> Result<prometheus_client::encoding::MetricEncoder<'a>, std::fmt::Error> {
+    let kind = match f.kind {
+        Kind::Counter => MetricType::Counter,
+        Kind::Gauge => MetricType::Gauge,
+    };
+    enc.encode_descriptor(f.name, f.help, None, kind)
+}
+
+fn encode_snapshot(s: &Snapshot, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    let mut fam = describe(&mut enc, &DECISIONS)?;
+    for (&hook, row) in Hook::ALL.iter().zip(&s.stats.decisions) {
+        for (&verdict, &v) in Verdict::ALL.iter().zip(row) {
+            let labels = [("hook", hook.name()), ("verdict", verdict.name())];
+            ConstCounter::new(v).encode(fam.encode_family(&labels)?)?;
+        }
+    }
+
+    let mut fam = describe(&mut enc, &ENDPOINT_DECISIONS)?;
+    for (i, c) in s.stats.endpoints.iter().enumerate() {
+        let name = s.names.get(i).map(String::as_str).unwrap_or("?");
+        for (verdict, v) in [
+            (Verdict::Allowed, c.allowed),
+            (Verdict::Denied, c.denied),
+            (Verdict::Audited, c.audited),
+        ] {
+            let labels = [("endpoint", name), ("verdict", verdict.name())];
+            ConstCounter::new(v).encode(fam.encode_family(&labels)?)?;
+        }
+    }
+
+    let mut fam = describe(&mut enc, &WORKLOAD_DENIALS)?;
+    for (workload, v) in &s.denials_by_workload {
+        let labels = [("workload", workload.as_str())];
+        ConstCounter::new(*v).encode(fam.encode_family(&labels)?)?;
+    }
+
+    let mut fam = describe(&mut enc, &WORKLOAD_ACCESSES)?;
+    if let Some(by_verdict) = &s.accesses {
+        let verdicts = [Verdict::Allowed, Verdict::Denied, Verdict::Audited];
+        for (verdict, counts) in verdicts.iter().zip(by_verdict) {
+            for (workload, v) in counts {
+                let labels = [("workload", workload.as_str()), ("verdict", verdict.name())];
+                ConstCounter::new(*v).encode(fam.encode_family(&labels)?)?;
+            }
+        }
+    }
+
+    let fam = describe(&mut enc, &EVENTS_LOST)?;
+    ConstCounter::new(s.stats.events_lost).encode(fam)?;
+
+    let fam = describe(&mut enc, &POLICY_GENERATION)?;
+    ConstGauge::new(s.generation as i64).encode(fam)?;
+
+    let mut fam = describe(&mut enc, &MAP_ENTRIES)?;
+    for &(map, used, _) in &s.usage {
+        ConstGauge::new(used as i64).encode(fam.encode_family(&[("map", map)])?)?;
+    }
+    let mut fam = describe(&mut enc, &MAP_CAPACITY)?;
+    for &(map, _, cap) in &s.usage {
+        ConstGauge::new(i64::from(cap)).encode(fam.encode_family(&[("map", map)])?)?;
+    }
+    Ok(())
+}
+
+pub(crate) fn registry(shared: Shared, agent: &AgentMetrics) -> Registry {
+    let mut r = Registry::default();
+    register_agent(&mut r, agent);
+    r.register_collector(Box::new(GateCollector(shared)));
+    r
+}
+
+/// The agent-side families.
+fn register_agent(r: &mut Registry, agent: &AgentMetrics) {
+    r.register(POLICY_RELOADS.name, POLICY_RELOADS.help, agent.reloads.clone());
+    r.register(REPAIRS.name, REPAIRS.help, agent.repairs.clone());
+    r.register(POLICY_REJECTED.name, POLICY_REJECTED.help, agent.policy_rejected.clone());
+    r.register(
+        PREGATE_PACKET_SOCKETS.name,
+        PREGATE_PACKET_SOCKETS.help,
+        agent.pregate_packet_sockets.clone(),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use gate_common::abi::EndpointCounters;
+
+    use super::*;
+
+    /// A collector that encodes a fixed snapshot, standing in for the gate.
+    #[derive(Debug)]
+    struct Fixed(Snapshot);
+
+    impl Collector for Fixed {
+        fn encode(&self, enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+            encode_snapshot(&self.0, enc)
+        }
+    }
+
+    /// A scrape with at least one sample of every family.
+    fn exposition() -> String {
+        let one = |w: &str| vec![(w.to_owned(), 1)];
+        let snapshot = Snapshot {
+            names: vec!["ec2-imds".into()],
+            stats: Stats {
+                decisions: vec![vec![1; Verdict::ALL.len()]; Hook::ALL.len()],
+                events_lost: 0,
+                endpoints: vec![EndpointCounters::default()],
+            },
+            generation: 1,
+            usage: vec![("allowed", 1, 8)],
+            denials_by_workload: one("ns/pod/c"),
+            accesses: Some([one("ns/a/c"), one("ns/pod/c"), one("ns/b/c")]),
+        };
+        let agent = AgentMetrics::default();
+        agent.reload("failure");
+        agent.repaired("link");
+        agent.pregate_packet_sockets.set(1);
+        let mut r = Registry::default();
+        register_agent(&mut r, &agent);
+        r.register_collector(Box::new(Fixed(snapshot)));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &r).expect("encode");
+        text
+    }
+
+    /// The exposition's families (name → type) and each sample name's label names.
+    fn parse(text: &str) -> (BTreeMap<String, String>, BTreeMap<String, BTreeSet<String>>) {
+        let (mut types, mut samples) = (BTreeMap::new(), BTreeMap::new());
+        for line in text.lines() {
+            if let Some(t) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = t.split_once(' ').expect("TYPE line");
+                types.insert(name.to_owned(), kind.to_owned());
+                continue;
+            }
+            if line.starts_with('#') || line.is_empty() {
+                continue;
+            }
+            let series = line.rsplit_once(' ').expect("sample line").0;
+            let (name, labels) = match series.split_once('{') {
+                Some((n, l)) => (n, l.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            let keys: BTreeSet<String> = labels
+                .split(',')
+                .filter(|l| !l.is_empty())
+                .map(|l| l.split_once('=').expect("label").0.to_owned())
+                .collect();
+            let prev = samples.insert(name.to_owned(), keys.clone());
+            assert!(prev.is_none_or(|p| p == keys), "{name}: label names differ between samples");
+        }
+        (types, samples)
+    }
+
+    #[test]
+    fn the_exposition_is_the_catalog() {
+        let text = exposition();
+        let (types, samples) = parse(&text);
+        let catalog: BTreeMap<String, String> = families::ALL
+            .iter()
+            .map(|f| {
+                let kind = match f.kind {
+                    Kind::Counter => "counter",
+                    Kind::Gauge => "gauge",
+                };
+                (f.name.to_owned(), kind.to_owned())
+            })
+            .collect();
+        assert_eq!(types, catalog, "families and types in the scrape vs families::ALL\n{text}");
+        let want: BTreeMap<String, BTreeSet<String>> = families::ALL
+            .iter()
+            .map(|f| (f.sample_name(), f.labels.iter().map(|l| (*l).to_owned()).collect()))
+            .collect();
+        assert_eq!(samples, want, "sample names and labels vs families::ALL\n{text}");
+    }
+
+    #[test]
+    fn reload_and_repair_counters_start_at_zero() {
+        let text = exposition();
+        for result in RELOAD_RESULTS {
+            let want = if result == "failure" { 1 } else { 0 };
+            let line = format!("metadata_gate_policy_reloads_total{{result=\"{result}\"}} {want}");
+            assert!(text.lines().any(|l| l == line), "{line}\n{text}");
+        }
+        for what in REPAIRED {
+            let want = if what == "link" { 1 } else { 0 };
+            let line = format!("metadata_gate_repairs_total{{what=\"{what}\"}} {want}");
+            assert!(text.lines().any(|l| l == line), "{line}\n{text}");
+        }
+    }
+
+    #[test]
+    fn sample_names() {
+        assert_eq!(REPAIRS.sample_name(), "metadata_gate_repairs_total");
+        assert_eq!(PREGATE_PACKET_SOCKETS.sample_name(), "metadata_gate_pregate_packet_sockets");
+    }
+}

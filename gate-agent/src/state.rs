@@ -1,0 +1,100 @@
+//! What a node keeps on its own disk for the boot step (`gate-agent boot`, run by systemd
+//! before the kubelet): the last good policy as written, the allow set by cgroup path, and
+//! a copy of the agent's binary (the DaemonSet's image is not on the host). Every file is
+//! replaced atomically (write aside, rename), so a crash never leaves half of one.
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+};
+
+use serde::{Deserialize, Serialize};
+
+const POLICY: &str = "policy.yaml";
+const ALLOW: &str = "allow.json";
+const BINARY: &str = "bin/gate-agent";
+
+/// One allowed cgroup, by path relative to the gated root.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct AllowedPath {
+    pub path: PathBuf,
+    pub entry: u32,
+}
+
+/// A node's state directory (default `/var/lib/metadata-gate` in a cluster).
+#[derive(Clone, Debug)]
+pub(crate) struct StateDir(PathBuf);
+
+impl StateDir {
+    pub(crate) fn new(dir: &Path) -> StateDir {
+        StateDir(dir.to_path_buf())
+    }
+
+    pub(crate) fn dir(&self) -> &Path {
+        &self.0
+    }
+
+    fn write(&self, rel: &str, bytes: &[u8]) -> io::Result<()> {
+        let path = self.0.join(rel);
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent)?;
+        }
+        let tmp = path.with_extension("tmp");
+        fs::write(&tmp, bytes)?;
+        fs::rename(tmp, path)
+    }
+
+    pub(crate) fn save_policy(&self, text: &str) -> io::Result<()> {
+        self.write(POLICY, text.as_bytes())
+    }
+
+    pub(crate) fn load_policy(&self) -> io::Result<String> {
+        fs::read_to_string(self.0.join(POLICY))
+    }
+
+    pub(crate) fn save_allow(&self, allowed: &[AllowedPath]) -> io::Result<()> {
+        let json = serde_json::to_vec_pretty(allowed).map_err(io::Error::other)?;
+        self.write(ALLOW, &json)
+    }
+
+    /// The saved allow set; empty if none was saved.
+    pub(crate) fn load_allow(&self) -> io::Result<Vec<AllowedPath>> {
+        match fs::read(self.0.join(ALLOW)) {
+            Ok(b) => serde_json::from_slice(&b).map_err(io::Error::other),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Copy the running binary to `bin/gate-agent` (if it differs), for the boot unit.
+    pub(crate) fn install_binary(&self) -> io::Result<PathBuf> {
+        let me = fs::read("/proc/self/exe")?;
+        let dst = self.0.join(BINARY);
+        if fs::read(&dst).is_ok_and(|b| b == me) {
+            return Ok(dst);
+        }
+        self.write(BINARY, &me)?;
+        use std::os::unix::fs::PermissionsExt as _;
+        fs::set_permissions(&dst, fs::Permissions::from_mode(0o755))?;
+        Ok(dst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_defaults() {
+        let dir = std::env::temp_dir().join(format!("mg-state-test-{}", std::process::id()));
+        let st = StateDir::new(&dir);
+        assert!(st.load_allow().unwrap().is_empty());
+        st.save_policy("platform: AWS\n").unwrap();
+        assert_eq!(st.load_policy().unwrap(), "platform: AWS\n");
+        let allowed = vec![AllowedPath { path: "a/b".into(), entry: 2 }];
+        st.save_allow(&allowed).unwrap();
+        assert_eq!(st.load_allow().unwrap(), allowed);
+        let bin = st.install_binary().unwrap();
+        assert!(bin.exists());
+        let _ = fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,302 @@
+//! The gate never opens silently: one agent per gate, a gate someone tore down or whose root
+//! was recreated is put back within a tick, a policy that could not be written is retried
+//! (never taken for applied), and policy flips under load never let a connect() through.
+use std::time::{Duration, Instant};
+
+use integration_tests::{bpfmap::JunkV4, cgroups::remove_tree, net::IMDS_V4, probe::token};
+
+use super::{Env, metric, policy, status};
+
+/// Wait up to `timeout` for `pred`, polling.
+fn eventually(timeout: Duration, mut pred: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if pred() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn one_agent_per_gate_and_cleanup_refuses_under_a_running_agent() {
+    privileged!(one_agent_per_gate_and_cleanup_refuses_under_a_running_agent);
+    let env = Env::with_agent("enforce");
+    let pid = env.agent().pid().expect("agent runs").to_string();
+    let pin = env.agent().pin_dir.to_string_lossy().into_owned();
+    let policy = env.policy_file.to_string_lossy().into_owned();
+    let root = env.cg.gated().to_string_lossy().into_owned();
+    // A second `run` on the same pin dir is refused and names the first.
+    let out = env
+        .gate_agent(
+            &[
+                "run",
+                "--policy",
+                &policy,
+                "--cgroup-root",
+                &root,
+                "--pin-dir",
+                &pin,
+                "--listen",
+                "127.0.0.1:0",
+            ],
+            Duration::from_secs(20),
+        )
+        .expect("second agent exits");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a second agent ran: {stderr}");
+    assert!(
+        stderr.contains(&format!("pid {pid}")) && stderr.contains("one agent per gate"),
+        "{stderr}"
+    );
+    // The first is untouched.
+    env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
+    // cleanup refuses while it runs, and says why.
+    let out =
+        env.gate_agent(&["cleanup", "--pin-dir", &pin], Duration::from_secs(10)).expect("cleanup");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains(&format!("pid {pid}")), "{stderr}");
+    assert_eq!(status(&env)["installed"], true);
+    env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
+}
+
+#[test]
+fn a_torn_down_gate_is_repaired_within_a_tick() {
+    privileged!(a_torn_down_gate_is_repaired_within_a_tick);
+    let env = Env::with_agent("enforce");
+    env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
+    let pin = env.agent().pin_dir.to_string_lossy().into_owned();
+    // Forced removal: every pin goes, the links detach — the gate is open at that moment
+    // (a cleanup without an agent leaves it open: lifecycle::cleanup_opens_the_gate…).
+    let out = env
+        .gate_agent(&["cleanup", "--force", "--pin-dir", &pin], Duration::from_secs(10))
+        .expect("cleanup --force");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let repaired = env
+        .agent()
+        .wait_log(|v| v["message"] == "gate repaired", Duration::from_secs(3))
+        .expect("the agent repairs the gate");
+    let what = repaired["what"].as_str().unwrap_or_default();
+    assert!(what.contains("link connect4") && what.contains("map pin CONFIG"), "{repaired}");
+    env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
+    env.assert_served("gated/cloud-agent", "tcp", IMDS_V4, "80");
+    let s = status(&env);
+    assert_eq!(s["installed"], true, "{s}");
+    assert!(s["attachments"].as_array().is_some_and(|a| a.len() >= 6), "{s}");
+    let (code, _) = env.agent().http_get("/readyz").expect("readyz");
+    assert_eq!(code, 200);
+    let (_, body) = env.agent().http_get("/metrics").expect("metrics");
+    assert!(metric(&body, "metadata_gate_repairs_total{what=\"link\"}") >= Some(6.0), "{body}");
+}
+
+/// Remove the gated root and its children, then make the same tree again: new cgroup ids.
+fn recreate_root(env: &Env) {
+    remove_tree(&env.cg.gated());
+    for c in ["gated/pod-a", "gated/cloud-agent/nested"] {
+        env.cg.create(c).expect("cgroup");
+    }
+}
+
+#[test]
+fn a_recreated_root_is_taken_over_live_and_by_a_restart() {
+    privileged!(a_recreated_root_is_taken_over_live_and_by_a_restart);
+    let mut env = Env::with_agent("enforce");
+    let before = status(&env)["cgroup_root_id"].as_u64();
+    recreate_root(&env);
+    env.agent()
+        .wait_log(
+            |v| {
+                v["message"] == "gate repaired"
+                    && v["what"].as_str().is_some_and(|w| w.contains("root"))
+            },
+            Duration::from_secs(3),
+        )
+        .expect("the agent takes over the recreated root");
+    assert_ne!(status(&env)["cgroup_root_id"].as_u64(), before);
+    env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
+    env.assert_served("gated/cloud-agent/nested", "tcp", IMDS_V4, "80");
+    // With no agent running, the root is recreated once more: a restart takes the pinned
+    // gate over instead of refusing it (and crash-looping with the node open).
+    env.agent.as_mut().expect("agent").kill();
+    recreate_root(&env);
+    env.agent.as_mut().expect("agent").restart_with(&[]).expect("restart adopts");
+    env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
+    env.assert_served("gated/cloud-agent", "tcp", IMDS_V4, "80");
+}
+
+#[test]
+fn a_policy_that_cannot_be_written_is_retried_and_never_taken_for_applied() {
+    privileged!(a_policy_that_cannot_be_written_is_retried_and_never_taken_for_applied);
+    let env = Env::with_agent("enforce");
+    // The neighbouring address is open under the first policy.
+    let other = integration_tests::net::DNS_V4;
+    env.assert_served("gated/pod-a", "tcp", other, "80");
+    let hash_before = status(&env)["policy"]["hash"].clone();
+    let junk = JunkV4::fill(&env.agent().pin_dir.join("v3/maps/PREFIX_V4")).expect("fill");
+    assert!(junk.len() > 1000, "filled {}", junk.len());
+    let with_other = policy("enforce")
+        .replace("allow:", &format!("  - {{name: other, cidr: {other}/32, ports: [80]}}\nallow:"));
+    let tmp = env.policy_file.with_extension("tmp");
+    std::fs::write(&tmp, &with_other).expect("write");
+    std::fs::rename(&tmp, &env.policy_file).expect("rename");
+    env.agent()
+        .wait_log(|v| v["message"] == "will retry applying this policy", Duration::from_secs(3))
+        .expect("the failed apply is scheduled for a retry");
+    // Still the old policy, in the kernel and in the agent's eyes.
+    assert_eq!(status(&env)["policy"]["hash"], hash_before);
+    env.assert_served("gated/pod-a", "tcp", other, "80");
+    drop(junk);
+    env.agent()
+        .wait_log(
+            |v| v["message"] == "policy applied" && v["trigger"] == "retry",
+            Duration::from_secs(10),
+        )
+        .expect("the retry applies it once the map has room");
+    assert_ne!(status(&env)["policy"]["hash"], hash_before);
+    env.assert_refused("gated/pod-a", "tcp", other, "80", "connect");
+}
+
+#[test]
+fn policy_flips_under_a_connect_hammer_never_open_the_gate() {
+    privileged!(policy_flips_under_a_connect_hammer_never_open_the_gate);
+    let mut env = Env::new("enforce");
+    // Connections are refused from the start; nothing to terminate after each flip.
+    env.start_agent_with(&["--terminate-established=false"]);
+    // Two policies that both protect the endpoint; every flip writes one generation and
+    // clears the other.
+    let a = policy("enforce");
+    let b = a.replace("allow:", "  - {name: decoy, cidr: 192.0.2.1/32}\nallow:");
+    let t = token("flip-hammer");
+    let hammers: Vec<_> = (0..3)
+        .map(|_| env.hold("gated/pod-a", &["hammer-tcp", IMDS_V4, "80", &t]).expect("hammer"))
+        .collect();
+    // As many flips as fit in the time budget (thousands on a quiet machine; at least 100).
+    const MAX_FLIPS: usize = 5000;
+    const BUDGET: Duration = Duration::from_secs(20);
+    let started = Instant::now();
+    let applied =
+        |env: &Env| env.agent().logs().iter().filter(|l| l.contains("\"policy applied\"")).count();
+    let mut flips = 0;
+    for i in 0..MAX_FLIPS {
+        if i >= 100 && started.elapsed() > BUDGET {
+            break;
+        }
+        flips += 1;
+        let text = if i % 2 == 0 { &b } else { &a };
+        let tmp = env.policy_file.with_extension("tmp");
+        std::fs::write(&tmp, text).expect("write");
+        std::fs::rename(&tmp, &env.policy_file).expect("rename");
+        env.agent().signal(libc::SIGHUP);
+        assert!(
+            eventually(Duration::from_secs(5), || applied(&env) > i),
+            "flip {i} was not applied"
+        );
+    }
+    let took = started.elapsed();
+    for h in hammers {
+        let o = h.send("stop").expect("hammer result");
+        let counts = o.reply.clone().unwrap_or_default();
+        assert!(o.ok, "a connect() got through during the flips: {counts}");
+        assert!(counts.contains("attempts="), "{counts}");
+    }
+    assert!(!env.imds.wait_for(&t, Duration::from_millis(300)), "hammer token reached the IMDS");
+    eprintln!("{flips} policy flips under 3 connect() hammers in {took:?}: none got through");
+}
+
+/// A directory removed on drop.
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn after_a_reboot_the_boot_step_closes_the_gate_before_the_agent_runs() {
+    privileged!(after_a_reboot_the_boot_step_closes_the_gate_before_the_agent_runs);
+    let mut env = Env::new("enforce");
+    let state = TempDir(std::env::temp_dir().join(integration_tests::sys::unique("mg-state")));
+    let state_arg = state.0.to_string_lossy().into_owned();
+    env.start_agent_with(&["--state-dir", &state_arg]);
+    env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
+    assert!(state.0.join("policy.yaml").exists() && state.0.join("allow.json").exists());
+    // The node reboots: bpffs is emptied, the state dir on disk is not. Until something
+    // closes the gate, the path is open.
+    let pin = env.agent().pin_dir.to_string_lossy().into_owned();
+    env.agent.as_mut().expect("agent").stop();
+    let out = env.cleanup(&pin);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    env.assert_served("gated/pod-a", "tcp", IMDS_V4, "80");
+    // The boot step, before any agent: the workload's cgroup already exists, and its very
+    // next connect() is refused.
+    let root = env.cg.gated().to_string_lossy().into_owned();
+    let out = env
+        .gate_agent(
+            &["boot", "--state-dir", &state_arg, "--pin-dir", &pin, "--cgroup-root", &root],
+            Duration::from_secs(30),
+        )
+        .expect("boot step");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
+    env.assert_served("gated/cloud-agent", "tcp", IMDS_V4, "80");
+    // The agent adopts it.
+    env.agent.as_mut().expect("agent").restart_with(&["--state-dir", &state_arg]).expect("agent");
+    let ready = env.agent().find(|v| v["message"] == "ready").expect("ready");
+    assert_eq!(ready["start"], "Adopted", "{ready}");
+    env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
+}
+
+/// Many workloads hammer the metadata service; a quiet one tries once. Its one denial still
+/// reaches the log, no event is lost, every denial is counted, and the agent stays ready.
+/// (The kernel passes at most EVENT_BURST events per workload, endpoint and second to the
+/// ring buffer; without that, the hammers fill it and the quiet denial can be lost.)
+#[test]
+fn a_quiet_workloads_denial_is_logged_while_others_hammer() {
+    privileged!(a_quiet_workloads_denial_is_logged_while_others_hammer);
+    const HAMMERS: usize = 16;
+    let mut env = Env::new("enforce");
+    for i in 0..HAMMERS {
+        env.cg.create(&format!("gated/hammer-{i}")).expect("hammer cgroup");
+    }
+    env.cg.create("gated/quiet").expect("quiet cgroup");
+    env.start_agent_with(&["--terminate-established=false"]);
+    let t = token("hammer");
+    let hammers: Vec<_> = (0..HAMMERS)
+        .map(|i| {
+            let cg = format!("gated/hammer-{i}");
+            env.hold(&cg, &["hammer-tcp", IMDS_V4, "80", &t]).expect("hammer")
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(2));
+    let (code, _) = env.agent().http_get("/readyz").expect("readyz under the hammer");
+    assert_eq!(code, 200, "the agent stopped being ready under the hammer");
+    env.assert_refused("gated/quiet", "tcp", IMDS_V4, "80", "connect");
+    let quiet = env.agent().wait_log(
+        |v| v["message"] == "blocked" && v["cgroup"].as_str().is_some_and(|c| c.ends_with("quiet")),
+        Duration::from_secs(10),
+    );
+    assert!(quiet.is_some(), "the quiet workload's denial never reached the log");
+    std::thread::sleep(Duration::from_secs(1));
+    let mut refused = 0.0;
+    for h in hammers {
+        let o = h.send("stop").expect("hammer result");
+        let counts = o.reply.clone().unwrap_or_default();
+        assert!(o.ok, "a hammer connect() got through: {counts}");
+        let eperm = counts.split_whitespace().find_map(|w| w.strip_prefix("eperm="));
+        refused += eperm.and_then(|n| n.parse::<f64>().ok()).expect("eperm count");
+    }
+    assert!(refused > 0.0, "the hammers never ran");
+    let (_, body) = env.agent().http_get("/metrics").expect("metrics");
+    let lost = metric(&body, "metadata_gate_events_lost_total").expect("events lost");
+    assert_eq!(lost, 0.0, "events lost while {HAMMERS} workloads hammered");
+    let counted =
+        metric(&body, "metadata_gate_decisions_total{hook=\"connect4\",verdict=\"denied\"}")
+            .expect("connect4 denials");
+    // Every refused connect() is counted, the quiet one included.
+    assert!(counted >= refused + 1.0, "{counted} denials counted, {refused} + 1 refused");
+    eprintln!("{HAMMERS} hammers: {refused} connect()s refused, {counted} counted, 0 events lost");
+}

@@ -1,0 +1,1150 @@
+//! How the agents' metrics are reached, checked across the objects of one render:
+//!
+//! - the listeners of the agent's pod, read from its containers' flags: the agent's
+//!   `--listen` (probes, and /metrics unless `--metrics-listen`), `--metrics-listen`, and
+//!   kube-rbac-proxy's `--secure-listen-address`. Plain /metrics never listens beyond
+//!   loopback; the kubelet's probes name the probe listener; kube-rbac-proxy's upstream is the
+//!   agent's metrics listener, its certificate files come from a mounted volume, and its
+//!   service account may create TokenReviews and SubjectAccessReviews;
+//! - a Service selects the agent's pods and targets a listener off loopback, never the plain
+//!   /metrics; one that asks the service CA for a certificate has kube-rbac-proxy serve it;
+//! - a ServiceMonitor selects Services of the render by a port they have, speaks the
+//!   listener's scheme, sends credentials to kube-rbac-proxy and verifies its certificate as
+//!   far as it can be verified (a self-signed one cannot; one of the service CA must be,
+//!   under the Service's DNS name); some service account of the render may both discover the
+//!   targets and `get` /metrics;
+//! - every PrometheusRule expression reads (see [`super::promql`]), names only metrics the
+//!   agent exports ([`families`], the agent's own catalog) or that kube-state-metrics and
+//!   Prometheus export ([`EXTERNAL`]), only their labels, and only namespaces, DaemonSets and
+//!   scrape jobs of the render; every alert has a severity, a summary and a description.
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::Value;
+
+use super::promql;
+use super::{Object, flag, string_list};
+
+/// The agent's metric catalog, compiled in from the agent's source.
+#[allow(dead_code)]
+#[path = "../../../gate-agent/src/metrics/families.rs"]
+mod families;
+
+/// Metrics of other exporters the rules may use, with their labels: kube-state-metrics v2
+/// (docs/metrics/workload/pod-metrics.md and daemonset-metrics.md) and Prometheus' own `up`
+/// (whose labels are its target's).
+pub(super) const EXTERNAL: &[(&str, &[&str])] = &[
+    ("up", &[]),
+    (
+        "kube_pod_info",
+        &[
+            "namespace",
+            "pod",
+            "uid",
+            "host_ip",
+            "pod_ip",
+            "node",
+            "created_by_kind",
+            "created_by_name",
+            "priority_class",
+            "host_network",
+        ],
+    ),
+    ("kube_pod_status_ready", &["namespace", "pod", "uid", "condition"]),
+    ("kube_daemonset_status_desired_number_scheduled", &["namespace", "daemonset"]),
+    ("kube_daemonset_status_current_number_scheduled", &["namespace", "daemonset"]),
+    ("kube_daemonset_status_number_ready", &["namespace", "daemonset"]),
+    ("kube_daemonset_status_number_available", &["namespace", "daemonset"]),
+    ("kube_daemonset_status_number_unavailable", &["namespace", "daemonset"]),
+];
+
+/// Labels every scrape of a ServiceMonitor target carries (the Prometheus Operator's).
+const SCRAPE_LABELS: &[&str] =
+    &["job", "instance", "namespace", "service", "pod", "container", "endpoint"];
+/// Labels the scrape of an exporter such as kube-state-metrics adds to its own.
+const EXPORTER_LABELS: &[&str] = &["job", "instance"];
+const SEVERITIES: &[&str] = &["critical", "warning", "info"];
+/// The annotation that has OpenShift's service CA sign a certificate into a secret.
+const SERVING_CERT: &str = "service.beta.openshift.io/serving-cert-secret-name";
+
+// ---- listeners -----------------------------------------------------------------------------
+
+/// What a listener serves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Serves {
+    /// The agent's `--listen`: /healthz and /readyz, and /metrics unless apart.
+    AgentProbes { metrics: bool },
+    /// The agent's `--metrics-listen`.
+    AgentMetrics,
+    /// kube-rbac-proxy: https, authenticated and authorized, in front of `upstream`.
+    Proxy { upstream: Option<String>, cert: Option<String>, key: Option<String> },
+}
+
+/// A port a container of the pod listens on, as its flags say.
+#[derive(Clone, Debug)]
+struct Listener {
+    container: String,
+    host: String,
+    port: u16,
+    serves: Serves,
+}
+
+impl Listener {
+    fn loopback(&self) -> bool {
+        is_loopback(&self.host)
+    }
+
+    fn plain_metrics(&self) -> bool {
+        matches!(self.serves, Serves::AgentMetrics | Serves::AgentProbes { metrics: true })
+    }
+}
+
+fn is_loopback(host: &str) -> bool {
+    host.starts_with("127.") || host == "::1" || host.eq_ignore_ascii_case("localhost")
+}
+
+/// `HOST:PORT`, `[HOST]:PORT` or `:PORT` (all addresses) as (host, port).
+fn split_addr(addr: &str) -> Option<(String, u16)> {
+    let (host, port) = addr.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    Some((host.to_owned(), port.parse().ok()?))
+}
+
+fn container_name(c: &Value) -> String {
+    c.get("name").and_then(Value::as_str).unwrap_or("?").to_owned()
+}
+
+/// The agent's container: the one whose first argument is `run`.
+fn is_agent(c: &Value) -> bool {
+    string_list(c, "/args").first().is_some_and(|a| a == "run")
+}
+
+/// Every listener the containers' flags declare, and what cannot be read.
+fn listeners(containers: &[&Value]) -> (Vec<Listener>, Vec<String>) {
+    let (mut out, mut errs) = (Vec::new(), Vec::new());
+    for c in containers {
+        let args = string_list(c, "/args");
+        let container = container_name(c);
+        let mut add = |flag_name: &str, addr: &str, serves: Serves| match split_addr(addr) {
+            Some((host, port)) => {
+                out.push(Listener { container: container.clone(), host, port, serves })
+            }
+            None => {
+                errs.push(format!("container {container}: {flag_name} {addr:?}: not HOST:PORT"))
+            }
+        };
+        if is_agent(c) {
+            let metrics = flag(&args, "--metrics-listen");
+            let listen = flag(&args, "--listen").unwrap_or_else(|| "127.0.0.1:9750".into());
+            add("--listen", &listen, Serves::AgentProbes { metrics: metrics.is_none() });
+            if let Some(m) = metrics {
+                add("--metrics-listen", &m, Serves::AgentMetrics);
+            }
+        } else if let Some(addr) = flag(&args, "--secure-listen-address") {
+            let serves = Serves::Proxy {
+                upstream: flag(&args, "--upstream"),
+                cert: flag(&args, "--tls-cert-file"),
+                key: flag(&args, "--tls-private-key-file"),
+            };
+            add("--secure-listen-address", &addr, serves);
+        }
+    }
+    (out, errs)
+}
+
+/// The volume a container mounts at the directory holding `path`, if any.
+fn volume_for<'a>(spec: &'a Value, container: &Value, path: &str) -> Option<&'a Value> {
+    let mounts = container.get("volumeMounts").and_then(Value::as_array)?;
+    let mount = mounts.iter().find(|m| {
+        m.get("mountPath").and_then(Value::as_str).is_some_and(|d| {
+            let d = d.trim_end_matches('/');
+            path.strip_prefix(d).is_some_and(|rest| rest.starts_with('/'))
+        })
+    })?;
+    let name = mount.get("name").and_then(Value::as_str)?;
+    spec.get("volumes")
+        .and_then(Value::as_array)?
+        .iter()
+        .find(|v| v.get("name").and_then(Value::as_str) == Some(name))
+}
+
+/// The DaemonSet rules about its listeners.
+pub(super) fn check_daemonset(
+    objects: &[Object],
+    label: &str,
+    spec: &Value,
+    containers: &[&Value],
+    ns: &str,
+    sa: &str,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    let (ls, errs) = listeners(containers);
+    problems.extend(errs.into_iter().map(|e| format!("{label}: {e}")));
+    for l in &ls {
+        let c = &l.container;
+        if l.plain_metrics() && !l.loopback() {
+            problems.push(format!(
+                "{label}: container {c} serves /metrics in plain HTTP on {}:{}, to every \
+                 process that reaches the node: give the agent --metrics-listen on loopback \
+                 and serve it through kube-rbac-proxy",
+                l.host, l.port
+            ));
+        }
+    }
+
+    // The kubelet probes the pod's IP: the probes name the probe listener, off loopback.
+    for c in containers.iter().filter(|c| is_agent(c)) {
+        let probe = ls.iter().find(|l| matches!(l.serves, Serves::AgentProbes { .. }));
+        for (kind, paths) in
+            [("livenessProbe", &["/healthz"][..]), ("readinessProbe", &["/readyz", "/healthz"])]
+        {
+            let Some(get) = c.pointer(&format!("/{kind}/httpGet")) else { continue };
+            let port = get.get("port").and_then(Value::as_u64);
+            let path = get.get("path").and_then(Value::as_str).unwrap_or("/");
+            match probe {
+                Some(p) if port == Some(u64::from(p.port)) && !p.loopback() => {}
+                Some(p) => problems.push(format!(
+                    "{label}: {kind} probes port {port:?}, but the agent's probes listen on \
+                     {}:{} (--listen), which the kubelet {}",
+                    p.host,
+                    p.port,
+                    if p.loopback() { "cannot reach on loopback" } else { "must probe" }
+                )),
+                None => {}
+            }
+            if !paths.contains(&path) {
+                problems.push(format!("{label}: {kind} probes {path}; expected one of {paths:?}"));
+            }
+        }
+    }
+
+    // kube-rbac-proxy: in front of the agent's metrics, with certificate files that exist.
+    let metrics_at: Vec<&Listener> =
+        ls.iter().filter(|l| l.plain_metrics() && l.loopback()).collect();
+    let proxies: Vec<&Listener> =
+        ls.iter().filter(|l| matches!(l.serves, Serves::Proxy { .. })).collect();
+    for m in metrics_at.iter().filter(|m| m.serves == Serves::AgentMetrics) {
+        if !proxies.iter().any(|p| upstream_of(p).is_some_and(|u| serves_upstream(m, &u))) {
+            problems.push(format!(
+                "{label}: the agent's /metrics on {}:{} (--metrics-listen) is proxied by no \
+                 kube-rbac-proxy (--upstream=http://{}:{}/): nothing off the node can read it",
+                m.host, m.port, m.host, m.port
+            ));
+        }
+    }
+    for p in &proxies {
+        let Serves::Proxy { upstream, cert, key } = &p.serves else { continue };
+        let c = &p.container;
+        match upstream {
+            Some(u) if metrics_at.iter().any(|m| serves_upstream(m, u)) => {}
+            Some(u) => problems.push(format!(
+                "{label}: container {c}: --upstream={u} is not the agent's loopback /metrics ({})",
+                metrics_at
+                    .iter()
+                    .map(|m| format!("{}:{}", m.host, m.port))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+            None => problems.push(format!("{label}: container {c}: --upstream is missing")),
+        }
+        if cert.is_some() != key.is_some() {
+            problems.push(format!(
+                "{label}: container {c}: give both --tls-cert-file and --tls-private-key-file, \
+                 or neither (a self-signed certificate)"
+            ));
+        }
+        let container = containers.iter().find(|x| container_name(x) == *c);
+        for file in [cert, key].into_iter().flatten() {
+            if container.and_then(|x| volume_for(spec, x, file)).is_none() {
+                problems.push(format!(
+                    "{label}: container {c}: {file} is on no volume the container mounts"
+                ));
+            }
+        }
+        let may = |group: &str, resource: &str| {
+            grants(objects, ns, sa).iter().any(|(scope, rule)| {
+                scope.is_none() && allows_resource(rule, group, resource, "create")
+            })
+        };
+        for (group, resource) in [
+            ("authentication.k8s.io", "tokenreviews"),
+            ("authorization.k8s.io", "subjectaccessreviews"),
+        ] {
+            if !may(group, resource) {
+                problems.push(format!(
+                    "{label}: container {c} (kube-rbac-proxy) checks every token, but service \
+                     account {ns}/{sa} may not create {resource}.{group} cluster-wide"
+                ));
+            }
+        }
+    }
+    problems
+}
+
+fn upstream_of(p: &Listener) -> Option<String> {
+    match &p.serves {
+        Serves::Proxy { upstream, .. } => upstream.clone(),
+        _ => None,
+    }
+}
+
+/// Whether `upstream` (`http://HOST:PORT/...`) is the listener `m`.
+fn serves_upstream(m: &Listener, upstream: &str) -> bool {
+    let Some(rest) = upstream.strip_prefix("http://") else { return false };
+    let hostport = rest.split('/').next().unwrap_or("");
+    split_addr(hostport).is_some_and(|(h, p)| p == m.port && (h == m.host || is_loopback(&h)))
+}
+
+// ---- RBAC ----------------------------------------------------------------------------------
+
+/// Every rule granted to service account `ns/sa`, with its scope (a namespace, or none:
+/// cluster-wide).
+fn grants(objects: &[Object], ns: &str, sa: &str) -> Vec<(Option<String>, Value)> {
+    let mut out = Vec::new();
+    for b in objects.iter().filter(|o| matches!(o.kind(), "RoleBinding" | "ClusterRoleBinding")) {
+        let subject =
+            b.value.get("subjects").and_then(Value::as_array).into_iter().flatten().any(|s| {
+                s.get("kind").and_then(Value::as_str) == Some("ServiceAccount")
+                    && s.get("name").and_then(Value::as_str) == Some(sa)
+                    && s.get("namespace").and_then(Value::as_str) == Some(ns)
+            });
+        if !subject {
+            continue;
+        }
+        let role_kind = b.str_at("/roleRef/kind").unwrap_or("");
+        let role_name = b.str_at("/roleRef/name").unwrap_or("");
+        let role = objects.iter().find(|o| {
+            o.kind() == role_kind
+                && o.name() == role_name
+                && (role_kind == "ClusterRole" || o.namespace() == b.namespace())
+        });
+        let scope = (b.kind() == "RoleBinding").then(|| b.namespace().unwrap_or("").to_owned());
+        for rule in
+            role.and_then(|r| r.value.get("rules")).and_then(Value::as_array).into_iter().flatten()
+        {
+            out.push((scope.clone(), rule.clone()));
+        }
+    }
+    out
+}
+
+fn has(rule: &Value, field: &str, want: &str) -> bool {
+    string_list(rule, &format!("/{field}")).iter().any(|x| x == want || x == "*")
+}
+
+fn allows_resource(rule: &Value, group: &str, resource: &str, verb: &str) -> bool {
+    has(rule, "apiGroups", group) && has(rule, "resources", resource) && has(rule, "verbs", verb)
+}
+
+fn allows_url(rule: &Value, url: &str, verb: &str) -> bool {
+    let urls = string_list(rule, "/nonResourceURLs");
+    let matches = urls.iter().any(|u| {
+        u == url || u == "*" || u.strip_suffix('*').is_some_and(|prefix| url.starts_with(prefix))
+    });
+    matches && has(rule, "verbs", verb)
+}
+
+// ---- Services and ServiceMonitors ----------------------------------------------------------
+
+fn labels(v: &Value, pointer: &str) -> BTreeMap<String, String> {
+    v.pointer(pointer)
+        .and_then(Value::as_object)
+        .map(|m| m.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned()))).collect())
+        .unwrap_or_default()
+}
+
+/// Whether a LabelSelector (`matchLabels`, `matchExpressions`) selects `have`.
+fn selects(selector: &Value, have: &BTreeMap<String, String>) -> bool {
+    let by_labels = labels(selector, "/matchLabels").iter().all(|(k, v)| have.get(k) == Some(v));
+    let exprs = selector.get("matchExpressions").and_then(Value::as_array);
+    let by_exprs = exprs.into_iter().flatten().all(|e| {
+        let key = e.get("key").and_then(Value::as_str).unwrap_or("");
+        let values = string_list(e, "/values");
+        let value = have.get(key);
+        match e.get("operator").and_then(Value::as_str) {
+            Some("In") => value.is_some_and(|v| values.contains(v)),
+            Some("NotIn") => !value.is_some_and(|v| values.contains(v)),
+            Some("Exists") => value.is_some(),
+            Some("DoesNotExist") => value.is_none(),
+            _ => false,
+        }
+    });
+    by_labels && by_exprs
+}
+
+/// The DaemonSets whose pods a Service selects, with their pod specs.
+fn selected_daemonsets<'a>(objects: &'a [Object], svc: &Object) -> Vec<&'a Object> {
+    let selector = labels(&svc.value, "/spec/selector");
+    if selector.is_empty() {
+        return Vec::new();
+    }
+    objects
+        .iter()
+        .filter(|o| o.kind() == "DaemonSet" && o.namespace() == svc.namespace())
+        .filter(|ds| {
+            let pod = labels(&ds.value, "/spec/template/metadata/labels");
+            selector.iter().all(|(k, v)| pod.get(k) == Some(v))
+        })
+        .collect()
+}
+
+fn pod_containers(ds: &Object) -> Vec<&Value> {
+    ["containers", "initContainers"]
+        .iter()
+        .filter_map(|k| ds.value.pointer(&format!("/spec/template/spec/{k}")))
+        .filter_map(Value::as_array)
+        .flatten()
+        .collect()
+}
+
+/// The listener a Service port reaches on a DaemonSet's pods, or why none.
+fn target(ds: &Object, port: &Value) -> Result<Listener, String> {
+    let target = port.get("targetPort").or_else(|| port.get("port"));
+    let Some(n) = target.and_then(Value::as_u64) else {
+        return Err(format!(
+            "targetPort {}: name the port number (the pod declares no ports: on a hostNetwork \
+             pod each would become a hostPort)",
+            target.map(Value::to_string).unwrap_or_default()
+        ));
+    };
+    let (ls, _) = listeners(&pod_containers(ds));
+    ls.into_iter()
+        .find(|l| u64::from(l.port) == n)
+        .ok_or_else(|| format!("targetPort {n}: no container of {} listens there", ds.label()))
+}
+
+/// Services: they select a DaemonSet's pods and reach a listener off loopback, never the
+/// agent's plain /metrics; a service CA certificate is served by the listener it targets.
+pub(super) fn check_services(objects: &[Object]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for svc in objects.iter().filter(|o| o.kind() == "Service") {
+        let label = svc.label();
+        let dss = selected_daemonsets(objects, svc);
+        if dss.is_empty() {
+            problems.push(format!("{label}: its selector matches the pods of no DaemonSet here"));
+            continue;
+        }
+        let cert_secret = svc
+            .value
+            .pointer(&format!("/metadata/annotations/{}", SERVING_CERT.replace('/', "~1")))
+            .and_then(Value::as_str);
+        for ds in &dss {
+            for port in
+                svc.value.pointer("/spec/ports").and_then(Value::as_array).into_iter().flatten()
+            {
+                let pname = port.get("name").and_then(Value::as_str).unwrap_or("?");
+                let l = match target(ds, port) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        problems.push(format!("{label}: port {pname}: {e}"));
+                        continue;
+                    }
+                };
+                if l.loopback() {
+                    problems.push(format!(
+                        "{label}: port {pname} reaches {}:{} of container {}, which listens on \
+                         loopback only",
+                        l.host, l.port, l.container
+                    ));
+                }
+                if l.plain_metrics() {
+                    problems.push(format!(
+                        "{label}: port {pname} exposes the agent's plain /metrics (container {}): \
+                         target kube-rbac-proxy instead",
+                        l.container
+                    ));
+                }
+                let Some(secret) = cert_secret else { continue };
+                let Serves::Proxy { cert: Some(cert), .. } = &l.serves else {
+                    problems.push(format!(
+                        "{label}: asks the service CA for a certificate in secret {secret}, but \
+                         port {pname} reaches a listener that serves none"
+                    ));
+                    continue;
+                };
+                let spec = ds.value.pointer("/spec/template/spec").unwrap_or(&Value::Null);
+                let containers = pod_containers(ds);
+                let c = containers.iter().find(|c| container_name(c) == l.container);
+                let from = c.and_then(|c| volume_for(spec, c, cert));
+                if from.and_then(|v| v.pointer("/secret/secretName")).and_then(Value::as_str)
+                    != Some(secret)
+                {
+                    problems.push(format!(
+                        "{label}: the service CA writes its certificate to secret {secret}, but \
+                         container {} reads {cert} from elsewhere",
+                        l.container
+                    ));
+                }
+            }
+        }
+    }
+    problems
+}
+
+/// What the rules may refer to in one render.
+#[derive(Debug, Default)]
+pub(super) struct Scrapes {
+    /// Job names of the agent's scrapes (the Service's name, or its `jobLabel` label).
+    jobs: BTreeSet<String>,
+    /// Labels the agent's scrapes carry: the scrape's own and the relabelings' targets.
+    target_labels: BTreeSet<String>,
+}
+
+/// ServiceMonitors: each selects Services of the render by a port they have, in the
+/// listener's scheme, with the credentials and certificate checks the listener needs; some
+/// service account can both discover the targets and read /metrics.
+pub(super) fn check_service_monitors(objects: &[Object]) -> (Vec<String>, Scrapes) {
+    let mut problems = Vec::new();
+    let mut scrapes = Scrapes {
+        target_labels: SCRAPE_LABELS.iter().map(|l| (*l).to_owned()).collect(),
+        ..Scrapes::default()
+    };
+    for sm in objects.iter().filter(|o| o.kind() == "ServiceMonitor") {
+        let label = sm.label();
+        let spec = sm.value.get("spec").cloned().unwrap_or(Value::Null);
+        let namespaces: Option<Vec<String>> =
+            if spec.pointer("/namespaceSelector/any").and_then(Value::as_bool) == Some(true) {
+                None
+            } else {
+                let names = string_list(&spec, "/namespaceSelector/matchNames");
+                Some(if names.is_empty() {
+                    sm.namespace().map(str::to_owned).into_iter().collect()
+                } else {
+                    names
+                })
+            };
+        let selector = spec.get("selector").cloned().unwrap_or(Value::Null);
+        let services: Vec<&Object> = objects
+            .iter()
+            .filter(|o| o.kind() == "Service")
+            .filter(|o| {
+                namespaces
+                    .as_ref()
+                    .is_none_or(|ns| o.namespace().is_some_and(|n| ns.iter().any(|x| x == n)))
+            })
+            .filter(|o| selects(&selector, &labels(&o.value, "/metadata/labels")))
+            .collect();
+        if services.is_empty() {
+            problems.push(format!("{label}: selects no Service of this render"));
+            continue;
+        }
+        let job_label = spec.get("jobLabel").and_then(Value::as_str);
+        for svc in &services {
+            let job = match job_label {
+                Some(l) => labels(&svc.value, "/metadata/labels").get(l).cloned(),
+                None => Some(svc.name().to_owned()),
+            };
+            scrapes.jobs.extend(job);
+        }
+        let mut needs_metrics_access = false;
+        for (i, ep) in
+            spec.get("endpoints").and_then(Value::as_array).into_iter().flatten().enumerate()
+        {
+            let at = format!("{label}: endpoints[{i}]");
+            for r in ep.get("relabelings").and_then(Value::as_array).into_iter().flatten() {
+                scrapes
+                    .target_labels
+                    .extend(r.get("targetLabel").and_then(Value::as_str).map(str::to_owned));
+            }
+            let Some(pname) = ep.get("port").and_then(Value::as_str) else {
+                problems.push(format!("{at}: name the Service port (port:)"));
+                continue;
+            };
+            for svc in &services {
+                let ports = svc.value.pointer("/spec/ports").and_then(Value::as_array);
+                let Some(port) = ports
+                    .into_iter()
+                    .flatten()
+                    .find(|p| p.get("name").and_then(Value::as_str) == Some(pname))
+                else {
+                    problems.push(format!("{at}: port {pname} is not a port of {}", svc.label()));
+                    continue;
+                };
+                for ds in selected_daemonsets(objects, svc) {
+                    let Ok(l) = target(ds, port) else { continue };
+                    problems.extend(check_endpoint(&at, ep, svc, &l));
+                    needs_metrics_access |= matches!(l.serves, Serves::Proxy { .. });
+                }
+            }
+        }
+        if needs_metrics_access {
+            problems.extend(check_scraper_access(objects, &label, &services));
+        }
+    }
+    (problems, scrapes)
+}
+
+/// One endpoint against the listener it reaches.
+fn check_endpoint(at: &str, ep: &Value, svc: &Object, l: &Listener) -> Vec<String> {
+    let mut problems = Vec::new();
+    let scheme = ep.get("scheme").and_then(Value::as_str).unwrap_or("http").to_ascii_lowercase();
+    let Serves::Proxy { cert, .. } = &l.serves else {
+        if scheme != "http" {
+            problems.push(format!("{at}: scheme {scheme}, but {} speaks plain HTTP", l.container));
+        }
+        return problems;
+    };
+    if scheme != "https" {
+        problems.push(format!("{at}: kube-rbac-proxy ({}) speaks https only", l.container));
+    }
+    if !["bearerTokenFile", "bearerTokenSecret", "authorization"]
+        .iter()
+        .any(|k| ep.get(*k).is_some())
+    {
+        problems.push(format!(
+            "{at}: kube-rbac-proxy answers 401 without a token: set bearerTokenFile (the \
+             scraper's own service account token) or authorization"
+        ));
+    }
+    let tls = ep.get("tlsConfig").cloned().unwrap_or(Value::Null);
+    let skip = tls.get("insecureSkipVerify").and_then(Value::as_bool) == Some(true);
+    let has_ca = tls.get("caFile").is_some() || tls.get("ca").is_some();
+    if cert.is_none() {
+        if !skip {
+            problems.push(format!(
+                "{at}: kube-rbac-proxy ({}) serves a self-signed certificate that no CA \
+                 verifies: set tlsConfig.insecureSkipVerify: true, or give it a certificate",
+                l.container
+            ));
+        }
+        return problems;
+    }
+    let annotated = svc
+        .value
+        .pointer(&format!("/metadata/annotations/{}", SERVING_CERT.replace('/', "~1")))
+        .is_some();
+    if annotated {
+        let want = format!("{}.{}.svc", svc.name(), svc.namespace().unwrap_or("default"));
+        let server = tls.get("serverName").and_then(Value::as_str);
+        if skip || !has_ca {
+            problems.push(format!(
+                "{at}: {} serves a certificate of the service CA: verify it (tlsConfig.caFile \
+                 or ca, and no insecureSkipVerify)",
+                l.container
+            ));
+        }
+        if server != Some(want.as_str()) {
+            problems.push(format!(
+                "{at}: tlsConfig.serverName {server:?}: the service CA's certificate names {want}"
+            ));
+        }
+    }
+    problems
+}
+
+/// Some service account bound in this render may list the targets' endpoints in their
+/// namespace and `get` /metrics.
+fn check_scraper_access(objects: &[Object], label: &str, services: &[&Object]) -> Vec<String> {
+    let mut subjects: BTreeSet<(String, String)> = BTreeSet::new();
+    for b in objects.iter().filter(|o| matches!(o.kind(), "RoleBinding" | "ClusterRoleBinding")) {
+        for s in b.value.get("subjects").and_then(Value::as_array).into_iter().flatten() {
+            if s.get("kind").and_then(Value::as_str) == Some("ServiceAccount") {
+                let name = s.get("name").and_then(Value::as_str).unwrap_or("").to_owned();
+                let ns = s.get("namespace").and_then(Value::as_str).unwrap_or("").to_owned();
+                subjects.insert((ns, name));
+            }
+        }
+    }
+    let able = subjects.iter().any(|(ns, name)| {
+        let rules = grants(objects, ns, name);
+        let reads =
+            rules.iter().any(|(scope, r)| scope.is_none() && allows_url(r, "/metrics", "get"));
+        let discovers = services.iter().all(|svc| {
+            rules.iter().any(|(scope, r)| {
+                scope.as_deref().is_none_or(|s| Some(s) == svc.namespace())
+                    && (allows_resource(r, "", "endpoints", "list")
+                        || allows_resource(r, "discovery.k8s.io", "endpointslices", "list"))
+            })
+        });
+        reads && discovers
+    });
+    if able {
+        Vec::new()
+    } else {
+        vec![format!(
+            "{label}: no service account in this render may both list the targets' endpoints \
+             and `get` /metrics: bind the scraper's service account to a Role for service \
+             discovery and to a ClusterRole with nonResourceURLs [/metrics], verbs [get]"
+        )]
+    }
+}
+
+// ---- PrometheusRules -----------------------------------------------------------------------
+
+/// The labels of a metric a rule may name, or none if the metric is unknown.
+fn metric_labels(name: &str, scrapes: &Scrapes) -> Option<BTreeSet<String>> {
+    if let Some(f) = families::ALL.iter().find(|f| f.sample_name() == name) {
+        let mut l: BTreeSet<String> = f.labels.iter().map(|l| (*l).to_owned()).collect();
+        l.extend(scrapes.target_labels.iter().cloned());
+        return Some(l);
+    }
+    let (metric, own) = EXTERNAL.iter().find(|(m, _)| *m == name)?;
+    let mut l: BTreeSet<String> = own.iter().map(|l| (*l).to_owned()).collect();
+    if *metric == "up" {
+        l.extend(scrapes.target_labels.iter().cloned());
+    } else {
+        l.extend(EXPORTER_LABELS.iter().map(|l| (*l).to_owned()));
+    }
+    Some(l)
+}
+
+/// `{{ $labels.NAME }}` references in an annotation.
+fn template_labels(text: &str) -> Vec<String> {
+    text.split("$labels.")
+        .skip(1)
+        .map(|rest| rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect())
+        .collect()
+}
+
+/// Every alerting rule of every PrometheusRule in the render.
+pub(super) fn check_rules(objects: &[Object], scrapes: &Scrapes) -> Vec<String> {
+    let mut problems = Vec::new();
+    let namespaces: BTreeSet<&str> =
+        objects.iter().filter(|o| o.kind() == "Namespace").map(Object::name).collect();
+    let daemonsets: BTreeSet<&str> =
+        objects.iter().filter(|o| o.kind() == "DaemonSet").map(Object::name).collect();
+    let mut alerts = BTreeSet::new();
+    for pr in objects.iter().filter(|o| o.kind() == "PrometheusRule") {
+        let groups = pr.value.pointer("/spec/groups").and_then(Value::as_array);
+        for (g, group) in groups.into_iter().flatten().enumerate() {
+            for (r, rule) in
+                group.get("rules").and_then(Value::as_array).into_iter().flatten().enumerate()
+            {
+                let alert = rule.get("alert").and_then(Value::as_str);
+                let at = format!(
+                    "{}: groups[{g}].rules[{r}] ({})",
+                    pr.label(),
+                    alert.or(rule.get("record").and_then(Value::as_str)).unwrap_or("?")
+                );
+                let found = check_rule(rule, scrapes, &namespaces, &daemonsets);
+                problems.extend(found.into_iter().map(|p| format!("{at}: {p}")));
+                if let Some(a) = alert
+                    && !alerts.insert(a.to_owned())
+                {
+                    problems.push(format!("{at}: a second alert named {a}"));
+                }
+            }
+        }
+    }
+    problems
+}
+
+fn check_rule(
+    rule: &Value,
+    scrapes: &Scrapes,
+    namespaces: &BTreeSet<&str>,
+    daemonsets: &BTreeSet<&str>,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    let alert = rule.get("alert").and_then(Value::as_str);
+    if alert.is_some() == rule.get("record").is_some() {
+        problems.push("a rule is either an alert or a record".into());
+    }
+    if let Some(a) = alert {
+        if !a.starts_with(|c: char| c.is_ascii_uppercase())
+            || !a.chars().all(|c| c.is_ascii_alphanumeric())
+        {
+            problems.push(format!("alert name {a:?}: CamelCase, letters and digits"));
+        }
+        let severity = rule.pointer("/labels/severity").and_then(Value::as_str);
+        if !severity.is_some_and(|s| SEVERITIES.contains(&s)) {
+            problems.push(format!("labels.severity {severity:?}: one of {SEVERITIES:?}"));
+        }
+        for a in ["summary", "description"] {
+            if rule
+                .pointer(&format!("/annotations/{a}"))
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty)
+            {
+                problems.push(format!("annotations.{a} is missing"));
+            }
+        }
+    }
+    let expr = match rule.get("expr") {
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+        None => return problems,
+    };
+    let refs = match promql::refs(&expr) {
+        Ok(r) => r,
+        Err(e) => {
+            problems.push(format!("expr does not read: {e}"));
+            return problems;
+        }
+    };
+    let mut all_labels: BTreeSet<String> = BTreeSet::new();
+    let mut uses_agent = false;
+    let mut all_known = true;
+    for s in &refs.selectors {
+        let Some(known) = metric_labels(&s.metric, scrapes) else {
+            all_known = false;
+            let counter = families::ALL
+                .iter()
+                .find(|f| f.name == s.metric && f.kind == families::Kind::Counter);
+            problems.push(match counter {
+                Some(f) => format!(
+                    "metric {}: a counter's samples are named {}",
+                    s.metric,
+                    f.sample_name()
+                ),
+                None => format!(
+                    "metric {} is neither exported by the agent \
+                     (gate-agent/src/metrics/families.rs) nor a known kube-state-metrics or \
+                     Prometheus metric",
+                    s.metric
+                ),
+            });
+            continue;
+        };
+        uses_agent |= s.metric.starts_with("metadata_gate_") || s.metric == "up";
+        for m in &s.matchers {
+            if m.label != "__name__" && !known.contains(&m.label) {
+                problems.push(format!(
+                    "{}{{{}...}}: {} has no label {} (it has {known:?})",
+                    s.metric, m.label, s.metric, m.label
+                ));
+            }
+            if m.op != "=" {
+                continue;
+            }
+            let created_by_ds =
+                s.matchers.iter().any(|x| x.label == "created_by_kind" && x.value == "DaemonSet");
+            let unknown = match m.label.as_str() {
+                "namespace" => (!namespaces.contains(m.value.as_str())).then_some("namespace"),
+                "daemonset" => (!daemonsets.contains(m.value.as_str())).then_some("DaemonSet"),
+                "created_by_name" if created_by_ds => {
+                    (!daemonsets.contains(m.value.as_str())).then_some("DaemonSet")
+                }
+                "job" => (!scrapes.jobs.contains(&m.value)).then_some("scrape job"),
+                _ => None,
+            };
+            if let Some(what) = unknown {
+                problems.push(format!(
+                    "{}{{{}=\"{}\"}}: no {what} of that name in this render",
+                    s.metric, m.label, m.value
+                ));
+            }
+        }
+        all_labels.extend(known);
+    }
+    if uses_agent && scrapes.jobs.is_empty() {
+        problems
+            .push("reads the agent's metrics, but no ServiceMonitor here scrapes the agent".into());
+    }
+    if !all_known {
+        // Which labels it has is unknown: one problem is enough.
+        return problems;
+    }
+    for l in &refs.grouping {
+        if !all_labels.contains(l) {
+            problems.push(format!("groups by {l}, a label none of its metrics has"));
+        }
+    }
+    // Where it aggregates `by` labels, its result carries those (and what a join copies);
+    // else the labels of its metrics (a simplification: `without` and joins keep some).
+    let result_labels: BTreeSet<String> = if refs.by.is_empty() {
+        all_labels
+    } else {
+        refs.by.iter().chain(&refs.joined).cloned().collect()
+    };
+    for (k, text) in rule.get("annotations").and_then(Value::as_object).into_iter().flatten() {
+        for l in template_labels(text.as_str().unwrap_or("")) {
+            if !result_labels.contains(&l) {
+                problems.push(format!(
+                    "annotations.{k}: $labels.{l} is a label its result does not carry"
+                ));
+            }
+        }
+    }
+    problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{check_set, split};
+    use super::*;
+    use crate::util::root;
+
+    /// The objects of deploy/base and components/monitoring as shipped (what `kubectl apply
+    /// -k` of both creates, less the policies), each file's text first changed by `edits`
+    /// (file, from, to); every edit must apply.
+    fn shipped_with(edits: &[(&str, &str, &str)]) -> Vec<Object> {
+        const FILES: &[&str] = &[
+            "deploy/base/namespace.yaml",
+            "deploy/base/serviceaccount.yaml",
+            "deploy/base/rbac.yaml",
+            "deploy/base/daemonset.yaml",
+            "deploy/base/service.yaml",
+            "deploy/components/monitoring/servicemonitor.yaml",
+            "deploy/components/monitoring/prometheusrule.yaml",
+            "deploy/components/monitoring/prometheus-rbac.yaml",
+        ];
+        let mut objects = Vec::new();
+        for file in FILES {
+            let mut text = std::fs::read_to_string(root().join(file)).expect(file);
+            for (f, from, to) in edits.iter().filter(|(f, _, _)| f == file) {
+                assert!(text.contains(from), "{f}: {from:?} is not in the file");
+                text = text.replace(from, to);
+            }
+            objects.extend(split(file, &text).expect(file));
+        }
+        objects
+    }
+
+    fn problems(edits: &[(&str, &str, &str)]) -> Vec<String> {
+        check_set(&shipped_with(edits))
+    }
+
+    /// `edits` give exactly problems containing each of `want`.
+    fn refused(edits: &[(&str, &str, &str)], want: &[&str]) {
+        let found = problems(edits);
+        for w in want {
+            assert!(found.iter().any(|p| p.contains(w)), "{w:?} not among {found:#?}");
+        }
+        assert_eq!(found.len(), want.len(), "{found:#?}");
+    }
+
+    const RULES: &str = "deploy/components/monitoring/prometheusrule.yaml";
+    const SM: &str = "deploy/components/monitoring/servicemonitor.yaml";
+    const DS: &str = "deploy/base/daemonset.yaml";
+    const SVC: &str = "deploy/base/service.yaml";
+
+    #[test]
+    fn the_shipped_objects_pass() {
+        assert_eq!(problems(&[]), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_rule_on_a_metric_the_agent_does_not_export_fails() {
+        refused(
+            &[(RULES, "metadata_gate_repairs_total", "metadata_gate_repaired_total")],
+            &["metric metadata_gate_repaired_total is neither exported by the agent"],
+        );
+        refused(
+            &[(RULES, "metadata_gate_events_lost_total", "metadata_gate_events_lost")],
+            &["a counter's samples are named metadata_gate_events_lost_total"],
+        );
+        refused(
+            &[(RULES, "kube_pod_status_ready{", "kube_pod_ready{")],
+            &["metric kube_pod_ready is neither"],
+        );
+    }
+
+    #[test]
+    fn rules_name_only_labels_namespaces_daemonsets_and_jobs_that_exist() {
+        refused(
+            &[(
+                RULES,
+                "increase(metadata_gate_repairs_total[15m])",
+                "increase(metadata_gate_repairs_total{part=\"link\"}[15m])",
+            )],
+            &["metadata_gate_repairs_total has no label part"],
+        );
+        refused(
+            &[(
+                RULES,
+                "up{job=\"metadata-gate-agent-metrics\"}",
+                "up{job=\"metadata-gate-agent\"}",
+            )],
+            &["up{job=\"metadata-gate-agent\"}: no scrape job of that name"],
+        );
+        refused(
+            &[(
+                RULES,
+                "created_by_name=\"metadata-gate-agent\"",
+                "created_by_name=\"metadata-gate\"",
+            )],
+            &["no DaemonSet of that name"],
+        );
+        refused(
+            &[(
+                RULES,
+                "sum by (namespace, node, workload)",
+                "sum by (namespace, nodename, workload)",
+            )],
+            &[
+                "groups by nodename",
+                "annotations.summary: $labels.node is a label its result does not carry",
+                "annotations.description: $labels.node is a label its result does not carry",
+            ],
+        );
+        // Without the relabeling, the agent's series have no `node` label.
+        let found = problems(&[(SM, "targetLabel: node", "targetLabel: hostname")]);
+        assert!(
+            found.iter().any(|p| p.contains("$labels.node is a label its result")),
+            "{found:#?}"
+        );
+    }
+
+    #[test]
+    fn alerts_have_a_severity_a_summary_and_a_description() {
+        refused(
+            &[(
+                RULES,
+                "severity: critical\n          annotations:\n            summary: \"{{ $value }} node(s)",
+                "severity: page\n          annotations:\n            sumary: \"{{ $value }} node(s)",
+            )],
+            &["labels.severity Some(\"page\")", "annotations.summary is missing"],
+        );
+        refused(&[(RULES, "rate(metadata", "rate((metadata")], &["expr does not read: unbalanced"]);
+    }
+
+    #[test]
+    fn plain_metrics_stay_on_loopback() {
+        let off = "            - --metrics-listen\n            - 127.0.0.1:9751\n";
+        let found = problems(&[(DS, off, "")]);
+        assert!(
+            found.iter().any(|p| p.contains("serves /metrics in plain HTTP on 0.0.0.0:9750")),
+            "{found:#?}"
+        );
+        assert!(
+            found.iter().any(|p| p.contains("--upstream=http://127.0.0.1:9751/ is not")),
+            "{found:#?}"
+        );
+        refused(
+            &[(DS, "- 127.0.0.1:9751\n", "- 0.0.0.0:9751\n")],
+            &[
+                "serves /metrics in plain HTTP on 0.0.0.0:9751",
+                "is not the agent's loopback /metrics",
+            ],
+        );
+    }
+
+    #[test]
+    fn probes_hit_the_probe_listener() {
+        refused(
+            &[(
+                DS,
+                "path: /readyz\n              port: 9750",
+                "path: /readyz\n              port: 9751",
+            )],
+            &["readinessProbe probes port Some(9751)"],
+        );
+        refused(&[(DS, "path: /healthz", "path: /metrics")], &["livenessProbe probes /metrics"]);
+    }
+
+    #[test]
+    fn the_service_reaches_kube_rbac_proxy_and_nothing_else() {
+        refused(
+            &[(SVC, "targetPort: 9752", "targetPort: 9751")],
+            &[
+                "listens on loopback only",
+                "exposes the agent's plain /metrics",
+                "scheme https, but agent speaks plain HTTP",
+            ],
+        );
+        refused(
+            &[(
+                SVC,
+                "app.kubernetes.io/component: agent\n",
+                "app.kubernetes.io/component: agents\n",
+            )],
+            &["matches the pods of no DaemonSet here"],
+        );
+        let found = problems(&[(
+            SM,
+            "      app.kubernetes.io/component: agent-metrics\n  namespaceSelector",
+            "      app.kubernetes.io/component: agent\n  namespaceSelector",
+        )]);
+        for want in [
+            "ServiceMonitor metadata-gate/metadata-gate-agent: selects no Service",
+            "(MetadataGateRepaired): reads the agent's metrics, but no ServiceMonitor here",
+            "up{job=\"metadata-gate-agent-metrics\"}: no scrape job of that name",
+        ] {
+            assert!(found.iter().any(|p| p.contains(want)), "{want}: {found:#?}");
+        }
+    }
+
+    #[test]
+    fn the_service_monitor_matches_the_service_and_the_proxy() {
+        refused(
+            &[(SM, "port: https-metrics", "port: metrics")],
+            &["port metrics is not a port of"],
+        );
+        refused(
+            &[(SM, "      tlsConfig:\n        insecureSkipVerify: true\n", "")],
+            &["serves a self-signed certificate that no CA verifies"],
+        );
+        refused(
+            &[(
+                SM,
+                "      bearerTokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token\n",
+                "",
+            )],
+            &["answers 401 without a token"],
+        );
+        refused(&[(SM, "scheme: https", "scheme: http")], &["speaks https only"]);
+    }
+
+    #[test]
+    fn kube_rbac_proxy_and_the_scraper_have_their_rbac() {
+        let crb = "subjects:\n  - kind: ServiceAccount\n    name: prometheus-k8s\n    namespace: monitoring\n";
+        // The metrics reader binding is the second binding of the file; break both subjects.
+        let found = problems(&[(
+            "deploy/components/monitoring/prometheus-rbac.yaml",
+            crb,
+            "subjects: []\n",
+        )]);
+        assert!(
+            found.iter().any(|p| p.contains("no service account in this render may both")),
+            "{found:#?}"
+        );
+        refused(
+            &[(
+                "deploy/base/rbac.yaml",
+                "name: metadata-gate-kube-rbac-proxy\nsubjects:",
+                "name: metadata-gate-kube-rbac-proxy\nsubjects: []\nx:",
+            )],
+            &[
+                "may not create tokenreviews",
+                "may not create subjectaccessreviews",
+                "unknown field x",
+            ],
+        );
+    }
+
+    #[test]
+    fn a_service_ca_certificate_is_served_and_verified() {
+        let annotate = (
+            SVC,
+            "  name: metadata-gate-agent-metrics\n",
+            "  name: metadata-gate-agent-metrics\n  annotations:\n    service.beta.openshift.io/serving-cert-secret-name: tls\n",
+        );
+        refused(&[annotate], &["port https-metrics reaches a listener that serves none"]);
+        let served = [
+            annotate,
+            (
+                DS,
+                "            - --tls-min-version=VersionTLS12\n",
+                "            - --tls-min-version=VersionTLS12\n            - --tls-cert-file=/tls/tls.crt\n            - --tls-private-key-file=/tls/tls.key\n",
+            ),
+            (
+                DS,
+                "          securityContext:\n            # A network-facing",
+                "          volumeMounts:\n            - {name: tls, mountPath: /tls}\n          securityContext:\n            # A network-facing",
+            ),
+            (
+                DS,
+                "      volumes:\n",
+                "      volumes:\n        - {name: tls, secret: {secretName: tls}}\n",
+            ),
+        ];
+        refused(
+            &served,
+            &["serves a certificate of the service CA: verify it", "tlsConfig.serverName None"],
+        );
+        let mut verified = served.to_vec();
+        verified.push((
+            SM,
+            "insecureSkipVerify: true",
+            "{caFile: /ca.crt, serverName: metadata-gate-agent-metrics.metadata-gate.svc}",
+        ));
+        assert_eq!(problems(&verified), Vec::<String>::new());
+        let mut elsewhere = verified.clone();
+        elsewhere.push((
+            DS,
+            "{name: tls, secret: {secretName: tls}}",
+            "{name: tls, secret: {secretName: other}}",
+        ));
+        refused(&elsewhere, &["reads /tls/tls.crt from elsewhere"]);
+    }
+}
