@@ -492,6 +492,9 @@ fn guest_script(
         String::from("#!/bin/sh\n# Written by cargo xtask test-kernels; runs inside the VM.\n");
     s += &format!("(sleep {}; echo o > /proc/sysrq-trigger) &\n", deadline.as_secs());
     s += "mount -t tmpfs tmpfs /tmp\n";
+    // No udev/systemd in the guest to create static device nodes: /dev/net/tun appears only
+    // once its module is in (a node has it from boot).
+    s += "modprobe tun\n";
     s += &format!("uname -r > {o}/uname\n");
     // Waits in the harness (agent ready, …) are stretched by this much: TCG is slow.
     s += &format!("export CI=true GATE_TEST_SLOWDOWN={SLOWDOWN}\n");
