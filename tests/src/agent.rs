@@ -136,7 +136,7 @@ impl Agent {
             harness_flags,
         };
         agent.spawn(extra)?;
-        agent.wait_ready(Duration::from_secs(30))?;
+        agent.wait_ready(crate::sys::slow(Duration::from_secs(30)))?;
         Ok(agent)
     }
 
@@ -145,7 +145,7 @@ impl Agent {
     pub fn restart_with(&mut self, extra: &[&str]) -> Result<()> {
         self.stop();
         self.spawn(extra)?;
-        self.wait_ready(Duration::from_secs(30))
+        self.wait_ready(crate::sys::slow(Duration::from_secs(30)))
     }
 
     fn spawn(&mut self, extra: &[&str]) -> Result<()> {
@@ -244,7 +244,7 @@ impl Agent {
                 return Ok(());
             }
             if let Some(child) = &self.child
-                && std::fs::metadata(format!("/proc/{}", child.id())).is_err()
+                && !crate::sys::pid_running(child.id())
             {
                 break;
             }
@@ -282,13 +282,14 @@ impl Agent {
         self.logs().iter().filter_map(|l| serde_json::from_str(l).ok()).find(|v| pred(v))
     }
 
-    /// Wait up to `timeout` for a JSON log line satisfying `pred`.
+    /// Wait up to `timeout` (stretched by [`crate::sys::slow`]) for a JSON log line
+    /// satisfying `pred`.
     pub fn wait_log(
         &self,
         pred: impl Fn(&serde_json::Value) -> bool,
         timeout: Duration,
     ) -> Option<serde_json::Value> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now() + crate::sys::slow(timeout);
         loop {
             if let Some(v) = self.find(&pred) {
                 return Some(v);
@@ -341,13 +342,13 @@ pub fn remove_pin_root(root: &Path) {
 }
 
 /// Run the gate-agent binary `bin` with `args` to completion in the test netns `netns`, with
-/// a timeout.
+/// a timeout (stretched by [`crate::sys::slow`]).
 pub fn run_to_end(bin: &Path, netns: &str, args: &[&str], timeout: Duration) -> Result<Output> {
     let mut cmd = agent_command(bin)?;
     cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
     exec_in_netns(&mut cmd, netns)?;
     let mut child = cmd.spawn()?;
-    let deadline = Instant::now() + timeout;
+    let deadline = Instant::now() + crate::sys::slow(timeout);
     while Instant::now() < deadline {
         if child.try_wait()?.is_some() {
             return Ok(child.wait_with_output()?);

@@ -83,6 +83,39 @@ fn pid_alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
 
+/// Whether `pid` exists and has not exited: an exited child that nobody reaped yet (a zombie,
+/// state `Z`) still has its /proc entry.
+pub fn pid_running(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()) != Some("Z")
+    })
+}
+
+/// `GATE_TEST_SLOWDOWN`: how many times slower than a native run this machine is (an emulated
+/// VM: `cargo xtask test-kernels` sets it). Default 1.
+pub fn slowdown() -> u32 {
+    std::env::var("GATE_TEST_SLOWDOWN").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1)
+}
+
+/// A bound on waiting for something to happen (never a speed assertion), stretched by
+/// [`slowdown`].
+pub fn slow(wait: std::time::Duration) -> std::time::Duration {
+    wait * slowdown()
+}
+
+/// The running kernel's `major.minor` (from /proc/sys/kernel/osrelease).
+pub fn kernel_version() -> (u32, u32) {
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release.trim().split(['.', '-']).map(|p| p.parse().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+}
+
+/// Whether the kernel has tcx (6.6+): where it has not, `--tc-mode auto` attaches tc programs
+/// as clsact filters instead of tcx links (as documented).
+pub fn kernel_has_tcx() -> bool {
+    kernel_version() >= (6, 6)
+}
+
 /// The pid in a name `mg-<pid>-…` or `mg-test-<pid>-…`.
 fn owner_pid(name: &str) -> Option<u32> {
     let rest = name.strip_prefix("mg-")?;

@@ -7,6 +7,7 @@
 mod bench;
 mod bins;
 mod demo;
+mod kernels;
 mod kind;
 mod lint;
 mod manifests;
@@ -37,6 +38,16 @@ enum Cmd {
         no_lint: bool,
         /// Only run privileged tests whose name contains this (names carry their area:
         /// `enforcement::`, `terminate::`, `tc::`, `lifecycle::`, `cluster::`)
+        filter: Option<String>,
+    },
+    /// The privileged tests inside VMs (QEMU, no KVM needed) booted on Debian's 5.10, 6.1 and
+    /// 6.12 kernels, as the table in xtask/src/kernels.rs selects them per kernel (root)
+    TestKernels {
+        /// 5.10, 6.1, 6.12 or all
+        #[arg(long, default_value = "all")]
+        kernel: String,
+        /// Run every privileged test whose name contains this on the chosen kernels, instead of
+        /// the table's selection
         filter: Option<String>,
     },
     /// Lint only: rustfmt check, clippy -D warnings on the host crates and on the eBPF crate
@@ -100,6 +111,10 @@ fn main() -> Result<()> {
                 lint::run()?;
             }
             test::run(filter.as_deref())
+        }
+        Cmd::TestKernels { kernel, filter } => {
+            setup::ensure()?;
+            kernels::run(&kernels::Options { kernel: &kernel, filter: filter.as_deref() })
         }
         Cmd::Demo => {
             setup::ensure()?;

@@ -8,6 +8,8 @@ use integration_tests::sys::is_root;
 use crate::util::{output, run};
 
 pub(crate) const BPF_LINKER_VERSION: &str = "0.10.1";
+/// The virtme-ng that `cargo xtask test-kernels` was proven with.
+const VIRTME_NG_VERSION: &str = "1.42";
 
 /// Install what is missing; skip what is there (CI runs this on every clean clone).
 pub(crate) fn ensure() -> Result<()> {
@@ -67,6 +69,20 @@ pub(crate) fn ensure() -> Result<()> {
     if !std::path::Path::new("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf").exists() {
         debs.push("fonts-dejavu-core");
     }
+    // `cargo xtask test-kernels`: QEMU, and what virtme-ng builds its initramfs from (a static
+    // busybox; depmod for the unpacked kernels' modules).
+    if output(Command::new("qemu-system-x86_64").arg("--version")).is_none() {
+        debs.push("qemu-system-x86");
+    }
+    if !std::path::Path::new("/bin/busybox").exists() || !busybox_is_static() {
+        debs.push("busybox-static");
+    }
+    if output(Command::new("depmod").arg("--version")).is_none() {
+        debs.push("kmod");
+    }
+    if !std::path::Path::new("/usr/share/keyrings/debian-archive-keyring.gpg").exists() {
+        debs.push("debian-archive-keyring");
+    }
     if !debs.is_empty() {
         if !is_root() {
             bail!("missing Debian packages {debs:?}; install them as root");
@@ -75,6 +91,20 @@ pub(crate) fn ensure() -> Result<()> {
         run(Command::new("apt-get")
             .args(["install", "-y", "-qq", "--no-install-recommends"])
             .args(&debs))?;
+    }
+
+    // virtme-ng (PyPI): boots the test kernels of `cargo xtask test-kernels`.
+    if output(Command::new("vng").arg("--version")).is_none()
+        && output(Command::new("python3").args(["-m", "pip", "show", "-q", "virtme-ng"])).is_none()
+    {
+        run(Command::new("python3").args([
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--root-user-action=ignore",
+            &format!("virtme-ng=={VIRTME_NG_VERSION}"),
+        ]))?;
     }
 
     // `cargo xtask manifests` renders deploy/ with `kubectl kustomize` (kustomize v5). The
@@ -95,4 +125,10 @@ pub(crate) fn ensure() -> Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// Whether /bin/busybox is linked statically (virtme-ng's initramfs needs that; Debian's
+/// `busybox` package is dynamic, `busybox-static` is not).
+fn busybox_is_static() -> bool {
+    output(Command::new("ldd").arg("/bin/busybox")).is_none()
 }

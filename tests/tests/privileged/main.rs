@@ -26,6 +26,7 @@ use integration_tests::{
     imds::{FakeImds, INSTANCE_ID},
     net::TestNet,
     probe::{self, Held, Outcome, token},
+    sys::kernel_has_tcx,
 };
 
 /// Gate for a privileged test: returns early (skips) when it cannot run here, and fails under
@@ -175,6 +176,24 @@ fn status(env: &Env) -> serde_json::Value {
     let (code, v) = env.agent().status().expect("status runs");
     assert_eq!(code, 0, "status exit code with a gate installed: {v}");
     v
+}
+
+/// `st` (`status --json`) shows a tc program on `iface`'s egress: a tcx link
+/// (`tc-egress-<iface>`) on 6.6+, a clsact filter before (`--tc-mode auto`, as documented;
+/// listed as `egress <iface>`, followed by the netns when it is not the agent's own).
+fn assert_tc_egress(st: &serde_json::Value, iface: &str) {
+    let list = |key: &str| st[key].as_array().cloned().unwrap_or_default();
+    if kernel_has_tcx() {
+        let hook = format!("tc-egress-{iface}");
+        let linked = list("attachments").iter().any(|x| x["hook"] == hook.as_str());
+        assert!(linked, "tcx link on {iface}: {st}");
+    } else {
+        let filter = format!("egress {iface}");
+        let listed = list("tc_clsact").iter().filter_map(|x| x.as_str()).any(|x| {
+            x == filter || x.strip_prefix(filter.as_str()).is_some_and(|r| r.starts_with(' '))
+        });
+        assert!(listed, "clsact filter on {iface} (no tcx before 6.6): {st}");
+    }
 }
 
 /// The value of a metric line that starts with `prefix` (name and labels).
