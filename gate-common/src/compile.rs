@@ -274,10 +274,8 @@ impl Tables for HostTables {
     }
     fn may_match(&self, generation: u32, addr: &crate::verdict::Addr) -> bool {
         let Some(p) = self.prefilter.get(&generation) else { return true };
-        match addr {
-            crate::verdict::Addr::V4(a) => p.may(false, a[0], a[3]),
-            crate::verdict::Addr::V6(a) => p.may(true, a[0], a[15]),
-        }
+        let (first, last) = addr.first_last();
+        p.may(addr.is_v6(), first, last)
     }
 }
 
@@ -285,7 +283,7 @@ impl Tables for HostTables {
 mod tests {
     use super::*;
     use crate::abi::{PROTO_TCP, PROTO_UDP};
-    use crate::verdict::{Addr, Dst, match_address, match_endpoint};
+    use crate::verdict::{Addr, Dst, Octets, match_address, match_endpoint};
     use proptest::prelude::*;
 
     fn v4(a: [u8; 4], len: u8) -> Net {
@@ -303,11 +301,11 @@ mod tests {
 
     /// The policy read plainly: lowest-indexed endpoint that covers the destination.
     fn reference(eps: &[EndpointSpec], dst: &Dst) -> Option<u32> {
-        let contains = |net: Net, addr: Addr| match (net.masked(), addr) {
-            (Net::V4 { addr: n, len }, Addr::V4(a)) => mask(a, len) == n,
-            (Net::V6 { addr: n, len }, Addr::V6(a)) => mask(a, len) == n,
-            (Net::V6 { addr: n, len }, Addr::V4(a)) => mask(mapped(a), len) == n,
-            (Net::V4 { .. }, Addr::V6(_)) => false,
+        let contains = |net: Net, addr: Addr| match (net.masked(), addr.octets()) {
+            (Net::V4 { addr: n, len }, Octets::V4(a)) => mask(a, len) == n,
+            (Net::V6 { addr: n, len }, Octets::V6(a)) => mask(a, len) == n,
+            (Net::V6 { addr: n, len }, Octets::V4(a)) => mask(mapped(a), len) == n,
+            (Net::V4 { .. }, Octets::V6(_)) => false,
         };
         eps.iter()
             .position(|e| {
@@ -336,7 +334,7 @@ mod tests {
     }
 
     fn dst4(a: [u8; 4], port: u16, proto: u8) -> Dst {
-        Dst { addr: Addr::V4(a), port, proto }
+        Dst { addr: Addr::v4(a), port, proto }
     }
 
     #[test]
@@ -383,7 +381,7 @@ mod tests {
         let eps = [ep(v6([0; 16], 0), &[80], &[])];
         let t = tables(0, &eps);
         assert_eq!(match_endpoint(&t, 0, &dst4([1, 2, 3, 4], 80, PROTO_TCP)), Some(0));
-        let d = Dst { addr: Addr::V6(EC2_V6), port: 80, proto: PROTO_TCP };
+        let d = Dst { addr: Addr::v6(EC2_V6), port: 80, proto: PROTO_TCP };
         assert_eq!(match_endpoint(&t, 0, &d), Some(0));
     }
 
@@ -448,7 +446,7 @@ mod tests {
     }
     fn arb_dst() -> impl Strategy<Value = Dst> {
         (
-            prop_oneof![arb_v4().prop_map(Addr::V4), arb_v6().prop_map(Addr::from_v6)],
+            prop_oneof![arb_v4().prop_map(Addr::v4), arb_v6().prop_map(Addr::from_v6)],
             prop_oneof![Just(0u16), Just(53), Just(80), Just(443), any::<u16>()],
             prop_oneof![Just(PROTO_TCP), Just(PROTO_UDP), Just(1u8), any::<u8>()],
         )
@@ -474,7 +472,7 @@ mod tests {
                 // Destinations drawn near the endpoints, to hit the prefixes.
             }
             for e in &eps {
-                let addr = match e.net { Net::V4 { addr, .. } => Addr::V4(addr), Net::V6 { addr, .. } => Addr::from_v6(addr) };
+                let addr = match e.net { Net::V4 { addr, .. } => Addr::v4(addr), Net::V6 { addr, .. } => Addr::from_v6(addr) };
                 prop_assert_eq!(match_address(&t, generation, &addr), reference_address(&eps, addr));
                 for port in [0u16, 53, 80, 443] {
                     for proto in [PROTO_TCP, PROTO_UDP, 1] {

@@ -128,7 +128,7 @@ impl Parsed {
     /// A packet whose network header could not be read. (A value rather than `None`: every
     /// field defined, which the BPF verifier insists on.)
     pub const UNREADABLE: Parsed = Parsed {
-        dst: Dst { addr: Addr::V4([0; 4]), port: PORT_ANY, proto: 0 },
+        dst: Dst { addr: Addr::v4([0; 4]), port: PORT_ANY, proto: 0 },
         rst: false,
         bare: false,
         complete: false,
@@ -222,24 +222,48 @@ pub fn passes_fast_v6(filter: &Prefilter, ver: u8, next: u8, first: u8, last: u8
         && !filter.may(true, first, last)
 }
 
-/// What the transport header at `l4` says (`end`: where the IP packet ends).
+/// What the transport header at `l4` says (`end`: where the IP packet ends). Every field
+/// defined on every path, `known` in place of an `Option`: the payload of a `None` is
+/// undefined, and kernels before 5.12 refuse a program that reads what it leaves behind.
 struct Transport {
     port: u16,
     rst: bool,
     bare: bool,
+    /// Whether the header could be read; `false`: judge on the address.
+    known: bool,
 }
 
-/// Destination port, and for TCP whether the segment is bare (no payload) and a reset.
-/// `None` when a TCP/UDP header cannot be read.
-#[inline(always)]
-fn transport<P: Packet + ?Sized>(p: &P, proto: u8, l4: usize, end: usize) -> Option<Transport> {
-    if proto != PROTO_TCP && proto != PROTO_UDP {
-        return Some(Transport { port: PORT_ANY, rst: false, bare: false });
+impl Transport {
+    const UNKNOWN: Transport = Transport { port: PORT_ANY, rst: false, bare: false, known: false };
+
+    /// The destination as far as it is known: the whole of it, or its address alone.
+    #[inline(always)]
+    fn parsed(&self, addr: Addr, proto: u8, routed: bool) -> Parsed {
+        if !self.known {
+            return Parsed::address_only(addr, proto, routed);
+        }
+        Parsed {
+            dst: Dst { addr, port: self.port, proto },
+            rst: self.rst,
+            bare: self.bare,
+            complete: true,
+            readable: true,
+            routed,
+        }
     }
-    let ports = p.bytes::<4>(l4)?;
+}
+
+/// Destination port, and for TCP whether the segment is bare (no payload) and a reset;
+/// [`Transport::UNKNOWN`] when a TCP/UDP header cannot be read.
+#[inline(always)]
+fn transport<P: Packet + ?Sized>(p: &P, proto: u8, l4: usize, end: usize) -> Transport {
+    if proto != PROTO_TCP && proto != PROTO_UDP {
+        return Transport { port: PORT_ANY, rst: false, bare: false, known: true };
+    }
+    let Some(ports) = p.bytes::<4>(l4) else { return Transport::UNKNOWN };
     let port = u16::from_be_bytes([ports[2], ports[3]]);
     if proto != PROTO_TCP {
-        return Some(Transport { port, rst: false, bare: false });
+        return Transport { port, rst: false, bare: false, known: true };
     }
     let (rst, bare) = match p.bytes::<2>(l4 + 12) {
         Some(h) => {
@@ -248,7 +272,7 @@ fn transport<P: Packet + ?Sized>(p: &P, proto: u8, l4: usize, end: usize) -> Opt
         }
         None => (false, false),
     };
-    Some(Transport { port, rst, bare })
+    Transport { port, rst, bare, known: true }
 }
 
 /// Parse the IPv4 header at `l3` ([`Parsed::UNREADABLE`] if the header, with the
@@ -259,7 +283,7 @@ pub fn parse_ipv4<P: Packet + ?Sized>(p: &P, l3: usize) -> Parsed {
     if h[0] >> 4 != 4 {
         return Parsed::UNREADABLE;
     }
-    let addr = Addr::V4([h[16], h[17], h[18], h[19]]);
+    let addr = Addr::v4([h[16], h[17], h[18], h[19]]);
     let proto = h[9];
     let ihl = usize::from(h[0] & 0x0f) * 4;
     let frag = u16::from_be_bytes([h[6], h[7]]);
@@ -269,17 +293,7 @@ pub fn parse_ipv4<P: Packet + ?Sized>(p: &P, l3: usize) -> Parsed {
         return Parsed::address_only(addr, proto, routed);
     }
     let end = l3 + usize::from(u16::from_be_bytes([h[2], h[3]]));
-    match transport(p, proto, l3 + ihl, end) {
-        Some(t) => Parsed {
-            dst: Dst { addr, port: t.port, proto },
-            rst: t.rst,
-            bare: t.bare,
-            complete: true,
-            readable: true,
-            routed,
-        },
-        None => Parsed::address_only(addr, proto, routed),
-    }
+    transport(p, proto, l3 + ihl, end).parsed(addr, proto, routed)
 }
 
 /// Parse the IPv6 header at `l3` and its extension headers ([`Parsed::UNREADABLE`] if the
@@ -342,17 +356,7 @@ pub fn parse_ipv6<P: Packet + ?Sized>(p: &P, l3: usize) -> Parsed {
         // The chain goes on past what we walk.
         return Parsed::address_only(addr, next, routed);
     }
-    match transport(p, next, off, end) {
-        Some(t) => Parsed {
-            dst: Dst { addr, port: t.port, proto: next },
-            rst: t.rst,
-            bare: t.bare,
-            complete: true,
-            readable: true,
-            routed,
-        },
-        None => Parsed::address_only(addr, next, routed),
-    }
+    transport(p, next, off, end).parsed(addr, next, routed)
 }
 
 /// Whether an IPv6 next-header value is an extension header (or ESP) rather than a transport.

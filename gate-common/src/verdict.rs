@@ -13,22 +13,49 @@ use crate::abi::{
     PrefixValue, VERDICT_ALLOWED, VERDICT_AUDITED, VERDICT_DENIED,
 };
 
-/// A destination address as the hooks see it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Addr {
+/// A destination address as the hooks see it: IPv4 (its four bytes first, the other twelve
+/// zero) or IPv6. Bytes and a flag rather than an enum of the two: an enum's IPv4 variant
+/// leaves twelve bytes undefined, the compiler spills them where an IPv4 and an IPv6 path
+/// meet, and kernels before 5.12 refuse any program that reads an uninitialised stack slot.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Addr {
+    bytes: [u8; 16],
+    v6: bool,
+}
+
+/// An [`Addr`] to match on (user space: the programs read [`Addr::bytes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Octets {
     V4([u8; 4]),
     V6([u8; 16]),
 }
 
 impl Addr {
+    /// An IPv4 address.
+    #[inline(always)]
+    pub const fn v4(a: [u8; 4]) -> Self {
+        let mut bytes = [0u8; 16];
+        bytes[0] = a[0];
+        bytes[1] = a[1];
+        bytes[2] = a[2];
+        bytes[3] = a[3];
+        Addr { bytes, v6: false }
+    }
+
+    /// An IPv6 address, as it is (see [`from_v6`](Self::from_v6) for IPv4-mapped ones).
+    #[inline(always)]
+    pub const fn v6(a: [u8; 16]) -> Self {
+        Addr { bytes: a, v6: true }
+    }
+
     /// An IPv6 address, with IPv4-mapped ones (`::ffff:a.b.c.d`) turned into the IPv4 address
     /// they reach.
     #[inline(always)]
     pub fn from_v6(a: [u8; 16]) -> Self {
         if a[..10] == [0; 10] && a[10] == 0xff && a[11] == 0xff {
-            Addr::V4([a[12], a[13], a[14], a[15]])
+            Addr::v4([a[12], a[13], a[14], a[15]])
         } else {
-            Addr::V6(a)
+            Addr::v6(a)
         }
     }
 
@@ -47,6 +74,60 @@ impl Addr {
             i += 1;
         }
         Self::from_v6(a)
+    }
+
+    #[inline(always)]
+    pub const fn is_v6(&self) -> bool {
+        self.v6
+    }
+
+    /// The address bytes: an IPv4 address in the first four, the rest zero.
+    #[inline(always)]
+    pub const fn bytes(&self) -> &[u8; 16] {
+        &self.bytes
+    }
+
+    /// The first and the last byte of the address (what the prefilter tests).
+    #[inline(always)]
+    pub const fn first_last(&self) -> (u8, u8) {
+        (self.bytes[0], if self.v6 { self.bytes[15] } else { self.bytes[3] })
+    }
+
+    /// The IPv4 address (the first four bytes; meaningful when not [`is_v6`](Self::is_v6)).
+    #[inline(always)]
+    pub const fn v4_octets(&self) -> [u8; 4] {
+        [self.bytes[0], self.bytes[1], self.bytes[2], self.bytes[3]]
+    }
+
+    /// The address to match on.
+    #[inline(always)]
+    pub const fn octets(&self) -> Octets {
+        if self.v6 { Octets::V6(self.bytes) } else { Octets::V4(self.v4_octets()) }
+    }
+}
+
+impl From<core::net::IpAddr> for Addr {
+    /// IPv4-mapped IPv6 addresses become the IPv4 address they reach.
+    fn from(ip: core::net::IpAddr) -> Self {
+        match ip {
+            core::net::IpAddr::V4(a) => Addr::v4(a.octets()),
+            core::net::IpAddr::V6(a) => Addr::from_v6(a.octets()),
+        }
+    }
+}
+
+impl From<Addr> for core::net::IpAddr {
+    fn from(a: Addr) -> Self {
+        match a.octets() {
+            Octets::V4(b) => core::net::IpAddr::from(b),
+            Octets::V6(b) => core::net::IpAddr::from(b),
+        }
+    }
+}
+
+impl core::fmt::Debug for Addr {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{}", core::net::IpAddr::from(*self))
     }
 }
 
@@ -86,9 +167,10 @@ pub fn match_endpoint<T: Tables>(t: &T, generation: u32, dst: &Dst) -> Option<u3
     if !t.may_match(generation, &dst.addr) {
         return None;
     }
-    let pv = match dst.addr {
-        Addr::V4(a) => t.prefix_v4(generation, a),
-        Addr::V6(a) => t.prefix_v6(generation, a),
+    let pv = if dst.addr.is_v6() {
+        t.prefix_v6(generation, *dst.addr.bytes())
+    } else {
+        t.prefix_v4(generation, dst.addr.v4_octets())
     }?;
     let lookup = |port: u16, proto: u8| {
         t.port_rule(&PortRuleKey::new(generation, pv.set_id, port, proto)).unwrap_or(NO_ENDPOINT)
@@ -117,9 +199,10 @@ pub fn match_address<T: Tables>(t: &T, generation: u32, addr: &Addr) -> Option<u
     if !t.may_match(generation, addr) {
         return None;
     }
-    let pv = match *addr {
-        Addr::V4(a) => t.prefix_v4(generation, a),
-        Addr::V6(a) => t.prefix_v6(generation, a),
+    let pv = if addr.is_v6() {
+        t.prefix_v6(generation, *addr.bytes())
+    } else {
+        t.prefix_v4(generation, addr.v4_octets())
     }?;
     Some(pv.endpoint)
 }
@@ -160,10 +243,8 @@ pub fn packet_subject<T: Tables>(
 /// first test: then the packet passes without another look).
 #[inline(always)]
 pub fn surely_unprotected(filter: &Prefilter, addr: &Addr) -> bool {
-    match addr {
-        Addr::V4(a) => !filter.may(false, a[0], a[3]),
-        Addr::V6(a) => !filter.may(true, a[0], a[15]),
-    }
+    let (first, last) = addr.first_last();
+    !filter.may(addr.is_v6(), first, last)
 }
 
 /// Whether a cgroup, or one of its ancestors strictly below the gated root, is on the allow
@@ -215,11 +296,11 @@ mod tests {
         a[10] = 0xff;
         a[11] = 0xff;
         a[12..].copy_from_slice(&[169, 254, 169, 254]);
-        assert_eq!(Addr::from_v6(a), Addr::V4([169, 254, 169, 254]));
+        assert_eq!(Addr::from_v6(a), Addr::v4([169, 254, 169, 254]));
         // ::169.254.169.254 (IPv4-compatible, deprecated) is not mapped: stays IPv6.
         a[10] = 0;
         a[11] = 0;
-        assert_eq!(Addr::from_v6(a), Addr::V6(a));
+        assert_eq!(Addr::from_v6(a), Addr::v6(a));
     }
 
     #[test]
@@ -229,7 +310,7 @@ mod tests {
         let w = [0, 1, 2, 3].map(|i| {
             u32::from_ne_bytes([bytes[i * 4], bytes[i * 4 + 1], bytes[i * 4 + 2], bytes[i * 4 + 3]])
         });
-        assert_eq!(Addr::from_v6_words(w), Addr::V6(bytes));
+        assert_eq!(Addr::from_v6_words(w), Addr::v6(bytes));
     }
 
     #[test]
@@ -282,7 +363,7 @@ mod tests {
     fn packet_subject_fails_closed() {
         use crate::packet::Parsed;
         let t = Allow(HashMap::new());
-        let dst = Dst { addr: Addr::V4([10, 0, 0, 1]), port: 80, proto: 6 };
+        let dst = Dst { addr: Addr::v4([10, 0, 0, 1]), port: 80, proto: 6 };
         let p = Parsed::complete(dst);
         // Nothing protected in the tables: the packet passes.
         assert_eq!(packet_subject(&t, Some(0), &p), None);
@@ -301,16 +382,16 @@ mod tests {
         v6[15] = 0x54;
         f.add(false, &[169, 254, 169, 254], 32);
         f.add(true, &v6, 128);
-        assert!(!surely_unprotected(&f, &Addr::V4([169, 254, 169, 254])));
-        assert!(surely_unprotected(&f, &Addr::V4([10, 0, 0, 1])));
-        assert!(surely_unprotected(&f, &Addr::V4([169, 254, 169, 253])), "the DNS neighbour");
-        assert!(!surely_unprotected(&f, &Addr::V6(v6)));
+        assert!(!surely_unprotected(&f, &Addr::v4([169, 254, 169, 254])));
+        assert!(surely_unprotected(&f, &Addr::v4([10, 0, 0, 1])));
+        assert!(surely_unprotected(&f, &Addr::v4([169, 254, 169, 253])), "the DNS neighbour");
+        assert!(!surely_unprotected(&f, &Addr::v6(v6)));
         // 169 as an IPv6 first byte is not IPv4's 169.
         v6[0] = 169;
-        assert!(surely_unprotected(&f, &Addr::V6(v6)));
+        assert!(surely_unprotected(&f, &Addr::v6(v6)));
         // An empty filter (a gate whose first policy is not yet written) protects nothing;
         // the agent writes the policy before it attaches anything.
-        assert!(surely_unprotected(&Prefilter::default(), &Addr::V4([169, 254, 169, 254])));
+        assert!(surely_unprotected(&Prefilter::default(), &Addr::v4([169, 254, 169, 254])));
     }
 
     #[test]

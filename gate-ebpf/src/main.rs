@@ -133,10 +133,8 @@ impl Tables for KernelTables {
     fn may_match(&self, generation: u32, addr: &Addr) -> bool {
         // Unreadable: it may (fail closed).
         let Some(meta) = POLICY_META.get(generation) else { return true };
-        match addr {
-            Addr::V4(a) => meta.prefilter.may(false, a[0], a[3]),
-            Addr::V6(a) => meta.prefilter.may(true, a[0], a[15]),
-        }
+        let (first, last) = addr.first_last();
+        meta.prefilter.may(addr.is_v6(), first, last)
     }
 }
 
@@ -199,16 +197,10 @@ enum Reported<'a> {
 fn report(caller: &Caller, cgroup_id: u64, verdict: u32, endpoint: u32, what: Reported<'_>) {
     let mut addr = [0u8; 16];
     let (family, port, proto) = match what {
-        Reported::Dst(dst) => match dst.addr {
-            Addr::V4(a) => {
-                addr[..4].copy_from_slice(&a);
-                (4u8, dst.port, dst.proto)
-            }
-            Addr::V6(a) => {
-                addr = a;
-                (6u8, dst.port, dst.proto)
-            }
-        },
+        Reported::Dst(dst) => {
+            addr = *dst.addr.bytes();
+            (if dst.addr.is_v6() { 6u8 } else { 4u8 }, dst.port, dst.proto)
+        }
         Reported::Unparsed => (0, 0, 0),
         // The option level in the address field, the option name in the port.
         Reported::Sockopt { level, optname } => {
@@ -384,7 +376,7 @@ fn sock_addr(ctx: &SockAddrContext, hook: u32, v6: bool) -> i32 {
     // SAFETY: the context pointer is valid for the program's duration; fields are read-only.
     let sa = unsafe { &*ctx.sock_addr };
     let addr =
-        if v6 { Addr::from_v6_words(sa.user_ip6) } else { Addr::V4(sa.user_ip4.to_ne_bytes()) };
+        if v6 { Addr::from_v6_words(sa.user_ip6) } else { Addr::v4(sa.user_ip4.to_ne_bytes()) };
     if passes_fast(&addr) {
         count(hook, VERDICT_UNMATCHED);
         return 1;
@@ -423,6 +415,21 @@ const XDP_LAST_SETUP_OPT: i32 = 6;
 /// of AF_XDP. Everything else passes untouched.
 #[cgroup_sockopt(setsockopt)]
 fn gate_setsockopt(ctx: SockoptContext) -> i32 {
+    // SAFETY: helper without pointer arguments; returns 0 past the task's own level.
+    sockopt(&ctx, true, |level| unsafe { bpf_get_current_ancestor_cgroup_id(level as i32) })
+}
+
+/// The same for kernels that offer cgroup/setsockopt programs neither the current task's
+/// ancestors nor its pid (5.10 and the kernels of its time): the allow set cannot be
+/// consulted, so the options are refused to every gated cgroup, allowed ones included (fail
+/// closed; no metadata client needs them).
+#[cgroup_sockopt(setsockopt)]
+fn gate_sockopt_noallow(ctx: SockoptContext) -> i32 {
+    sockopt(&ctx, false, |_| 0)
+}
+
+#[inline(always)]
+fn sockopt(ctx: &SockoptContext, task: bool, ancestor: impl FnMut(u32) -> u64) -> i32 {
     // SAFETY: the context pointer is valid for the program's duration.
     let so = unsafe { &mut *ctx.sockopt };
     let (level, optname) = (so.level, so.optname);
@@ -434,11 +441,9 @@ fn gate_setsockopt(ctx: SockoptContext) -> i32 {
     if !side_door {
         return 1;
     }
-    let caller = Caller { hook: HOOK_SETSOCKOPT, task: true };
+    let caller = Caller { hook: HOOK_SETSOCKOPT, task };
     // SAFETY: helper without pointer arguments.
     let cgroup_id = || unsafe { bpf_get_current_cgroup_id() };
-    // SAFETY: helper without pointer arguments; returns 0 past the task's own level.
-    let ancestor = |level: u32| unsafe { bpf_get_current_ancestor_cgroup_id(level as i32) };
     let what = Reported::Sockopt { level, optname };
     let verdict = judge(&caller, live_generation(), ENDPOINT_NONE, what, cgroup_id, ancestor);
     i32::from(verdict != VERDICT_DENIED)

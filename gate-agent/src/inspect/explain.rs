@@ -68,11 +68,7 @@ pub(crate) fn parse_dst(s: &str) -> Result<Dst, String> {
         Some(p) => p.parse::<u16>().map_err(|e| format!("port {p:?}: {e}"))?,
         None => 80,
     };
-    let addr = match ip {
-        IpAddr::V4(v4) => Addr::V4(v4.octets()),
-        IpAddr::V6(v6) => Addr::from_v6(v6.octets()),
-    };
-    Ok(Dst { addr, port, proto })
+    Ok(Dst { addr: Addr::from(ip), port, proto })
 }
 
 /// One cgroup on the way from the root to the workload's, and whether it is on the allow set.
@@ -214,10 +210,7 @@ pub(crate) fn explain(
             }
         },
     };
-    let (addr, proto) = match dst.addr {
-        Addr::V4(a) => (IpAddr::from(a).to_string(), dst.proto),
-        Addr::V6(a) => (IpAddr::from(a).to_string(), dst.proto),
-    };
+    let (addr, proto) = (IpAddr::from(dst.addr).to_string(), dst.proto);
     Ok(Explanation {
         generation: g,
         mode: mode.name(),
@@ -255,12 +248,12 @@ pub(crate) fn protected_destinations(pinned: &Pinned) -> Vec<Dst> {
     };
     for (k, v) in pinned.maps.v4.iter().flatten() {
         if u32::from_be_bytes(k.data().generation) & 1 == g {
-            add(Addr::V4(k.data().addr), v.set_id);
+            add(Addr::v4(k.data().addr), v.set_id);
         }
     }
     for (k, v) in pinned.maps.v6.iter().flatten() {
         if u32::from_be_bytes(k.data().generation) & 1 == g {
-            add(Addr::V6(k.data().addr), v.set_id);
+            add(Addr::v6(k.data().addr), v.set_id);
         }
     }
     out.sort_by_key(|d| (format!("{:?}", d.addr), d.port, d.proto));
@@ -320,13 +313,13 @@ mod tests {
     #[test]
     fn destinations_parse() {
         let d = parse_dst("169.254.169.254:80/tcp").unwrap();
-        assert_eq!((d.addr, d.port, d.proto), (Addr::V4([169, 254, 169, 254]), 80, PROTO_TCP));
+        assert_eq!((d.addr, d.port, d.proto), (Addr::v4([169, 254, 169, 254]), 80, PROTO_TCP));
         let d = parse_dst("[fd00:ec2::254]:53/UDP").unwrap();
         assert_eq!((d.port, d.proto), (53, PROTO_UDP));
         assert_eq!(parse_dst("fd00:ec2::254").unwrap().port, 80);
         assert_eq!(
             parse_dst("::ffff:169.254.169.254").unwrap().addr,
-            Addr::V4([169, 254, 169, 254])
+            Addr::v4([169, 254, 169, 254])
         );
         assert!(parse_dst("169.254.169.254:80/sctp").is_err());
         assert!(parse_dst("nope:80").is_err());

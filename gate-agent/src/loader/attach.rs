@@ -74,9 +74,14 @@ enum LinkState {
 }
 
 impl Gate {
-    /// The program that runs at a cgroup attach point (egress: the variant the kernel took).
+    /// The program that runs at a cgroup attach point (egress and setsockopt: the variant
+    /// the kernel took).
     fn program_for(&self, point: AttachPoint) -> Program {
-        if point == AttachPoint::Egress { self.egress } else { point.program() }
+        match point {
+            AttachPoint::Egress => self.egress,
+            AttachPoint::Setsockopt => self.sockopt,
+            _ => point.program(),
+        }
     }
 
     /// Attach every cgroup program to the gated root, or, where a link is already pinned and

@@ -124,6 +124,8 @@ pub(crate) struct Gate {
     start: Start,
     /// The egress program variant the kernel accepted.
     egress: Program,
+    /// The setsockopt program variant the kernel accepted.
+    sockopt: Program,
     /// clsact filters attached by this agent (TC_CLSACT keys).
     clsact_done: std::collections::BTreeSet<u64>,
     /// Held for the agent's life: one agent per gate.
@@ -166,9 +168,7 @@ impl Gate {
             p.load().map_err(|source| LoaderError::Program { name: prog.name(), source })?;
         }
         let egress = load_egress(&mut ebpf, egress)?;
-        let so: &mut CgroupSockopt = program(&mut ebpf, Program::Setsockopt)?;
-        so.load()
-            .map_err(|source| LoaderError::Program { name: Program::Setsockopt.name(), source })?;
+        let sockopt = load_sockopt(&mut ebpf)?;
         let tc: &mut aya::programs::SchedClassifier = program(&mut ebpf, Program::Tc)?;
         tc.load().map_err(|source| LoaderError::Program { name: Program::Tc.name(), source })?;
         let mut maps = Maps::take(&mut ebpf)?;
@@ -191,6 +191,7 @@ impl Gate {
             info,
             start,
             egress,
+            sockopt,
             clsact_done: Default::default(),
             _lock: lock,
         })
@@ -290,6 +291,27 @@ fn load_egress(ebpf: &mut Ebpf, choice: EgressProgram) -> Result<Program, Loader
         }
     }
     Err(first_err.unwrap_or(LoaderError::MissingProgram(Program::Egress.name())))
+}
+
+/// Load the setsockopt program: the one that consults the allow set, or, where the kernel
+/// offers cgroup/setsockopt programs no ancestor helper (5.10), the one that refuses the side
+/// doors to every gated cgroup.
+fn load_sockopt(ebpf: &mut Ebpf) -> Result<Program, LoaderError> {
+    let p: &mut CgroupSockopt = program(ebpf, Program::Setsockopt)?;
+    let Err(first) = p.load() else { return Ok(Program::Setsockopt) };
+    let p: &mut CgroupSockopt = program(ebpf, Program::SockoptNoallow)?;
+    match p.load() {
+        Ok(()) => {
+            let first = LoaderError::Program { name: Program::Setsockopt.name(), source: first };
+            tracing::warn!(
+                error = %first,
+                "PACKET_QDISC_BYPASS and AF_XDP setup are refused to every gated workload on \
+                 this kernel, allow-listed ones included"
+            );
+            Ok(Program::SockoptNoallow)
+        }
+        Err(source) => Err(LoaderError::Program { name: Program::SockoptNoallow.name(), source }),
+    }
 }
 
 fn ignore_missing(r: Result<(), MapError>) -> Result<(), MapError> {

@@ -166,7 +166,7 @@ impl DiagSock {
     /// The destination as the gate's hooks see it (IPv4-mapped IPv6 as IPv4).
     pub(super) fn dst_addr(&self) -> Addr {
         let a = self.id.dst;
-        if self.is_v4() { Addr::V4([a[0], a[1], a[2], a[3]]) } else { Addr::from_v6(a) }
+        if self.is_v4() { Addr::v4([a[0], a[1], a[2], a[3]]) } else { Addr::from_v6(a) }
     }
 
     pub(super) fn src(&self) -> SocketAddr {

@@ -261,7 +261,7 @@ mod tests {
         assert_eq!(index.get(10).unwrap(), &(PathBuf::from("."), vec![]));
         assert!(index.get(99).is_none());
         let judge = Judge::new(&policy("enforce"), &root(), &[(11, 0)].into_iter().collect());
-        let imds = Dst { addr: Addr::V4([169, 254, 169, 254]), port: 80, proto: PROTO_TCP };
+        let imds = Dst { addr: Addr::v4([169, 254, 169, 254]), port: 80, proto: PROTO_TCP };
         let chain = |id| index.get(id).unwrap().1.clone();
         assert_eq!(judge.verdict(&imds, &chain(14)), Some((0, VERDICT_DENIED)));
         assert_eq!(judge.verdict(&imds, &chain(10)), Some((0, VERDICT_DENIED)));
@@ -271,7 +271,7 @@ mod tests {
         assert_eq!(judge.verdict(&Dst { port: 53, ..imds }, &chain(14)), None);
         assert_eq!(judge.verdict(&Dst { proto: PROTO_UDP, ..imds }, &chain(14)), None);
         let v6 = [0xfd, 0, 0x0e, 0xc2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x02, 0x54];
-        let d6 = Dst { addr: Addr::V6(v6), port: 443, proto: PROTO_UDP };
+        let d6 = Dst { addr: Addr::v6(v6), port: 443, proto: PROTO_UDP };
         assert_eq!(judge.verdict(&d6, &chain(13)), Some((1, VERDICT_DENIED)));
         let audit = Judge::new(&policy("audit"), &root(), &[(11, 0)].into_iter().collect());
         assert_eq!(audit.verdict(&imds, &chain(14)), Some((0, VERDICT_AUDITED)));

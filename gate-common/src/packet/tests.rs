@@ -116,7 +116,7 @@ fn ethertype_comes_from_the_frame_after_vlan_tags() {
     assert_eq!(net(&eth(&[], 0x0806, b"arp")).0, CARRIES_OTHER);
     assert_eq!(net(&[0u8; 13]).0, CARRIES_UNREADABLE);
     let p = parse_frame(&eth(&[ETH_P_8021Q], ETH_P_IP, &ip)).unwrap();
-    assert_eq!(p.dst, Dst { addr: Addr::V4(IMDS), port: 80, proto: PROTO_TCP });
+    assert_eq!(p.dst, Dst { addr: Addr::v4(IMDS), port: 80, proto: PROTO_TCP });
     assert!(p.complete && !p.rst);
 }
 
@@ -166,7 +166,7 @@ fn ipv6_extension_chains() {
         let chain = vec![(60u8, 0u8); n];
         let p = v6(&ipv6(IMDS6, &chain, PROTO_UDP, &seg)[..]).unwrap();
         assert!(!p.complete, "{n} headers");
-        assert_eq!(p.dst.addr, Addr::V6(IMDS6));
+        assert_eq!(p.dst.addr, Addr::v6(IMDS6));
     }
     // A fragment header: address only.
     let p = v6(&ipv6(IMDS6, &[(44, 0)], PROTO_UDP, &seg)[..]).unwrap();
@@ -180,7 +180,7 @@ fn ipv6_extension_chains() {
     mapped[10..12].copy_from_slice(&[0xff, 0xff]);
     mapped[12..].copy_from_slice(&IMDS);
     let p = v6(&ipv6(mapped, &[], PROTO_TCP, &tcp(80, 2, b""))[..]).unwrap();
-    assert_eq!(p.dst.addr, Addr::V4(IMDS));
+    assert_eq!(p.dst.addr, Addr::v4(IMDS));
 }
 
 /// IPv4 with the given raw option bytes (padded with end-of-options to a word).
@@ -199,7 +199,7 @@ fn ipv4_source_routes_fail_closed() {
     let lsrr = [IPOPT_LSRR, 7, 4, 169, 254, 169, 254];
     let p = v4(&ipv4_opts(neighbour, &lsrr, &dgram)).unwrap();
     assert!(p.routed && !p.judgeable(), "{p:?}");
-    assert_eq!((p.dst.addr, p.dst.port, p.complete), (Addr::V4(neighbour), 80, true));
+    assert_eq!((p.dst.addr, p.dst.port, p.complete), (Addr::v4(neighbour), 80, true));
     // Strict, after no-ops.
     let ssrr = [1, 1, IPOPT_SSRR, 7, 4, 169, 254, 169, 254];
     assert!(v4(&ipv4_opts(neighbour, &ssrr, &dgram)).unwrap().routed);

@@ -114,6 +114,9 @@ named_enum! {
         EgressNotask = (3, "gate_egress_notask"),
         Tc = (4, "gate_tc"),
         Setsockopt = (5, "gate_setsockopt"),
+        /// The same without the allow set, for kernels that offer cgroup/setsockopt no
+        /// ancestor helper: the side doors are refused to every gated cgroup.
+        SockoptNoallow = (6, "gate_sockopt_noallow"),
     }
 }
 
@@ -166,7 +169,7 @@ impl Program {
             Program::Connect6 => AttachPoint::Connect6,
             Program::Egress | Program::EgressNotask => AttachPoint::Egress,
             Program::Tc => AttachPoint::Tc,
-            Program::Setsockopt => AttachPoint::Setsockopt,
+            Program::Setsockopt | Program::SockoptNoallow => AttachPoint::Setsockopt,
         }
     }
 }
@@ -294,6 +297,8 @@ mod tests {
     #[test]
     fn kernel_program_names_are_cut_to_15_bytes() {
         assert_eq!(Program::from_kernel_name("gate_egress_not"), Some(Program::EgressNotask));
+        assert_eq!(Program::from_kernel_name("gate_setsockopt"), Some(Program::Setsockopt));
+        assert_eq!(Program::from_kernel_name("gate_sockopt_no"), Some(Program::SockoptNoallow));
         assert_eq!(Program::from_kernel_name("gate_connect4"), Some(Program::Connect4));
         assert_eq!(Program::from_kernel_name("gate_e"), None);
         assert_eq!(Program::from_kernel_name(""), None);

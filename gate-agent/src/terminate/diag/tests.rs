@@ -128,11 +128,11 @@ fn parses_a_dump_with_cgroup_ids_and_other_attributes() {
     assert_eq!(s0.cgroup_id, Some(77));
     assert_eq!(s0.dst(), "169.254.169.254:80".parse().unwrap());
     assert_eq!(s0.src(), "169.254.0.1:41000".parse().unwrap());
-    assert_eq!(s0.dst_addr(), Addr::V4([169, 254, 169, 254]));
+    assert_eq!(s0.dst_addr(), Addr::v4([169, 254, 169, 254]));
     assert_eq!(s0.id.cookie, [0x1234, 0x5678]);
     // IPv4-mapped IPv6 is looked up as IPv4.
     assert_eq!(s1.cgroup_id, Some(78));
-    assert_eq!(s1.dst_addr(), Addr::V4([169, 254, 169, 254]));
+    assert_eq!(s1.dst_addr(), Addr::v4([169, 254, 169, 254]));
     assert_eq!(s1.dst(), "[::ffff:169.254.169.254]:80".parse().unwrap());
 }
 
