@@ -1,5 +1,8 @@
 //! Map layouts shared by kernel and user space.
 //!
+//! One file by intent, longer than the others: the whole kernel/user boundary in one place,
+//! so that a change to it is seen whole and bumps [`ABI_VERSION`] once.
+//!
 //! Every type here is `#[repr(C)]` with explicit padding and a size assertion: the kernel sees
 //! raw bytes, and a silent layout change would corrupt lookups. No `bool`, `enum` or `Option`
 //! crosses this boundary; enumerations are `u8`/`u32` constants.

@@ -16,6 +16,10 @@
 //!   ingress, refuses frames the cgroup hooks never judged: AF_PACKET sends, packets
 //!   rewritten after the socket hooks, traffic forwarded from pods and VMs.
 //!
+//! `main.rs` holds the programs; `maps` the maps, `skb` the reading of a packet and the
+//! fast path, `judge` what every program does once it knows the destination (decide,
+//! count, report).
+//!
 //! Every path fails closed: a frame that cannot be read, or a map that cannot be, is decided
 //! as if it were bound for a protected endpoint.
 #![no_std]
@@ -25,349 +29,37 @@
 #![allow(internal_features)]
 #![feature(core_intrinsics)]
 
-use core::intrinsics::{AtomicOrdering, atomic_xadd};
+mod judge;
+mod maps;
+mod skb;
 
 use aya_ebpf::{
-    bindings::BPF_F_NO_PREALLOC,
     helpers::{
-        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
-        bpf_ktime_get_ns,
+        bpf_get_current_cgroup_id,
         generated::{
             bpf_get_current_ancestor_cgroup_id, bpf_skb_ancestor_cgroup_id, bpf_skb_cgroup_id,
         },
     },
-    macros::{cgroup_skb, cgroup_sock_addr, cgroup_sockopt, classifier, map},
-    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf, lpm_trie::Key},
-    programs::{SkBuffContext, SockAddrContext, SockoptContext, TcContext, sk_buff::SkBuff},
+    macros::{cgroup_skb, cgroup_sock_addr, cgroup_sockopt, classifier},
+    programs::{SkBuffContext, SockAddrContext, SockoptContext, TcContext},
 };
 use gate_common::{
     abi::{
-        AccessKey, AccessStats, AllowKey, CONFIG_ACTIVE_GEN, CONFIG_RECENT_CURSOR, DenyEvent,
-        ENDPOINT_NONE, EVENT_BURST, EVENT_WINDOW_NS, EVENTS_BYTES, EndpointCounters, EndpointName,
-        EpNameKey, GEN_PREFIX_BITS, GateInfo, HOOK_CONNECT4, HOOK_CONNECT6, HOOK_EGRESS4,
-        HOOK_EGRESS6, HOOK_SETSOCKOPT, HOOK_TC4, HOOK_TC6, MAX_ACCESS_KEYS, MAX_ALLOWED_CGROUPS,
-        MAX_ENDPOINTS, MAX_PORT_RULES, MAX_TC_ATTACHMENTS, NODE_GATE_FORWARDED, NUM_CONFIG,
-        NUM_STATS, PolicyMeta, PortRuleKey, Prefilter, PrefixV4, PrefixV6, PrefixValue,
-        RECENT_DENIALS, STAT_EVENTS_LOST, TcClsact, VERDICT_ALLOWED, VERDICT_DENIED,
-        VERDICT_UNMATCHED, stat_slot,
+        ENDPOINT_NONE, HOOK_CONNECT4, HOOK_CONNECT6, HOOK_EGRESS4, HOOK_EGRESS6, HOOK_SETSOCKOPT,
+        HOOK_TC4, HOOK_TC6, NODE_GATE_FORWARDED, VERDICT_DENIED, VERDICT_UNMATCHED,
     },
     packet::{
-        self, CARRIES_IPV4, CARRIES_IPV6, CARRIES_OTHER, ETH_P_IP, ETH_P_IPV6, Packet, Parsed,
-        parse_ip, parse_ipv4, parse_ipv6, passes_fast_v4, passes_fast_v6,
+        self, CARRIES_IPV4, CARRIES_IPV6, CARRIES_OTHER, ETH_P_IP, ETH_P_IPV6, Parsed, parse_ip,
+        parse_ipv4, parse_ipv6,
     },
-    verdict::{Addr, Dst, Tables, cgroup_allowed, decide, packet_subject, surely_unprotected},
+    verdict::{Addr, Dst, packet_subject},
 };
 
-// ---- maps (two generations each: see gate_common::abi) ---------------------------------------
-
-#[map]
-static CONFIG: Array<u32> = Array::with_max_entries(NUM_CONFIG, 0);
-#[map]
-static POLICY_META: Array<PolicyMeta> = Array::with_max_entries(2, 0);
-#[map]
-static PREFIX_V4: LpmTrie<PrefixV4, PrefixValue> =
-    LpmTrie::with_max_entries(2 * MAX_ENDPOINTS, BPF_F_NO_PREALLOC);
-#[map]
-static PREFIX_V6: LpmTrie<PrefixV6, PrefixValue> =
-    LpmTrie::with_max_entries(2 * MAX_ENDPOINTS, BPF_F_NO_PREALLOC);
-#[map]
-static PORT_RULES: HashMap<PortRuleKey, u32> =
-    HashMap::with_max_entries(2 * MAX_PORT_RULES, BPF_F_NO_PREALLOC);
-#[map]
-static ALLOWED: HashMap<AllowKey, u32> =
-    HashMap::with_max_entries(2 * MAX_ALLOWED_CGROUPS, BPF_F_NO_PREALLOC);
-#[map]
-static EP_COUNTERS: Array<EndpointCounters> = Array::with_max_entries(MAX_ENDPOINTS, 0);
-#[map]
-static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(NUM_STATS, 0);
-#[map]
-static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTES, 0);
-#[map]
-static RECENT: Array<DenyEvent> = Array::with_max_entries(RECENT_DENIALS, 0);
-// Written and read by user space only; part of the object so that they are pinned with the
-// rest and share its lifetime.
-#[map]
-static GATE_INFO: Array<GateInfo> = Array::with_max_entries(1, 0);
-#[map]
-static EP_NAMES: HashMap<EpNameKey, EndpointName> =
-    HashMap::with_max_entries(2 * MAX_ENDPOINTS, BPF_F_NO_PREALLOC);
-#[map]
-static ACCESS: LruHashMap<AccessKey, AccessStats> =
-    LruHashMap::with_max_entries(MAX_ACCESS_KEYS, 0);
-#[map]
-static STRICT_IFACES: HashMap<u32, u32> =
-    HashMap::with_max_entries(MAX_TC_ATTACHMENTS, BPF_F_NO_PREALLOC);
-#[map]
-static TC_CLSACT: HashMap<u64, TcClsact> =
-    HashMap::with_max_entries(MAX_TC_ATTACHMENTS, BPF_F_NO_PREALLOC);
-/// The fast path's filter, generation-free: a superset of the live generation's at every
-/// moment (see `Prefilter::union`).
-#[map]
-static PREFILTER: Array<Prefilter> = Array::with_max_entries(1, 0);
-
-/// The policy maps as gate-common's [`Tables`].
-struct KernelTables;
-
-impl Tables for KernelTables {
-    #[inline(always)]
-    fn prefix_v4(&self, generation: u32, addr: [u8; 4]) -> Option<PrefixValue> {
-        let key = Key::new(GEN_PREFIX_BITS + 32, PrefixV4::new(generation, addr));
-        PREFIX_V4.get(&key).copied()
-    }
-    #[inline(always)]
-    fn prefix_v6(&self, generation: u32, addr: [u8; 16]) -> Option<PrefixValue> {
-        let key = Key::new(GEN_PREFIX_BITS + 128, PrefixV6::new(generation, addr));
-        PREFIX_V6.get(&key).copied()
-    }
-    #[inline(always)]
-    fn port_rule(&self, key: &PortRuleKey) -> Option<u32> {
-        // SAFETY: the value is a plain u32 copied out at once.
-        unsafe { PORT_RULES.get(key).copied() }
-    }
-    #[inline(always)]
-    fn allowed(&self, key: &AllowKey) -> Option<u32> {
-        // SAFETY: as above.
-        unsafe { ALLOWED.get(key).copied() }
-    }
-    #[inline(always)]
-    fn may_match(&self, generation: u32, addr: &Addr) -> bool {
-        // Unreadable: it may (fail closed).
-        let Some(meta) = POLICY_META.get(generation) else { return true };
-        let (first, last) = addr.first_last();
-        meta.prefilter.may(addr.is_v6(), first, last)
-    }
-}
-
-/// The packet of an sk_buff, for gate-common's parsers.
-struct Skb<'a>(&'a SkBuff);
-
-impl Packet for Skb<'_> {
-    #[inline(always)]
-    fn bytes<const N: usize>(&self, off: usize) -> Option<[u8; N]> {
-        self.0.load::<[u8; N]>(off).ok()
-    }
-}
-
-// ---- bookkeeping -----------------------------------------------------------------------------
-
-#[inline(always)]
-fn bump(slot: u32) {
-    if let Some(p) = STATS.get_ptr_mut(slot) {
-        // SAFETY: per-CPU slot, no concurrent writer on this CPU.
-        unsafe { *p += 1 }
-    }
-}
-
-#[inline(always)]
-fn count(hook: u32, verdict: u32) {
-    bump(stat_slot(hook, verdict));
-}
-
-#[inline(always)]
-fn count_endpoint(endpoint: u32, verdict: u32) {
-    let Some(c) = EP_COUNTERS.get_ptr_mut(endpoint) else { return };
-    // SAFETY: `c` points into the array map's value; counters are updated atomically because
-    // the array is shared by all CPUs.
-    unsafe {
-        let field = match verdict {
-            VERDICT_ALLOWED => &raw mut (*c).allowed,
-            VERDICT_DENIED => &raw mut (*c).denied,
-            _ => &raw mut (*c).audited,
-        };
-        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(field, 1);
-    }
-}
-
-/// Where the destination and the caller's identity come from.
-struct Caller {
-    hook: u32,
-    /// Whether the current task is meaningful (process context).
-    task: bool,
-}
-
-/// What a denial event records as its destination: the parsed one, none (an unreadable
-/// frame), or the socket option a side door asked for.
-enum Reported<'a> {
-    Dst(&'a Dst),
-    Unparsed,
-    Sockopt { level: i32, optname: i32 },
-}
-
-#[inline(always)]
-fn report(caller: &Caller, cgroup_id: u64, verdict: u32, endpoint: u32, what: Reported<'_>) {
-    let mut addr = [0u8; 16];
-    let (family, port, proto) = match what {
-        Reported::Dst(dst) => {
-            addr = *dst.addr.bytes();
-            (if dst.addr.is_v6() { 6u8 } else { 4u8 }, dst.port, dst.proto)
-        }
-        Reported::Unparsed => (0, 0, 0),
-        // The option level in the address field, the option name in the port.
-        Reported::Sockopt { level, optname } => {
-            addr[..4].copy_from_slice(&level.to_ne_bytes());
-            (0, optname as u16, 0)
-        }
-    };
-    let (pid, comm) = if caller.task {
-        ((bpf_get_current_pid_tgid() >> 32) as u32, bpf_get_current_comm().unwrap_or([0; 16]))
-    } else {
-        (0, [0; 16])
-    };
-    let ev = DenyEvent {
-        cgroup_id,
-        // SAFETY: helper without arguments.
-        ts_ns: unsafe { bpf_ktime_get_ns() },
-        addr,
-        pid,
-        endpoint,
-        port,
-        proto,
-        family,
-        verdict: verdict as u8,
-        hook: caller.hook as u8,
-        _pad: [0; 2],
-        comm,
-    };
-    remember(&ev);
-    if !account(cgroup_id, endpoint, verdict, ev.ts_ns) {
-        return;
-    }
-    match EVENTS.reserve::<DenyEvent>(0) {
-        Some(mut entry) => {
-            entry.write(ev);
-            entry.submit(0);
-        }
-        None => bump(STAT_EVENTS_LOST),
-    }
-}
-
-/// Count an access of `cgroup_id` to `endpoint` under its verdict, and say whether a denial
-/// event may go on the ring buffer: at most EVENT_BURST per key and window. The counts are
-/// exact (atomic); the window bookkeeping races harmlessly between CPUs (a few events more
-/// or fewer in a window).
-#[inline(always)]
-fn account(cgroup_id: u64, endpoint: u32, verdict: u32, now: u64) -> bool {
-    let key = AccessKey { cgroup_id, endpoint, _pad: 0 };
-    let Some(st) = ACCESS.get_ptr_mut(key) else {
-        let mut fresh =
-            AccessStats { last_ns: now, window_start_ns: now, ..AccessStats::default() };
-        match verdict {
-            VERDICT_ALLOWED => fresh.allowed = 1,
-            VERDICT_DENIED => fresh.denied = 1,
-            _ => fresh.audited = 1,
-        }
-        fresh.sent = u32::from(verdict != VERDICT_ALLOWED);
-        // A full LRU map evicts its least recently used entry; an insert that still fails
-        // loses the count, not the event.
-        let _ = ACCESS.insert(key, fresh, 0);
-        return true;
-    };
-    // SAFETY: `st` points into the map's value; the counters are shared by all CPUs, hence
-    // the atomic adds; the window fields are plain stores (see above).
-    unsafe {
-        let field = match verdict {
-            VERDICT_ALLOWED => &raw mut (*st).allowed,
-            VERDICT_DENIED => &raw mut (*st).denied,
-            _ => &raw mut (*st).audited,
-        };
-        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(field, 1);
-        (*st).last_ns = now;
-        if verdict == VERDICT_ALLOWED {
-            return false;
-        }
-        if now.wrapping_sub((*st).window_start_ns) >= EVENT_WINDOW_NS {
-            (*st).window_start_ns = now;
-            (*st).sent = 0;
-        }
-        if (*st).sent >= EVENT_BURST {
-            return false;
-        }
-        (*st).sent += 1;
-    }
-    true
-}
-
-/// Keep the event in the RECENT ring, which `gate-agent status` reads without the agent.
-/// The cursor is bumped without an atomic fetch (which needs BPF cpu v3, newer than the
-/// kernels we target): CPUs racing on a denial may overwrite one record, a diagnostic loss.
-#[inline(always)]
-fn remember(ev: &DenyEvent) {
-    let Some(cursor) = CONFIG.get_ptr_mut(CONFIG_RECENT_CURSOR) else { return };
-    // SAFETY: `cursor` points into the CONFIG array's value.
-    let n = unsafe {
-        let n = *cursor;
-        *cursor = n.wrapping_add(1);
-        n
-    };
-    if let Some(slot) = RECENT.get_ptr_mut(n & (RECENT_DENIALS - 1)) {
-        // SAFETY: `slot` points into the RECENT array's value.
-        unsafe { *slot = *ev }
-    }
-}
-
-/// The live generation, or `None` when CONFIG cannot be read.
-#[inline(always)]
-fn live_generation() -> Option<u32> {
-    CONFIG.get(CONFIG_ACTIVE_GEN).map(|g| *g & 1)
-}
-
-/// The connect hooks' fast path: whether traffic to `addr` surely concerns no protected
-/// endpoint, by PREFILTER's bits for its first and last byte. One array read (inlined by the
-/// verifier) and two bit tests, no generation. Unreadable: it may (fail closed).
-#[inline(always)]
-fn passes_fast(addr: &Addr) -> bool {
-    PREFILTER.get(0).is_some_and(|f| surely_unprotected(f, addr))
-}
-
-/// The decision for traffic that is (or, unparsed, is taken to be) bound for `endpoint`.
-/// Returns the verdict; counts it and reports anything not allowed.
-#[inline(always)]
-fn judge(
-    caller: &Caller,
-    generation: Option<u32>,
-    endpoint: u32,
-    what: Reported<'_>,
-    cgroup_id: impl Fn() -> u64,
-    ancestor: impl FnMut(u32) -> u64,
-) -> u32 {
-    // Without the generation or the policy's settings nothing can be allowed: deny.
-    let meta = generation.and_then(|g| POLICY_META.get(g).map(|m| (g, m)));
-    let verdict = match meta {
-        Some((g, meta)) => {
-            let allowed = cgroup_allowed(&KernelTables, g, meta.root_level, ancestor).is_some();
-            decide(meta.mode, allowed)
-        }
-        None => VERDICT_DENIED,
-    };
-    count(caller.hook, verdict);
-    count_endpoint(endpoint, verdict);
-    if verdict == VERDICT_ALLOWED {
-        // SAFETY: helper without arguments.
-        account(cgroup_id(), endpoint, verdict, unsafe { bpf_ktime_get_ns() });
-    } else {
-        report(caller, cgroup_id(), verdict, endpoint, what);
-    }
-    verdict
-}
-
-/// The whole decision for one destination of a gated socket. Returns whether the traffic
-/// may proceed. A packet whose destination cannot be known (unreadable, source-routed) is
-/// decided as if bound for a protected endpoint.
-#[inline(always)]
-fn gate(
-    caller: &Caller,
-    p: &Parsed,
-    cgroup_id: impl Fn() -> u64,
-    ancestor: impl FnMut(u32) -> u64,
-) -> bool {
-    let generation = live_generation();
-    let Some(endpoint) = packet_subject(&KernelTables, generation, p) else {
-        count(caller.hook, VERDICT_UNMATCHED);
-        return true;
-    };
-    let what = if p.readable { Reported::Dst(&p.dst) } else { Reported::Unparsed };
-    judge(caller, generation, endpoint, what, cgroup_id, ancestor) != VERDICT_DENIED
-}
+use crate::{
+    judge::{Caller, Reported, count, gate, judge, live_generation, passes_fast},
+    maps::{KernelTables, POLICY_META, STRICT_IFACES},
+    skb::{Skb, linear, passes_fast_ip},
+};
 
 // ---- socket hooks ----------------------------------------------------------------------------
 
@@ -450,38 +142,6 @@ fn sockopt(ctx: &SockoptContext, task: bool, ancestor: impl FnMut(u32) -> u64) -
 }
 
 // ---- egress ----------------------------------------------------------------------------------
-
-/// The packet's bytes `[off, off + N)` where they lie in the linear area, after one bounds
-/// check: the fast paths read the few bytes they need in place, copying nothing.
-#[inline(always)]
-fn linear<const N: usize>(skb: &SkBuff, off: usize) -> Option<&[u8; N]> {
-    // SAFETY: reads fields of the context.
-    let (data, end) = unsafe { ((*skb.skb).data as usize, (*skb.skb).data_end as usize) };
-    if data + off + N <= end {
-        // SAFETY: bounds checked against data_end just above (the verifier checks it too);
-        // a byte array has no alignment.
-        Some(unsafe { &*((data + off) as *const [u8; N]) })
-    } else {
-        None
-    }
-}
-
-/// The packet programs' fast path on the IP header at `l3` (IPv6 when `v6`): one bounds
-/// check, four byte loads, one PREFILTER read and two bit tests (gate-common's
-/// `passes_fast_v4`/`_v6`). True: the packet passes without another look.
-#[inline(always)]
-fn passes_fast_ip(skb: &SkBuff, l3: usize, v6: bool) -> bool {
-    if v6 {
-        let Some(h) = linear::<40>(skb, l3) else { return false };
-        let Some(f) = PREFILTER.get(0) else { return false };
-        passes_fast_v6(f, h[0], h[6], h[24], h[39])
-    } else {
-        let Some(h) = linear::<20>(skb, l3) else { return false };
-        let Some(f) = PREFILTER.get(0) else { return false };
-        passes_fast_v4(f, h[0], h[16], h[19])
-    }
-}
-
 #[inline(always)]
 fn egress(ctx: &SkBuffContext, task: bool) -> i32 {
     let skb = ctx.skb.skb;

@@ -2,7 +2,7 @@
 use std::{
     ffi::CString,
     fs,
-    io::{BufRead as _, BufReader, Read as _, Write as _},
+    io::{BufRead as _, BufReader, Read, Write as _},
     net::{TcpListener, TcpStream},
     os::unix::{ffi::OsStrExt as _, process::CommandExt as _},
     path::{Path, PathBuf},
@@ -343,22 +343,68 @@ pub fn remove_pin_root(root: &Path) {
 
 /// Run the gate-agent binary `bin` with `args` to completion in the test netns `netns`, with
 /// a timeout (stretched by [`crate::sys::slow`]).
+/// Where each thread of `pid` waits in the kernel (its `wchan` and `stack`): what a hung
+/// command was doing.
+fn kernel_stacks(pid: u32) -> String {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return String::new() };
+    let mut out = String::new();
+    for t in tasks.flatten() {
+        let p = t.path();
+        let read = |f: &str| std::fs::read_to_string(p.join(f)).unwrap_or_default();
+        out.push_str(&format!(
+            "{} {} wchan={}\n{}",
+            t.file_name().to_string_lossy(),
+            read("comm").trim(),
+            read("wchan"),
+            read("stack")
+        ));
+    }
+    out
+}
+
+/// Run gate-agent with `args` in `netns` to its end, within `timeout` (stretched by
+/// `GATE_TEST_SLOWDOWN`). Its output is read while it runs: a command that writes more than a
+/// pipe holds (a verifier log in a warning) would otherwise block on the full pipe.
 pub fn run_to_end(bin: &Path, netns: &str, args: &[&str], timeout: Duration) -> Result<Output> {
     let mut cmd = agent_command(bin)?;
     cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
     exec_in_netns(&mut cmd, netns)?;
     let mut child = cmd.spawn()?;
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|r| Box::new(r) as Box<dyn Read + Send>));
+    let stderr = drain(child.stderr.take().map(|r| Box::new(r) as Box<dyn Read + Send>));
     let deadline = Instant::now() + crate::sys::slow(timeout);
+    let mut status = None;
     while Instant::now() < deadline {
-        if child.try_wait()?.is_some() {
-            return Ok(child.wait_with_output()?);
+        status = child.try_wait()?;
+        if status.is_some() {
+            break;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let _ = child.kill();
-    let out = child.wait_with_output()?;
+    let stacks = if status.is_none() { kernel_stacks(child.id()) } else { String::new() };
+    if status.is_none() {
+        let _ = child.kill();
+    }
+    let status = child.wait()?;
+    let out = Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    };
+    if stacks.is_empty() {
+        return Ok(out);
+    }
     bail!(
-        "gate-agent {args:?} still running after {timeout:?}: {}",
+        "gate-agent {args:?} still running after {timeout:?}: {}\nwhere its threads wait:\n{stacks}",
         String::from_utf8_lossy(&out.stderr)
     )
 }

@@ -89,7 +89,7 @@ enum Cmd {
         /// Seconds per rate measurement (default 2; quick 0.3)
         #[arg(long, value_name = "SECS")]
         secs: Option<f64>,
-        /// Only these scenarios: rates, deny, scale, apply, stats (repeatable)
+        /// Only these scenarios: rates, deny, scale, apply, stats, abuse (repeatable)
         #[arg(long, value_name = "SCENARIO")]
         only: Option<Vec<String>>,
         /// Only redraw chart.png from an existing target/bench/report.json

@@ -280,6 +280,54 @@ fn flip(dst: SocketAddr, want_refused: bool, timeout: Duration) -> Value {
     json!({"ok": false, "attempts": attempts})
 }
 
+/// Abuse: for `secs`, `visits` times a second, make a new cgroup under `base`, move this
+/// process into it, connect() `per` times (each refused), move back to `home` and remove
+/// the cgroup: `visits` distinct denied cgroups a second, `visits × per` denials.
+fn churn(dst: SocketAddr, base: &str, home: &str, visits: f64, per: usize, secs: f64) -> Value {
+    let a = raw_addr(dst);
+    let pid = std::process::id().to_string();
+    let (mut refused, mut served, mut cgroups, mut errors) = (0u64, 0u64, 0u64, Vec::new());
+    let start = Instant::now();
+    let period = Duration::from_secs_f64(1.0 / visits.max(1.0));
+    let mut next = start;
+    let mut seq = 0u64;
+    while start.elapsed().as_secs_f64() < secs {
+        let dir = format!("{base}/churn-{}-{seq}", std::process::id());
+        seq += 1;
+        let visit = std::fs::create_dir(&dir)
+            .and_then(|()| std::fs::write(format!("{dir}/cgroup.procs"), &pid));
+        if let Err(e) = visit {
+            errors.push(format!("{dir}: {e}"));
+            let _ = std::fs::remove_dir(&dir);
+            if errors.len() > 10 {
+                break;
+            }
+            continue;
+        }
+        cgroups += 1;
+        for _ in 0..per {
+            match connect_once(&a) {
+                Ok(()) => served += 1,
+                Err(_) => refused += 1,
+            }
+        }
+        let back = std::fs::write(format!("{home}/cgroup.procs"), &pid)
+            .and_then(|()| std::fs::remove_dir(&dir));
+        if let Err(e) = back {
+            errors.push(format!("back to {home}: {e}"));
+            break;
+        }
+        next += period;
+        if let Some(wait) = next.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    json!({"ok": served == 0 && errors.is_empty(), "cgroups": cgroups, "refused": refused,
+           "served": served, "secs": secs, "cgroups_per_s": cgroups as f64 / secs,
+           "refused_per_s": refused as f64 / secs, "errors": errors})
+}
+
 /// This process's CPU time so far (user + system), seconds.
 fn cpu_s() -> f64 {
     // SAFETY: an all-zero rusage is valid; getrusage fills it.
@@ -308,6 +356,12 @@ fn run(mode: &str, dst: SocketAddr, args: &[String]) -> Value {
         "bulk" => with_cpu(bulk(dst, num(0, 1.0))),
         "deny" => deny(dst, num(0, 100.0) as usize, ms(1)),
         "flip" => flip(dst, args.first().is_some_and(|a| a == "refused"), ms(1)),
+        "churn" => match args {
+            [base, home, ..] => {
+                churn(dst, base, home, num(2, 1000.0), num(3, 10.0) as usize, num(4, 1.0))
+            }
+            _ => json!({"ok": false, "error": "churn BASE HOME [VISITS/S PER SECS]"}),
+        },
         _ => json!({"ok": false, "error": format!("unknown mode {mode}")}),
     }
 }

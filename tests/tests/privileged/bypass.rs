@@ -692,7 +692,9 @@ fn host_processes_allowed_pods_and_unprotected_ports_are_served() {
 /// never ends the chain. A second gate agent, with its own pin dir and cgroup root, protects
 /// UDP 53 of the metadata address in audit mode; it starts first, so the gate under test
 /// attaches ahead of it. A VM's frame to :53 passes the first gate, reaches the service, and
-/// the second gate's tc program audits it.
+/// the second gate's tc program audits it. (A tcx test: before 6.6 the gate is a clsact
+/// filter with a fixed priority and handle, which a second gate agent on the same interface
+/// replaces; `cargo xtask test-kernels` runs it on 6.12.)
 #[test]
 fn a_second_tc_program_still_sees_what_the_gate_passes() {
     privileged!(a_second_tc_program_still_sees_what_the_gate_passes);

@@ -21,7 +21,8 @@ use super::{
 const RESCAN_MS: u64 = 200;
 const FLIP_TIMEOUT_MS: u64 = 3000;
 
-fn toggled(with: bool) -> String {
+/// The bench policy, with or without an endpoint for the address the workload connects to.
+pub(super) fn toggled(with: bool) -> String {
     let endpoints = if with {
         vec![("bench-toggle".to_string(), format!("{DEST_V4}/32"), CONNECT_PORT.to_string())]
     } else {

@@ -2,6 +2,7 @@
 //! in one run in throwaway namespaces and cgroups, variants interleaved round by round, each
 //! ratio with its 95 % interval and every comparison decided only as far as the interval
 //! allows ([`stats`]). Writes target/bench/{report.json,report.md,chart.png}.
+mod abuse;
 mod apply;
 mod chart;
 mod deny;
@@ -58,7 +59,7 @@ pub(crate) struct Options {
     pub rounds: Option<usize>,
     /// Override the seconds per rate measurement.
     pub secs: Option<f64>,
-    /// Run only these scenarios (`rates`, `deny`, `scale`, `apply`, `stats`); the report is
+    /// Run only these scenarios (`rates`, `deny`, `scale`, `apply`, `stats`, `abuse`); the report is
     /// then not checked for completeness.
     pub only: Option<Vec<String>>,
 }
@@ -103,17 +104,18 @@ pub(crate) fn run_bench(opts: Options) -> Result<()> {
     let started = Instant::now();
     let mut rep = Report::new(&cfg);
     type Scenario = fn(&Cfg, &mut Report) -> Result<()>;
-    let scenarios: [(&str, &str, Scenario); 5] = [
+    let scenarios: [(&str, &str, Scenario); 6] = [
         ("rates", "1-3, 7: connect, UDP and bulk rates; agent memory and CPU", rates::run),
         ("deny", "4: refused connect() latency", deny::run),
         ("scale", "5: scale", scale::run),
         ("apply", "6: policy change and new cgroup to enforcement", apply::run),
         ("stats", "8: ns per program run (BPF statistics on)", nsrun::run),
+        ("abuse", "9: the agent under abuse (denied cgroups, events)", abuse::run),
     ];
     if let Some(only) = &opts.only
         && let Some(bad) = only.iter().find(|o| !scenarios.iter().any(|s| s.0 == o.as_str()))
     {
-        bail!("no scenario {bad:?}; there are rates, deny, scale, apply, stats");
+        bail!("no scenario {bad:?}; there are rates, deny, scale, apply, stats, abuse");
     }
     let wanted = |key: &str| opts.only.as_ref().is_none_or(|o| o.iter().any(|x| x == key));
     for (_, name, f) in scenarios.into_iter().filter(|s| wanted(s.0)) {

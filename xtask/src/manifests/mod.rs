@@ -1,6 +1,10 @@
 //! `cargo xtask manifests`: render every Kustomize target under deploy/ with `kubectl
 //! kustomize` and check what comes out, without a cluster.
 //!
+//! (Longer than the other rooms: one rule per cross-object contract, each next to the others
+//! it interacts with; the Prometheus objects' checks live in [`monitoring`], [`crd`] and
+//! [`promql`].)
+//!
 //! - every object deserializes into its k8s-openapi type, and no field is lost on the way
 //!   (a misspelt or misplaced field would be silently dropped by the API server);
 //! - the OpenShift SecurityContextConstraints, which k8s-openapi does not know, is checked

@@ -1,5 +1,8 @@
 //! How the agents' metrics are reached, checked across the objects of one render:
 //!
+//! (One file for the one chain a scrape follows, agent flag to alert, each link checked
+//! where the next can see it; its tests are a third of it.)
+//!
 //! - the listeners of the agent's pod, read from its containers' flags: the agent's
 //!   `--listen` (probes, and /metrics unless `--metrics-listen`), `--metrics-listen`, and
 //!   kube-rbac-proxy's `--secure-listen-address`. Plain /metrics never listens beyond
