@@ -9,13 +9,13 @@ use std::{
 
 use aya::maps::{MapData, RingBuf};
 use gate_common::{
-    abi::{DenyEvent, ENDPOINT_NONE},
+    abi::{AccessKey, DenyEvent, ENDPOINT_NONE},
     user::{Verdict, read_pod},
 };
 use tokio::io::unix::AsyncFd;
 
 use crate::{
-    access::{Harvest, Identity, Known},
+    access::{Counts, Harvest, Identity, Known},
     cgroup::GatedRoot,
     loader::AccessMap,
     ratelimit::{Admit, RateLimiter, WorkloadCounts},
@@ -190,6 +190,34 @@ impl EventSinks {
 /// report every denial that was not logged — also those the kernel counted without sending
 /// an event (it sends at most EVENT_BURST per cgroup, endpoint and second, so that a
 /// hammering workload cannot crowd a quiet one out of the ring buffer).
+///
+/// The tally is read on a thread of its own: walking a full map takes two syscalls per
+/// entry (tens of thousands of entries under abuse), which must never keep the ring buffer
+/// from being drained nor the runtime from answering `/readyz`. It sends what changed.
+/// Read the kernel's access tally every second on a thread of its own; send the entries that
+/// changed (a new entry counts as changed), until the receiver is gone.
+fn spawn_harvest(
+    tally: AccessMap,
+) -> std::io::Result<tokio::sync::mpsc::Receiver<Vec<(AccessKey, Counts)>>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    std::thread::Builder::new().name("access-tally".into()).spawn(move || {
+        let mut harvest = Harvest::default();
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+            let changed: Vec<_> = harvest
+                .read(&tally)
+                .into_iter()
+                .filter(|(_, _, delta)| !delta.is_zero())
+                .map(|(key, _, delta)| (key, delta))
+                .collect();
+            if tx.blocking_send(changed).is_err() {
+                return;
+            }
+        }
+    })?;
+    Ok(rx)
+}
+
 pub(crate) async fn run(
     ring: RingBuf<MapData>,
     tally: AccessMap,
@@ -200,11 +228,10 @@ pub(crate) async fn run(
     // the AsyncFd owns the ring buffer.
     let mut fd = unsafe { AsyncFd::register(ring) }.map_err(std::io::Error::from)?;
     let mut limiter = RateLimiter::new(LOG_BURST, LOG_WINDOW, 4096);
-    let mut harvest = Harvest::default();
+    let mut deltas = spawn_harvest(tally)?;
     let mut known =
         sinks.state_dir.as_deref().and_then(|d| Known::load(d).ok()).unwrap_or_default();
     let mut known_changed = false;
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut ticks: u64 = 0;
     loop {
         tokio::select! {
@@ -231,13 +258,13 @@ pub(crate) async fn run(
                 }
                 guard.clear_ready();
             }
-            _ = tick.tick() => {
+            changed = deltas.recv() => {
+                let Some(changed) = changed else {
+                    return Err(std::io::Error::other("the access tally reader stopped"));
+                };
                 let now = Instant::now();
                 ticks += 1;
-                for (key, _, delta) in harvest.read(&tally) {
-                    if delta.is_zero() && known.0.contains_key(&key.cgroup_id) {
-                        continue;
-                    }
+                for (key, delta) in changed {
                     let identity = names.identity(key.cgroup_id);
                     let workload = identity.workload.clone();
                     if sinks.state_dir.is_some() && identity.cgroup.is_some() {
