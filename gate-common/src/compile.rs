@@ -274,8 +274,7 @@ impl Tables for HostTables {
     }
     fn may_match(&self, generation: u32, addr: &crate::verdict::Addr) -> bool {
         let Some(p) = self.prefilter.get(&generation) else { return true };
-        let (first, last) = addr.first_last();
-        p.may(addr.is_v6(), first, last)
+        !crate::verdict::surely_unprotected(p, addr)
     }
 }
 

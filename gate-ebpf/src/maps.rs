@@ -12,7 +12,7 @@ use gate_common::{
         MAX_PORT_RULES, MAX_TC_ATTACHMENTS, NUM_CONFIG, NUM_STATS, PolicyMeta, PortRuleKey,
         Prefilter, PrefixV4, PrefixV6, PrefixValue, RECENT_DENIALS, TcClsact,
     },
-    verdict::{Addr, Tables},
+    verdict::{Addr, Tables, surely_unprotected},
 };
 
 #[map]
@@ -88,7 +88,6 @@ impl Tables for KernelTables {
     fn may_match(&self, generation: u32, addr: &Addr) -> bool {
         // Unreadable: it may (fail closed).
         let Some(meta) = POLICY_META.get(generation) else { return true };
-        let (first, last) = addr.first_last();
-        meta.prefilter.may(addr.is_v6(), first, last)
+        !surely_unprotected(&meta.prefilter, addr)
     }
 }

@@ -343,6 +343,12 @@ pub fn remove_pin_root(root: &Path) {
 
 /// Run the gate-agent binary `bin` with `args` to completion in the test netns `netns`, with
 /// a timeout (stretched by [`crate::sys::slow`]).
+/// The value of the first line of a Prometheus text body that starts with `prefix` (a
+/// name, with its labels for a labelled sample).
+pub fn metric(body: &str, prefix: &str) -> Option<f64> {
+    body.lines().find(|l| l.starts_with(prefix)).and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
 /// Where each thread of `pid` waits in the kernel (its `wchan` and `stack`): what a hung
 /// command was doing.
 fn kernel_stacks(pid: u32) -> String {

@@ -20,7 +20,7 @@
 use std::{path::PathBuf, process::Output, time::Duration};
 
 use integration_tests::{
-    agent::Agent,
+    agent::{Agent, metric},
     bins::Bins,
     cgroups::CgroupTree,
     imds::{FakeImds, INSTANCE_ID},
@@ -194,9 +194,4 @@ fn assert_tc_egress(st: &serde_json::Value, iface: &str) {
         });
         assert!(listed, "clsact filter on {iface} (no tcx before 6.6): {st}");
     }
-}
-
-/// The value of a metric line that starts with `prefix` (name and labels).
-fn metric(body: &str, prefix: &str) -> Option<f64> {
-    body.lines().find(|l| l.starts_with(prefix)).and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }

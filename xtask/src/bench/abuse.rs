@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use integration_tests::{
-    agent::Agent,
+    agent::{Agent, metric},
     bench::{self, CONNECT_PORT, DEST_V4, Flip, monotonic_ns},
     net::IMDS_V4,
 };
@@ -22,19 +22,13 @@ const VISITS_PER_S: u32 = 1000;
 const DENIALS_PER_VISIT: u32 = 10;
 const READYZ_EVERY: Duration = Duration::from_millis(50);
 
-/// The value of one sample line of a Prometheus text body.
-fn metric(body: &str, name: &str) -> f64 {
-    body.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(f64::NAN)
-}
-
 /// Denials counted by the connect hooks and events lost, from the agent's /metrics.
 fn counters(agent: &Agent) -> Result<(f64, f64)> {
     let (_, body) = agent.http_get("/metrics")?;
     let denied =
         metric(&body, "metadata_gate_decisions_total{hook=\"connect4\",verdict=\"denied\"}");
-    Ok((denied, metric(&body, "metadata_gate_events_lost_total")))
+    let lost = metric(&body, "metadata_gate_events_lost_total");
+    Ok((denied.unwrap_or(f64::NAN), lost.unwrap_or(f64::NAN)))
 }
 
 pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
