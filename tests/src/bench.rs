@@ -1,11 +1,11 @@
 //! Benchmark harness pieces: traffic sinks inside the imds netns and the `bench-probe`
 //! workload (see `src/bin/bench-probe.rs`).
 use std::{
-    io::{BufRead as _, BufReader, Read as _},
+    io::{BufRead as _, BufReader, Read as _, Write as _},
     net::{TcpListener, TcpStream, UdpSocket},
     os::fd::AsRawFd as _,
     path::Path,
-    process::{Child, ChildStdout, Command, Stdio},
+    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -222,6 +222,75 @@ impl Flip {
 
 impl Drop for Flip {
     fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A running `bench-probe … serve MODE`: one rate workload kept open in its cgroup and
+/// netns, run a slice at a time, so that several variants can take turns every few
+/// milliseconds.
+pub struct Slicer {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Slicer {
+    /// Start `mode` (`connect-rate`, `udp-rate`, `bulk`) to `dst`:`port`; `extra` are more
+    /// workload flags (`--cpu N`).
+    pub fn start(
+        bins: &Bins,
+        net: &TestNet,
+        cgroup: &Path,
+        mode: &str,
+        dst: &str,
+        port: u16,
+        extra: &[&str],
+    ) -> Result<Slicer> {
+        net.assert_routes()?;
+        let port = port.to_string();
+        let mut args = vec!["serve", dst, &port, mode];
+        args.extend_from_slice(extra);
+        let mut child = command(bins, net, cgroup, &args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("spawning bench-probe")?;
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?);
+        let mut s = Slicer { child, stdin, stdout };
+        let ready = s.next()?;
+        if ready["stage"] != "ready" {
+            bail!("bench-probe serve {mode} did not start: {ready}");
+        }
+        Ok(s)
+    }
+
+    fn next(&mut self) -> Result<Value> {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line)?;
+        serde_json::from_str(line.trim()).with_context(|| format!("bench-probe output {line:?}"))
+    }
+
+    /// Run the workload for `ms` milliseconds; what it measured (`rate`, `ops` or `bytes`,
+    /// `secs`, `cpu_s`).
+    pub fn slice(&mut self, ms: f64) -> Result<Value> {
+        let stdin = self.stdin.as_mut().ok_or_else(|| anyhow!("bench-probe stdin closed"))?;
+        writeln!(stdin, "{ms}")?;
+        stdin.flush()?;
+        let v = self.next()?;
+        if v["ok"] != true {
+            bail!("bench-probe slice: {v}");
+        }
+        Ok(v)
+    }
+}
+
+impl Drop for Slicer {
+    fn drop(&mut self) {
+        // EOF ends it; kill if it does not.
+        drop(self.stdin.take());
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

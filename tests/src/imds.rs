@@ -16,7 +16,10 @@ use std::{
 
 use anyhow::{Context as _, Result, anyhow, bail};
 
-use crate::net::{DNS_V4, DNS_V6, IMDS_V4, IMDS_V6, NTP_V4, TestNet};
+use crate::{
+    net::{DNS_V4, DNS_V6, IMDS_V4, IMDS_V6, NTP_V4, TestNet},
+    sys::pin_to_cpu,
+};
 
 /// What the metadata service answers.
 pub const INSTANCE_ID: &str = "i-0123456789abcdef0";
@@ -38,20 +41,21 @@ pub struct FakeImds {
     threads: Vec<JoinHandle<()>>,
 }
 
-/// Move the calling thread into a network namespace.
-/// The start of every workload binary (`probe`, `bench-probe`): parse `--netns PATH` and
-/// `--cgroup DIR` out of the arguments, join the cgroup, enter the netns, and return the
-/// remaining arguments. Exits with 2 and a message on any failure; refuses to run without
+/// The start of every workload binary (`probe`, `bench-probe`): parse `--netns PATH`,
+/// `--cgroup DIR` and `--cpu N` out of the arguments, join the cgroup, enter the netns, pin
+/// itself to CPU N if asked, and return the remaining arguments. Exits with 2 and a message on any failure; refuses to run without
 /// `--netns`, so a workload never sends from the host namespace.
 pub fn enter_workload(program: &str) -> Vec<String> {
     let mut netns = None;
     let mut cgroup = None;
+    let mut cpu = None;
     let mut rest = Vec::new();
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
             "--netns" => netns = it.next(),
             "--cgroup" => cgroup = it.next(),
+            "--cpu" => cpu = it.next(),
             _ => rest.push(a),
         }
     }
@@ -68,6 +72,13 @@ pub fn enter_workload(program: &str) -> Vec<String> {
     if let Err(e) = enter_netns(&netns) {
         eprintln!("{program}: {e:#}");
         std::process::exit(2);
+    }
+    if let Some(cpu) = cpu {
+        let pinned = cpu.parse().map_err(anyhow::Error::from).and_then(|c| pin_to_cpu(Some(c)));
+        if let Err(e) = pinned {
+            eprintln!("{program}: --cpu {cpu}: {e:#}");
+            std::process::exit(2);
+        }
     }
     rest
 }

@@ -207,3 +207,30 @@ pub fn exec_in_netns(cmd: &mut Command, path: &str) -> Result<()> {
     }
     Ok(())
 }
+
+/// Run the calling thread on `cpu` alone, or (`None`) on every CPU the process may use;
+/// threads it spawns afterwards inherit the choice. The benchmark keeps its workload and the
+/// sinks it talks to on one CPU, so that a rate is the cost of a whole round trip, not the
+/// luck of where the scheduler put the two ends.
+pub fn pin_to_cpu(cpu: Option<usize>) -> Result<()> {
+    // SAFETY: an all-zero cpu_set_t is the empty set; CPU_SET stays within it below.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let n = std::thread::available_parallelism().map_or(1, usize::from).max(online_cpus());
+    for c in 0..n.min(libc::CPU_SETSIZE as usize) {
+        if cpu.is_none_or(|want| want == c) {
+            // SAFETY: c < CPU_SETSIZE.
+            unsafe { libc::CPU_SET(c, &mut set) };
+        }
+    }
+    // SAFETY: valid set of the size passed; pid 0 is the calling thread.
+    if unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        bail!("sched_setaffinity({cpu:?}): {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The number of online CPUs.
+pub fn online_cpus() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    usize::try_from(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }).unwrap_or(1).max(1)
+}

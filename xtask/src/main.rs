@@ -83,15 +83,28 @@ enum Cmd {
         /// A short smoke run (numbers are not meaningful; never fails on timing)
         #[arg(long)]
         quick: bool,
-        /// Interleaved rounds (default 10; quick 2): 95 % intervals need at least 6
+        /// Cycles of the rate scenarios 1-3, each variant one slice per cycle (default 300;
+        /// quick 6)
+        #[arg(long, value_name = "N")]
+        cycles: Option<usize>,
+        /// Milliseconds per slice of the rate scenarios (default 25; quick 10)
+        #[arg(long, value_name = "MS")]
+        slice_ms: Option<f64>,
+        /// Rounds of the scale and refused-connect scenarios (default 10; quick 2): 95 %
+        /// intervals need at least 6
         #[arg(long, value_name = "N")]
         rounds: Option<usize>,
-        /// Seconds per rate measurement (default 2; quick 0.3)
+        /// Seconds per rate measurement of the scale and statistics scenarios (default 2;
+        /// quick 0.3)
         #[arg(long, value_name = "SECS")]
         secs: Option<f64>,
         /// Only these scenarios: rates, deny, scale, apply, stats, abuse (repeatable)
         #[arg(long, value_name = "SCENARIO")]
         only: Option<Vec<String>>,
+        /// Calibrate the method: the rate scenarios with nothing in force in any world (run
+        /// with `--only rates`); every comparison should come out level
+        #[arg(long, conflicts_with = "quick")]
+        calibrate: bool,
         /// Only redraw chart.png from an existing target/bench/report.json
         #[arg(long, conflicts_with = "quick")]
         redraw: bool,
@@ -127,9 +140,10 @@ fn main() -> Result<()> {
         Cmd::Manifests => manifests::run(),
         Cmd::E2eKind { keep, no_build } => kind::e2e(kind::Options { keep, build: !no_build }),
         Cmd::Bench { redraw: true, .. } => bench::redraw(),
-        Cmd::Bench { quick, rounds, secs, only, .. } => {
+        Cmd::Bench { quick, cycles, slice_ms, rounds, secs, only, calibrate, .. } => {
             setup::ensure()?;
-            bench::run_bench(bench::Options { quick, rounds, secs, only })
+            let opts = bench::Options { quick, cycles, slice_ms, rounds, secs, only, calibrate };
+            bench::run_bench(opts)
         }
     }
 }

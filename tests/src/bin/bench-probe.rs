@@ -11,6 +11,8 @@
 //! | `deny` | N TIMEOUT_MS | N connect() calls to a refused destination: µs until each returns |
 //! | `flip` | refused\|served TIMEOUT_MS | connects every ~200 µs; prints `{"stage":"ready"}` after the first attempt, then the CLOCK_MONOTONIC time of the first attempt with the wanted outcome |
 //!
+//! | `serve` | MODE | one rate mode kept open: each line on stdin is a number of milliseconds to run it for, each answer one JSON line |
+//!
 //! The rate modes also report `cpu_s`, the CPU time (user + system) the loop took.
 //!
 //! It refuses to run without --netns: it never sends from the host namespace.
@@ -169,78 +171,128 @@ fn errno_counts(errs: &[i32]) -> Value {
     Value::Object(m)
 }
 
-fn connect_rate(dst: SocketAddr, secs: f64) -> Value {
-    let a = raw_addr(dst);
-    let (mut ok, mut errs) = (0u64, Vec::new());
-    let t = Instant::now();
-    let end = Duration::from_secs_f64(secs);
-    // The slowest connect(): a stall (e.g. a SYN retransmit) shows here.
-    let mut max = Duration::ZERO;
-    loop {
-        let t0 = Instant::now();
-        if t0 - t >= end {
-            break;
-        }
-        match connect_once(&a) {
-            Ok(()) => ok += 1,
-            Err(e) if errs.len() < 1000 => errs.push(e),
-            Err(_) => {}
-        }
-        max = max.max(t0.elapsed());
-    }
-    let s = t.elapsed().as_secs_f64();
-    json!({"ok": errs.is_empty(), "ops": ok, "secs": s, "rate": ok as f64 / s,
-           "max_us": max.as_micros() as u64, "errors": errs.len(), "errnos": errno_counts(&errs)})
+/// A rate workload and what it keeps between slices: the UDP socket, the bulk connection.
+enum Rate {
+    /// socket()+connect()+close() (linger 0) in a loop.
+    Connect(RawAddr),
+    /// 16-byte sendto() on one unconnected socket.
+    Udp(RawAddr, OwnedFd),
+    /// 128 KiB write()s on one TCP connection.
+    Bulk(TcpStream, Vec<u8>),
 }
 
-fn udp_rate(dst: SocketAddr, secs: f64) -> Value {
-    let a = raw_addr(dst);
-    let fd = match a.socket(libc::SOCK_DGRAM) {
-        Ok(fd) => fd,
-        Err(e) => return json!({"ok": false, "errno": e}),
-    };
-    let payload = [0x5au8; 16];
-    let (mut ok, mut errs) = (0u64, Vec::new());
-    let t = Instant::now();
-    let end = Duration::from_secs_f64(secs);
-    let mut i = 0u64;
-    loop {
-        i += 1;
-        if i.is_multiple_of(64) && t.elapsed() >= end {
-            break;
+impl Rate {
+    fn open(mode: &str, dst: SocketAddr) -> Result<Rate, Value> {
+        let a = raw_addr(dst);
+        match mode {
+            "connect-rate" => Ok(Rate::Connect(a)),
+            "udp-rate" => match a.socket(libc::SOCK_DGRAM) {
+                Ok(fd) => Ok(Rate::Udp(a, fd)),
+                Err(e) => Err(json!({"ok": false, "errno": e})),
+            },
+            "bulk" => match TcpStream::connect_timeout(&dst, Duration::from_secs(2)) {
+                Ok(s) => Ok(Rate::Bulk(s, vec![0xa5u8; 128 * 1024])),
+                Err(e) => Err(json!({"ok": false, "errno": e.raw_os_error()})),
+            },
+            _ => Err(json!({"ok": false, "error": format!("unknown rate mode {mode}")})),
         }
-        // SAFETY: valid fd, buffer and address.
-        let n = unsafe {
-            libc::sendto(fd.as_raw_fd(), payload.as_ptr().cast(), payload.len(), 0, a.ptr(), a.len)
+    }
+
+    /// Run for `dur`; what was done, per second, and the CPU time (user + system, softirq
+    /// work done on the loop's behalf included) it took.
+    fn run(&mut self, dur: Duration) -> Value {
+        let cpu0 = cpu_s();
+        let t = Instant::now();
+        let (mut work, mut errs) = (0u64, Vec::new());
+        // The slowest operation: a stall (e.g. a SYN retransmit) shows here.
+        let mut max = Duration::ZERO;
+        match self {
+            Rate::Connect(a) => loop {
+                let t0 = Instant::now();
+                if t0 - t >= dur {
+                    break;
+                }
+                match connect_once(a) {
+                    Ok(()) => work += 1,
+                    Err(e) if errs.len() < 1000 => errs.push(e),
+                    Err(_) => {}
+                }
+                max = max.max(t0.elapsed());
+            },
+            Rate::Udp(a, fd) => {
+                let payload = [0x5au8; 16];
+                let mut i = 0u64;
+                loop {
+                    i += 1;
+                    if i.is_multiple_of(64) && t.elapsed() >= dur {
+                        break;
+                    }
+                    // SAFETY: valid fd, buffer and address.
+                    let n = unsafe {
+                        libc::sendto(
+                            fd.as_raw_fd(),
+                            payload.as_ptr().cast(),
+                            payload.len(),
+                            0,
+                            a.ptr(),
+                            a.len,
+                        )
+                    };
+                    if n >= 0 {
+                        work += 1;
+                    } else if errs.len() < 1000 {
+                        errs.push(os_err());
+                    }
+                }
+            }
+            Rate::Bulk(s, buf) => {
+                while t.elapsed() < dur {
+                    match s.write(buf) {
+                        Ok(n) => work += n as u64,
+                        Err(e) => {
+                            errs.push(e.raw_os_error().unwrap_or(0));
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        let secs = t.elapsed().as_secs_f64();
+        let unit = if matches!(self, Rate::Bulk(..)) { "bytes" } else { "ops" };
+        let mut v = json!({"ok": errs.is_empty(), unit: work, "secs": secs,
+                           "rate": work as f64 / secs, "cpu_s": cpu_s() - cpu0,
+                           "errors": errs.len(), "errnos": errno_counts(&errs)});
+        if matches!(self, Rate::Connect(_)) {
+            v["max_us"] = json!(max.as_micros() as u64);
+        }
+        v
+    }
+}
+
+/// `serve MODE`: one rate workload kept open, run for as many milliseconds as each line on
+/// stdin says, one JSON line per slice; `{"stage":"ready"}` first. Ends at EOF.
+fn serve(mode: &str, dst: SocketAddr) -> Value {
+    let mut rate = match Rate::open(mode, dst) {
+        Ok(r) => r,
+        Err(v) => return v,
+    };
+    let mut out = std::io::stdout().lock();
+    let ready = writeln!(out, "{}", json!({"stage": "ready"})).and_then(|()| out.flush());
+    if ready.is_err() {
+        return json!({"ok": false, "error": "stdout closed"});
+    }
+    let mut slices = 0u64;
+    for line in std::io::stdin().lines() {
+        let Ok(ms) = line.map_err(drop).and_then(|l| l.trim().parse::<f64>().map_err(drop)) else {
+            return json!({"ok": false, "error": "serve: each line is a number of milliseconds"});
         };
-        if n >= 0 {
-            ok += 1;
-        } else if errs.len() < 1000 {
-            errs.push(os_err());
+        let v = rate.run(Duration::from_secs_f64(ms / 1000.0));
+        if writeln!(out, "{v}").and_then(|()| out.flush()).is_err() {
+            break;
         }
+        slices += 1;
     }
-    let s = t.elapsed().as_secs_f64();
-    json!({"ok": errs.is_empty(), "ops": ok, "secs": s, "rate": ok as f64 / s,
-           "errors": errs.len(), "errnos": errno_counts(&errs)})
-}
-
-fn bulk(dst: SocketAddr, secs: f64) -> Value {
-    let mut s = match TcpStream::connect_timeout(&dst, Duration::from_secs(2)) {
-        Ok(s) => s,
-        Err(e) => return json!({"ok": false, "errno": e.raw_os_error()}),
-    };
-    let buf = vec![0xa5u8; 128 * 1024];
-    let mut bytes = 0u64;
-    let t = Instant::now();
-    let end = Duration::from_secs_f64(secs);
-    while t.elapsed() < end {
-        match s.write(&buf) {
-            Ok(n) => bytes += n as u64,
-            Err(e) => return json!({"ok": false, "errno": e.raw_os_error(), "bytes": bytes}),
-        }
-    }
-    let secs = t.elapsed().as_secs_f64();
-    json!({"ok": true, "bytes": bytes, "secs": secs, "rate": bytes as f64 / secs})
+    json!({"ok": true, "slices": slices})
 }
 
 fn deny(dst: SocketAddr, n: usize, timeout: Duration) -> Value {
@@ -343,17 +395,15 @@ fn run(mode: &str, dst: SocketAddr, args: &[String]) -> Value {
         args.get(i).and_then(|a| a.parse().ok()).unwrap_or(default)
     };
     let ms = |i: usize| Duration::from_millis(num(i, 1000.0) as u64);
-    let cpu0 = cpu_s();
-    let with_cpu = |mut v: Value| {
-        // CPU time of the loop (user + system, softirq work done on its behalf included):
-        // a cost per operation that a busy machine disturbs less than the rate.
-        v["cpu_s"] = json!(cpu_s() - cpu0);
-        v
-    };
     match mode {
-        "connect-rate" => with_cpu(connect_rate(dst, num(0, 1.0))),
-        "udp-rate" => with_cpu(udp_rate(dst, num(0, 1.0))),
-        "bulk" => with_cpu(bulk(dst, num(0, 1.0))),
+        "connect-rate" | "udp-rate" | "bulk" => match Rate::open(mode, dst) {
+            Ok(mut r) => r.run(Duration::from_secs_f64(num(0, 1.0))),
+            Err(v) => v,
+        },
+        "serve" => match args.first() {
+            Some(m) => serve(m, dst),
+            None => json!({"ok": false, "error": "serve MODE"}),
+        },
         "deny" => deny(dst, num(0, 100.0) as usize, ms(1)),
         "flip" => flip(dst, args.first().is_some_and(|a| a == "refused"), ms(1)),
         "churn" => match args {

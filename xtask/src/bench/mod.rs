@@ -43,6 +43,16 @@ pub(crate) struct Cfg {
     pub changes: usize,
     /// The release build of gate-agent and bench-probe.
     pub bins: Bins,
+    /// The CPU the rate scenarios' workload and sinks share (the last one).
+    pub cpu: usize,
+    /// Cycles of the rate scenarios: in each, every variant runs one slice, in a rotating
+    /// order.
+    pub cycles: usize,
+    /// Milliseconds per slice.
+    pub slice_ms: f64,
+    /// Rate scenarios with no variant in force in any world: a check of the method, whose
+    /// every comparison should come out level.
+    pub calibrate: bool,
 }
 
 impl Cfg {
@@ -59,6 +69,12 @@ pub(crate) struct Options {
     pub rounds: Option<usize>,
     /// Override the seconds per rate measurement.
     pub secs: Option<f64>,
+    /// Override the cycles of the rate scenarios.
+    pub cycles: Option<usize>,
+    /// Override the milliseconds per slice.
+    pub slice_ms: Option<f64>,
+    /// See [`Cfg::calibrate`].
+    pub calibrate: bool,
     /// Run only these scenarios (`rates`, `deny`, `scale`, `apply`, `stats`, `abuse`); the report is
     /// then not checked for completeness.
     pub only: Option<Vec<String>>,
@@ -76,6 +92,7 @@ pub(crate) fn run_bench(opts: Options) -> Result<()> {
     }
     let bins = crate::bins::build(true)?;
     sweep_stale();
+    let cpu = integration_tests::sys::online_cpus() - 1;
     let mut cfg = if quick {
         Cfg {
             quick,
@@ -86,6 +103,10 @@ pub(crate) fn run_bench(opts: Options) -> Result<()> {
             drop_timeout_ms: 300,
             changes: 3,
             bins,
+            cpu,
+            cycles: 6,
+            slice_ms: 10.0,
+            calibrate: opts.calibrate,
         }
     } else {
         Cfg {
@@ -97,10 +118,16 @@ pub(crate) fn run_bench(opts: Options) -> Result<()> {
             drop_timeout_ms: 1000,
             changes: 20,
             bins,
+            cpu,
+            cycles: 300,
+            slice_ms: 25.0,
+            calibrate: opts.calibrate,
         }
     };
     cfg.rounds = opts.rounds.unwrap_or(cfg.rounds).max(1);
     cfg.secs = opts.secs.unwrap_or(cfg.secs).max(0.1);
+    cfg.cycles = opts.cycles.unwrap_or(cfg.cycles).max(1);
+    cfg.slice_ms = opts.slice_ms.unwrap_or(cfg.slice_ms).max(1.0);
     let started = Instant::now();
     let mut rep = Report::new(&cfg);
     type Scenario = fn(&Cfg, &mut Report) -> Result<()>;

@@ -69,7 +69,7 @@ impl Report {
         };
         r.detail(
             "config",
-            json!({"quick": cfg.quick, "secs": cfg.secs, "rounds": cfg.rounds,
+            json!({"quick": cfg.quick, "secs": cfg.secs, "rounds": cfg.rounds, "cycles": cfg.cycles, "slice_ms": cfg.slice_ms, "calibrate": cfg.calibrate,
                    "deny_n": cfg.deny_n, "drop_n": cfg.drop_n,
                    "drop_timeout_ms": cfg.drop_timeout_ms, "changes": cfg.changes}),
         );
@@ -176,8 +176,14 @@ impl Report {
 
     pub(crate) fn markdown(&self) -> String {
         let mut s = format!("Machine: {}\n\n", self.machine_line());
+        if self.details["config"]["calibrate"] == true {
+            s.push_str(
+                "**Calibration run** (`--calibrate`): no variant was in force in any world; \
+                 the rows name the worlds' slots, and every comparison should be level.\n\n",
+            );
+        }
         s.push_str(
-            "| scenario | variant | result | ratio to no gate: median [95 % interval] | compared with nftables (gate − nft, per round) | target |\n|---|---|---|---|---|---|\n",
+            "| scenario | variant | result | ratio to no gate: median [95 % interval] | compared with nftables (gate − nft, per cycle) | target |\n|---|---|---|---|---|---|\n",
         );
         for r in &self.rows {
             let ratio = r.ratio.filter(|x| x.median.is_finite()).map_or(String::new(), |iv| {
