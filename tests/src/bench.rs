@@ -61,13 +61,24 @@ impl Sink {
         let (tx, rx) = mpsc::channel::<Result<()>>();
         let (stop, path) = (sink.stop.clone(), net.imds_path());
         sink.threads.push(std::thread::spawn(move || {
+            // Bound for as long as the sink runs (never read: once its queue is full the
+            // datagrams are dropped on arrival, with no ICMP error for each).
             let udp = enter_netns(&path)
                 .and_then(|()| Ok(UdpSocket::bind(format!("{DEST_V4}:{UDP_PORT}"))?));
-            let ok = udp.is_ok();
-            let _ = tx.send(udp.map(drop));
-            while ok && !stop.load(Ordering::Acquire) {
+            let bound = match udp {
+                Ok(sock) => {
+                    let _ = tx.send(Ok(()));
+                    sock
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            };
+            while !stop.load(Ordering::Acquire) {
                 std::thread::sleep(TICK);
             }
+            drop(bound);
         }));
         rx.recv_timeout(Duration::from_secs(5))
             .map_err(|_| anyhow!("udp sink did not start"))??;
