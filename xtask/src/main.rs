@@ -83,7 +83,7 @@ enum Cmd {
         /// A short smoke run (numbers are not meaningful; never fails on timing)
         #[arg(long)]
         quick: bool,
-        /// Cycles of the rate scenarios 1-3, each variant one slice per cycle (default 300;
+        /// Cycles of the rate scenarios 1-3, each variant one slice per cycle (default 800;
         /// quick 6)
         #[arg(long, value_name = "N")]
         cycles: Option<usize>,

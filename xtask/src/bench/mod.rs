@@ -119,7 +119,7 @@ pub(crate) fn run_bench(opts: Options) -> Result<()> {
             changes: 20,
             bins,
             cpu,
-            cycles: 300,
+            cycles: 800,
             slice_ms: 25.0,
             calibrate: opts.calibrate,
         }

@@ -1,11 +1,13 @@
 //! Scenarios 1–3 and 7: connect()+close() rate, small UDP sendto() rate and bulk TCP
-//! throughput from the gated workload to an unprotected address over the veth, per variant,
-//! the variants in a rotating order each round; the agent's memory and CPU at idle and under
-//! the connect loop.
+//! throughput from the gated workload to an unprotected address over the veth, per variant;
+//! the agent's memory and CPU at idle and under the connect loop.
 //!
-//! Each rate becomes a ratio to the no-gate rate of the same round; the report gives the
-//! median ratio with its 95 % interval, and compares the gate with nftables and iptables by
-//! the per-round differences of their ratios (see [`super::stats`]).
+//! Every variant is in force at once, each in a world of its own, and their workloads take
+//! turns in slices of a few milliseconds, a cycle being one slice of each in a rotating
+//! order (see [`run`] for why, and how the worlds are kept from mattering). Each rate
+//! becomes a ratio to the no-gate rate of the same cycle; the report gives the median ratio
+//! with its 95 % interval, and compares the gate with nftables and iptables by the
+//! per-cycle differences of their ratios (see [`super::stats`]).
 use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
 use anyhow::{Result, bail};
@@ -154,8 +156,10 @@ pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
     // The work per CPU second of the workload, raw: on a VM the machine's noise is mostly
     // time the hypervisor takes, which the guest's CPU time does not see either, so it is
     // kept for reading, not judged on.
-    let per_cpu: serde_json::Map<String, serde_json::Value> =
-        per_cpu.into_iter().map(|((s, v), x)| (format!("{s}_{v}"), json!(x))).collect();
+    let per_cpu: serde_json::Map<String, serde_json::Value> = per_cpu
+        .into_iter()
+        .map(|((s, v), x)| (format!("{s}_{v}"), json!(significant(&x))))
+        .collect();
     rep.detail("work_per_cpu_second", serde_json::Value::Object(per_cpu));
     let (ri, ci, rl, cl) = (
         median(&load.rss_idle),
@@ -268,13 +272,26 @@ fn run_block(
     Ok(())
 }
 
+/// `v` to six significant digits (a run keeps thousands of raw samples in report.json).
+fn significant(v: &[f64]) -> Vec<f64> {
+    v.iter()
+        .map(|x| {
+            if !x.is_finite() || *x == 0.0 {
+                return *x;
+            }
+            let scale = 10f64.powi(5 - x.abs().log10().floor() as i32);
+            (x * scale).round() / scale
+        })
+        .collect()
+}
+
 /// The rows, keys and verdicts of one scenario from its per-round rates.
 fn report_scenario(rep: &mut Report, s: &Scenario, results: &BTreeMap<(&str, &str), Vec<f64>>) {
     let (key, name, title) = (s.key, s.name, s.title);
     let values = |v: Variant| results.get(&(s.name, v.key())).cloned().unwrap_or_default();
     let none = values(Variant::None);
     let ratios = |v: Variant| stats::ratios(&values(v), &none);
-    // The gate against each competitor: paired differences of the ratios, per round.
+    // The gate against each competitor: paired differences of the ratios, per cycle.
     let mut versus = Vec::new();
     let mut against_nft = Comparison::Undecided;
     for other in [Variant::Nft, Variant::Ipt] {
@@ -284,7 +301,7 @@ fn report_scenario(rep: &mut Report, s: &Scenario, results: &BTreeMap<(&str, &st
         let key = format!("{key}_gate_minus_{}", other.key());
         rep.set_interval(&key, &iv);
         rep.verdict(&format!("{name}_gate_vs_{}", other.key()), verdict.name());
-        rep.detail(&key, json!({"differences": diff, "interval": iv.to_json()}));
+        rep.detail(&key, json!({"interval": iv.to_json()}));
         versus.push(format!(
             "{}: **{}**, {:+.3} [{:+.3}, {:+.3}]",
             if other == Variant::Nft { "nftables" } else { "iptables" },
@@ -301,7 +318,8 @@ fn report_scenario(rep: &mut Report, s: &Scenario, results: &BTreeMap<(&str, &st
         let r = ratios(v);
         let iv = stats::median_interval(&r);
         let all = values(v);
-        rep.detail(&format!("{name}_{}", v.key()), json!({"values": all, "ratios": r}));
+        // The raw rates, cycle by cycle (cycle i's ratio is values[i] / no gate's values[i]).
+        rep.detail(&format!("{name}_{}", v.key()), json!({"values": significant(&all)}));
         if v != Variant::None
             && let Some(iv) = &iv
         {

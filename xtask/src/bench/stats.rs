@@ -100,16 +100,16 @@ pub(super) fn differences(a: &[f64], b: &[f64]) -> Vec<f64> {
 /// (this one's ratio minus the other's, per round).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Comparison {
-    /// The whole interval above 0.
+    /// The whole interval above 0, and not all of it within the margin.
     Ahead,
-    /// The whole interval within ±[`LEVEL_MARGIN`].
+    /// The whole interval within ±[`LEVEL_MARGIN`] (whether or not it contains 0).
     Level,
     /// Not behind by more than the margin, possibly ahead by more: the interval from
     /// −margin up, crossing +margin.
     LevelOrAhead,
     /// Not ahead by more than the margin, possibly behind by more.
     LevelOrBehind,
-    /// The whole interval below 0.
+    /// The whole interval below 0, and not all of it within the margin.
     Behind,
     /// The interval reaches beyond both margins, or falls short of the confidence: these
     /// rounds cannot tell.
@@ -139,12 +139,15 @@ pub(super) fn compare(diff: &Interval) -> Comparison {
     if !diff.confident() {
         return Comparison::Undecided;
     }
-    if diff.lo > 0.0 {
+    // Level first: a difference the interval confines to within the margin is no
+    // difference to a user, even where the interval also excludes 0 (a calibration run,
+    // identical worlds, finds such differences of a few tenths of a percent).
+    if diff.lo >= -LEVEL_MARGIN && diff.hi <= LEVEL_MARGIN {
+        Comparison::Level
+    } else if diff.lo > 0.0 {
         Comparison::Ahead
     } else if diff.hi < 0.0 {
         Comparison::Behind
-    } else if diff.lo >= -LEVEL_MARGIN && diff.hi <= LEVEL_MARGIN {
-        Comparison::Level
     } else if diff.lo >= -LEVEL_MARGIN {
         Comparison::LevelOrAhead
     } else if diff.hi <= LEVEL_MARGIN {
@@ -255,6 +258,11 @@ mod tests {
         assert_eq!(d(&ten(0.05, 0.02)), Comparison::Ahead);
         assert_eq!(d(&ten(-0.05, 0.02)), Comparison::Behind);
         assert_eq!(d(&ten(0.0, 0.01)), Comparison::Level);
+        // From −0.008 to −0.002: surely below 0, but by less than the margin.
+        assert_eq!(d(&ten(-0.005, 0.006)), Comparison::Level);
+        assert_eq!(d(&ten(0.005, 0.006)), Comparison::Level);
+        // From −0.014 to −0.006: behind, possibly by more than the margin.
+        assert_eq!(d(&ten(-0.01, 0.008)), Comparison::Behind);
         // From −0.004 to +0.03: not behind, maybe ahead.
         assert_eq!(d(&ten(0.013, 0.04)), Comparison::LevelOrAhead);
         assert_eq!(d(&ten(-0.013, 0.04)), Comparison::LevelOrBehind);
