@@ -84,18 +84,16 @@ enum Cmd {
         #[arg(long)]
         quick: bool,
         /// Cycles of the rate scenarios 1-3, each variant one slice per cycle (default 800;
-        /// quick 6)
+        /// quick 6; scale runs half as many): 95 % intervals need at least 6
         #[arg(long, value_name = "N")]
         cycles: Option<usize>,
         /// Milliseconds per slice of the rate scenarios (default 25; quick 10)
         #[arg(long, value_name = "MS")]
         slice_ms: Option<f64>,
-        /// Rounds of the scale and refused-connect scenarios (default 10; quick 2): 95 %
-        /// intervals need at least 6
+        /// Rounds of the refused-connect scenario (default 10; quick 2)
         #[arg(long, value_name = "N")]
         rounds: Option<usize>,
-        /// Seconds per rate measurement of the scale and statistics scenarios (default 2;
-        /// quick 0.3)
+        /// Seconds per workload run of the statistics pass (default 2; quick 0.3)
         #[arg(long, value_name = "SECS")]
         secs: Option<f64>,
         /// Only these scenarios: rates, deny, scale, apply, stats, abuse (repeatable)

@@ -1,5 +1,5 @@
 //! `cargo xtask bench`: what the gate costs against no gate, nftables and iptables, measured
-//! in one run in throwaway namespaces and cgroups, variants interleaved round by round, each
+//! in one run in throwaway namespaces and cgroups, variants interleaved slice by slice, each
 //! ratio with its 95 % interval and every comparison decided only as far as the interval
 //! allows ([`stats`]). Writes target/bench/{report.json,report.md,chart.png}.
 mod abuse;
@@ -29,10 +29,9 @@ pub(crate) use report::Report;
 /// How long and how often: `--quick` is a smoke run, never judged on its numbers.
 pub(crate) struct Cfg {
     pub quick: bool,
-    /// Seconds per rate measurement.
+    /// Seconds per workload run of the statistics pass (scenario 8).
     pub secs: f64,
-    /// Interleaved rounds (A B C D, B C D A, …); results are medians over rounds, with an
-    /// interval that reaches 95 % from 6 rounds on.
+    /// Rounds of the refused-connect scenario (each puts every variant in force once).
     pub rounds: usize,
     /// Refused connect() calls per variant and round.
     pub deny_n: usize,
@@ -55,19 +54,13 @@ pub(crate) struct Cfg {
     pub calibrate: bool,
 }
 
-impl Cfg {
-    fn secs_arg(&self) -> String {
-        format!("{}", self.secs)
-    }
-}
-
 /// What the command line asks of a run.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Options {
     pub quick: bool,
     /// Override the rounds.
     pub rounds: Option<usize>,
-    /// Override the seconds per rate measurement.
+    /// Override the seconds per workload run of the statistics pass.
     pub secs: Option<f64>,
     /// Override the cycles of the rate scenarios.
     pub cycles: Option<usize>,

@@ -273,7 +273,7 @@ fn run_block(
 }
 
 /// `v` to six significant digits (a run keeps thousands of raw samples in report.json).
-fn significant(v: &[f64]) -> Vec<f64> {
+pub(super) fn significant(v: &[f64]) -> Vec<f64> {
     v.iter()
         .map(|x| {
             if !x.is_finite() || *x == 0.0 {

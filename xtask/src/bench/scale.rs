@@ -5,14 +5,19 @@
 //! (1 000 cgroups) within the 95 % interval of the ratio at 1 entry (1 cgroup).
 //!
 //! Each size runs its own agent (as shipped), so sizes are not interleaved; the ungated
-//! twin, measured in the same round in alternating order, carries the machine's drift.
+//! twin, measured in the same cycle in alternating 25 ms slices, carries the machine's
+//! drift.
 use anyhow::{Result, bail};
-use integration_tests::bench::{self, CONNECT_PORT, DEST_V4};
+use integration_tests::{
+    bench::{CONNECT_PORT, DEST_V4, Slicer},
+    sys::pin_to_cpu,
+};
 use serde_json::json;
 
 use super::{
     Cfg, Report, agent_usage, median,
     policy::{self, Extra},
+    rates::significant,
     report::si,
     stats::{self, Interval},
     variants::{self, Variant},
@@ -26,9 +31,14 @@ fn pod(i: usize) -> String {
 }
 
 pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
-    let w = World::new()?;
-    let port = CONNECT_PORT.to_string();
-    let secs = cfg.secs_arg();
+    // The sinks (started with the world) and the workloads share one CPU, as in 1–3.
+    pin_to_cpu(Some(cfg.cpu))?;
+    let w = World::new();
+    pin_to_cpu(None)?;
+    let w = w?;
+    let cpu = cfg.cpu.to_string();
+    // Two workloads per cycle where 1–3 have four: half the cycles take as long.
+    let cycles = (cfg.cycles / 2).max(1);
     let twin = w.cg.create(&format!("outside/{}", pod(0)))?;
     let gated0 = w.cg.create(&format!("gated/{}", pod(0)))?;
     let mut cgroups = 1;
@@ -63,16 +73,29 @@ pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
         let rss =
             active.agent().and_then(|a| a.pid()).and_then(agent_usage).map_or(f64::NAN, |u| u.0);
         let (mut gated, mut outside, mut ratios) = (vec![], vec![], vec![]);
-        for round in 0..cfg.rounds {
+        // The twin and the gated workload take turns, a slice each per cycle, as the
+        // variants of scenarios 1–3 do.
+        let mut slicers = Vec::new();
+        for cg in [&twin, &gated0] {
+            let extra = ["--cpu", cpu.as_str()];
+            slicers.push(Slicer::start(
+                &cfg.bins,
+                &w.net,
+                cg,
+                "connect-rate",
+                DEST_V4,
+                CONNECT_PORT,
+                &extra,
+            )?);
+        }
+        for cycle in 0..cycles {
             let mut pair = [0.0; 2];
             for k in 0..2 {
-                let which = (k + round) % 2;
-                let cg = if which == 0 { &twin } else { &gated0 };
-                let r =
-                    bench::run(&cfg.bins, &w.net, cg, &["connect-rate", DEST_V4, &port, &secs])?;
+                let which = (k + cycle) % 2;
+                let r = slicers[which].slice(cfg.slice_ms)?;
                 let rate = r["rate"].as_f64().unwrap_or(0.0);
-                if r["ok"] != true || rate <= 0.0 {
-                    bail!("scale {dim} {entries}/{ncg}: {r}");
+                if rate <= 0.0 {
+                    bail!("scale {dim} {entries}/{ncg}: nothing done in a slice: {r}");
                 }
                 pair[which] = rate;
             }
@@ -100,7 +123,7 @@ pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
         rep.set_interval(&key, &iv);
         rep.detail(
             &format!("scale_{dim}_{entries}_{ncg}"),
-            json!({"gated": gated, "outside": outside, "ratios": ratios, "agent_rss_mib": rss}),
+            json!({"gated": significant(&gated), "outside": significant(&outside), "agent_rss_mib": rss}),
         );
         let largest = (d == 0 && entries == 10_000) || (d == 1 && ncg == 1000);
         let target = match (largest, &base[d]) {
