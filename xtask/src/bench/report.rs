@@ -153,8 +153,19 @@ impl Report {
         let mut all = self.keys.clone();
         all.insert("machine".into(), self.machine.clone());
         all.insert("verdicts".into(), Value::Object(self.verdicts.clone()));
-        all.insert("details".into(), Value::Object(self.details.clone()));
-        fs::write(dir.join("report.json"), serde_json::to_string_pretty(&all)? + "\n")?;
+        // Pretty, but each detail on one line: they hold thousands of raw samples.
+        let pretty = serde_json::to_string_pretty(&all)?;
+        let head = pretty.strip_suffix('}').unwrap_or(&pretty).trim_end();
+        let mut details = Vec::new();
+        for (k, v) in &self.details {
+            details.push(format!(
+                "    {}: {}",
+                serde_json::to_string(k)?,
+                serde_json::to_string(v)?
+            ));
+        }
+        let text = format!("{head},\n  \"details\": {{\n{}\n  }}\n}}\n", details.join(",\n"));
+        fs::write(dir.join("report.json"), text)?;
         fs::write(dir.join("report.md"), self.markdown())?;
         Ok(())
     }
