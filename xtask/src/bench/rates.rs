@@ -362,3 +362,16 @@ fn report_scenario(rep: &mut Report, s: &Scenario, results: &BTreeMap<(&str, &st
         rep.row(title, v.label(), value, ratio, &vs, &target);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::significant;
+
+    #[test]
+    fn six_significant_digits() {
+        let v = significant(&[123_456_789.0, 0.012_345_678_9, -2.5, 0.0, f64::INFINITY]);
+        assert_eq!(&v[..4], &[123_457_000.0, 0.012_345_7, -2.5, 0.0]);
+        assert!(v[4].is_infinite());
+        assert!(significant(&[f64::NAN])[0].is_nan());
+    }
+}
