@@ -13,7 +13,7 @@
 
 /// Bumped whenever a type, map or program below changes incompatibly; the agent pins under
 /// `<pin-dir>/v<ABI_VERSION>/`.
-pub const ABI_VERSION: u32 = 4;
+pub const ABI_VERSION: u32 = 5;
 
 /// Map names as they appear in the eBPF object (and under the pin dir).
 pub mod names {
@@ -178,33 +178,41 @@ pub struct PolicyMeta {
     pub prefilter: Prefilter,
 }
 
-/// Per address family, two 256-bit sets: the first address bytes of the protected prefixes
-/// (all the bytes a prefix shorter than /8 covers), and their last bytes (every byte unless
-/// the prefix fixes bits of the last one: a /32 or /128 fixes it whole). An address whose
-/// first or last byte is in no set is under no protected prefix: 169.254.169.253, the
-/// metadata service's DNS neighbour, ends on the fast path as surely as 10.0.0.1.
+/// Per address family, a set of 65 536 (first byte, last byte) pairs: for every protected
+/// prefix, each first byte it covers (all those a prefix shorter than /8 covers) paired
+/// with each last byte it covers (every byte unless the prefix fixes bits of the last one:
+/// a /32 or /128 fixes it whole). An address whose pair is not in the set is under no
+/// protected prefix: 169.254.169.253, the metadata service's DNS neighbour, ends on the fast
+/// path as surely as 10.0.0.1, and stays there when other prefixes bring other first or
+/// last bytes (10.0.0.253/32 adds (10, 253), not (169, 253)).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Prefilter {
-    pub v4: [u32; 8],
-    pub v6: [u32; 8],
-    pub v4_last: [u32; 8],
-    pub v6_last: [u32; 8],
+    pub v4: [u32; PREFILTER_WORDS],
+    pub v6: [u32; PREFILTER_WORDS],
 }
 
-/// Set in `set` every byte whose top `keep` bits are those of `byte`.
-fn add_byte(set: &mut [u32; 8], byte: u8, keep: u32) {
-    let mask: u8 = if keep == 0 { 0 } else { 0xff << (8 - keep.min(8)) };
-    for b in 0..=255u8 {
-        if b & mask == byte & mask {
-            set[usize::from(b >> 5)] |= 1 << (b & 31);
-        }
+/// 65 536 bits per family.
+pub const PREFILTER_WORDS: usize = 2048;
+
+impl Default for Prefilter {
+    fn default() -> Self {
+        Prefilter { v4: [0; PREFILTER_WORDS], v6: [0; PREFILTER_WORDS] }
     }
 }
 
+/// The bytes whose top `keep` bits are those of `byte`: a contiguous range.
+fn byte_range(byte: u8, keep: u32) -> core::ops::RangeInclusive<u8> {
+    let mask: u8 = if keep == 0 { 0 } else { 0xff << (8 - keep.min(8)) };
+    (byte & mask)..=(byte | !mask)
+}
+
+/// The bit of the pair (first, last): word and bit within it.
 #[inline(always)]
-fn has_byte(set: &[u32; 8], byte: u8) -> bool {
-    set[usize::from(byte >> 5) & 7] & (1 << (byte & 31)) != 0
+fn pair_bit(first: u8, last: u8) -> (usize, u32) {
+    let i = (usize::from(first) << 8) | usize::from(last);
+    // `& (WORDS - 1)` is a no-op that shows the verifier the bound.
+    ((i >> 5) & (PREFILTER_WORDS - 1), (i & 31) as u32)
 }
 
 impl Prefilter {
@@ -212,20 +220,21 @@ impl Prefilter {
     pub fn add(&mut self, v6: bool, addr: &[u8], len: u32) {
         let (first, last) = (addr.first().copied().unwrap_or(0), addr.last().copied().unwrap_or(0));
         let bits = addr.len() as u32 * 8;
-        let (f, l) =
-            if v6 { (&mut self.v6, &mut self.v6_last) } else { (&mut self.v4, &mut self.v4_last) };
-        add_byte(f, first, len.min(8));
-        add_byte(l, last, len.saturating_sub(bits.saturating_sub(8)));
+        let set = if v6 { &mut self.v6 } else { &mut self.v4 };
+        for f in byte_range(first, len.min(8)) {
+            for l in byte_range(last, len.saturating_sub(bits.saturating_sub(8))) {
+                let (w, b) = pair_bit(f, l);
+                set[w] |= 1 << b;
+            }
+        }
     }
 
     /// Whether an address with this first and last byte may fall under a protected prefix.
     #[inline(always)]
     pub fn may(&self, v6: bool, first: u8, last: u8) -> bool {
-        if v6 {
-            has_byte(&self.v6, first) && has_byte(&self.v6_last, last)
-        } else {
-            has_byte(&self.v4, first) && has_byte(&self.v4_last, last)
-        }
+        let set = if v6 { &self.v6 } else { &self.v4 };
+        let (w, b) = pair_bit(first, last);
+        set[w] & (1 << b) != 0
     }
 
     /// The filter that lets through only what both let through: what PREFILTER holds while a
@@ -235,12 +244,7 @@ impl Prefilter {
     /// for bit, and is one too).
     pub fn union(&self, other: &Prefilter) -> Prefilter {
         let mut out = *self;
-        for (a, b) in [
-            (&mut out.v4, other.v4),
-            (&mut out.v6, other.v6),
-            (&mut out.v4_last, other.v4_last),
-            (&mut out.v6_last, other.v6_last),
-        ] {
+        for (a, b) in [(&mut out.v4, &other.v4), (&mut out.v6, &other.v6)] {
             for (x, y) in a.iter_mut().zip(b) {
                 *x |= y;
             }
@@ -495,8 +499,8 @@ const _: () = {
     assert!(size_of::<TcClsact>() == 256);
     assert!(size_of::<EndpointName>() == ENDPOINT_NAME_BYTES);
     assert!(RECENT_DENIALS.is_power_of_two());
-    assert!(size_of::<PolicyMeta>() == 152);
-    assert!(size_of::<Prefilter>() == 128);
+    assert!(size_of::<PolicyMeta>() == 16408);
+    assert!(size_of::<Prefilter>() == 16384);
     assert!(size_of::<PrefixV4>() == 8);
     assert!(size_of::<PrefixV6>() == 20);
     assert!(size_of::<PrefixValue>() == 12);
@@ -531,6 +535,9 @@ mod prefilter_tests {
         assert_eq!((0..=255u8).filter(|&b| p.may(true, b, 7)).count(), 16);
         assert!(p.may(true, 0x6f, 0) && !p.may(true, 0x70, 0));
         assert!((0..=255u8).all(|b| p.may(true, 0x60, b)));
+        // Pairs, not two sets: 10.0.0.253/32 brings (10, 253), not (169, 253).
+        p.add(false, &[10, 0, 0, 253], 32);
+        assert!(p.may(false, 10, 253) && !p.may(false, 169, 253) && !p.may(false, 10, 254));
         // /0 covers everything.
         p.add(false, &[0; 4], 0);
         assert!((0..=255u8).all(|b| p.may(false, b, b ^ 0x5a)));
@@ -554,9 +561,9 @@ mod prefilter_tests {
                 }
             }
         }
-        // The union is at most as permissive as its per-byte sets allow: what neither
-        // filter's sets hold stays out.
+        // What neither filter holds stays out, mixed pairs included.
         assert!(!u.may(false, 10, 1));
+        assert!(!u.may(false, 169, 200) && !u.may(false, 100, 254));
         assert_eq!(a.union(&a), a);
     }
 }
