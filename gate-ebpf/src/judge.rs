@@ -184,8 +184,8 @@ pub(crate) fn live_generation() -> Option<u32> {
 }
 
 /// The connect hooks' fast path: whether traffic to `addr` surely concerns no protected
-/// endpoint, by PREFILTER's bits for its first and last byte. One array read (inlined by the
-/// verifier) and two bit tests, no generation. Unreadable: it may (fail closed).
+/// endpoint, by PREFILTER's bit for the pair of its first and last byte. One array read
+/// (inlined by the verifier) and one bit test, no generation. Unreadable: it may (fail closed).
 #[inline(always)]
 pub(crate) fn passes_fast(addr: &Addr) -> bool {
     PREFILTER.get(0).is_some_and(|f| surely_unprotected(f, addr))

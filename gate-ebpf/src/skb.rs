@@ -31,8 +31,8 @@ pub(crate) fn linear<const N: usize>(skb: &SkBuff, off: usize) -> Option<&[u8; N
 }
 
 /// The packet programs' fast path on the IP header at `l3` (IPv6 when `v6`): one bounds
-/// check, four byte loads, one PREFILTER read and two bit tests (gate-common's
-/// `passes_fast_v4`/`_v6`). True: the packet passes without another look.
+/// check, four byte loads, one PREFILTER read and one bit test of the destination's (first,
+/// last) byte pair (gate-common's `passes_fast_v4`/`_v6`). True: the packet passes without another look.
 #[inline(always)]
 pub(crate) fn passes_fast_ip(skb: &SkBuff, l3: usize, v6: bool) -> bool {
     if v6 {
