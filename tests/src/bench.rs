@@ -248,21 +248,18 @@ pub struct Slicer {
 }
 
 impl Slicer {
-    /// Start `mode` (`connect-rate`, `udp-rate`, `bulk`) to `dst`:`port`; `extra` are more
-    /// workload flags (`--cpu N`).
+    /// Start `mode` (`connect-rate`, `udp-rate`, `bulk`) to `dst`:`port`, on CPU `cpu`.
     pub fn start(
         bins: &Bins,
         net: &TestNet,
         cgroup: &Path,
         mode: &str,
-        dst: &str,
-        port: u16,
-        extra: &[&str],
+        (dst, port): (&str, u16),
+        cpu: usize,
     ) -> Result<Slicer> {
         net.assert_routes()?;
-        let port = port.to_string();
-        let mut args = vec!["serve", dst, &port, mode];
-        args.extend_from_slice(extra);
+        let (port, cpu) = (port.to_string(), cpu.to_string());
+        let args = ["serve", dst, &port, mode, "--cpu", &cpu];
         let mut child = command(bins, net, cgroup, &args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -43,8 +43,9 @@ pub struct FakeImds {
 
 /// The start of every workload binary (`probe`, `bench-probe`): parse `--netns PATH`,
 /// `--cgroup DIR` and `--cpu N` out of the arguments, join the cgroup, enter the netns, pin
-/// itself to CPU N if asked, and return the remaining arguments. Exits with 2 and a message on any failure; refuses to run without
-/// `--netns`, so a workload never sends from the host namespace.
+/// itself to CPU N if asked, and return the remaining arguments. Exits with 2 and a message
+/// on any failure; refuses to run without `--netns`, so a workload never sends from the host
+/// namespace.
 pub fn enter_workload(program: &str) -> Vec<String> {
     let mut netns = None;
     let mut cgroup = None;
@@ -74,7 +75,7 @@ pub fn enter_workload(program: &str) -> Vec<String> {
         std::process::exit(2);
     }
     if let Some(cpu) = cpu {
-        let pinned = cpu.parse().map_err(anyhow::Error::from).and_then(|c| pin_to_cpu(Some(c)));
+        let pinned = cpu.parse().map_err(anyhow::Error::from).and_then(pin_to_cpu);
         if let Err(e) = pinned {
             eprintln!("{program}: --cpu {cpu}: {e:#}");
             std::process::exit(2);

@@ -208,29 +208,65 @@ pub fn exec_in_netns(cmd: &mut Command, path: &str) -> Result<()> {
     Ok(())
 }
 
-/// Run the calling thread on `cpu` alone, or (`None`) on every CPU the process may use;
-/// threads it spawns afterwards inherit the choice. The benchmark keeps its workload and the
-/// sinks it talks to on one CPU, so that a rate is the cost of a whole round trip, not the
-/// luck of where the scheduler put the two ends.
-pub fn pin_to_cpu(cpu: Option<usize>) -> Result<()> {
-    // SAFETY: an all-zero cpu_set_t is the empty set; CPU_SET stays within it below.
+/// The calling thread's CPU affinity.
+fn affinity() -> Result<libc::cpu_set_t> {
+    // SAFETY: an all-zero cpu_set_t is the empty set, which sched_getaffinity fills.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    let n = std::thread::available_parallelism().map_or(1, usize::from).max(online_cpus());
-    for c in 0..n.min(libc::CPU_SETSIZE as usize) {
-        if cpu.is_none_or(|want| want == c) {
-            // SAFETY: c < CPU_SETSIZE.
-            unsafe { libc::CPU_SET(c, &mut set) };
-        }
+    // SAFETY: valid out-pointer of the size passed; pid 0 is the calling thread.
+    if unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+        bail!("sched_getaffinity: {}", std::io::Error::last_os_error());
     }
+    Ok(set)
+}
+
+fn set_affinity(set: &libc::cpu_set_t, what: &str) -> Result<()> {
     // SAFETY: valid set of the size passed; pid 0 is the calling thread.
-    if unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) } != 0 {
-        bail!("sched_setaffinity({cpu:?}): {}", std::io::Error::last_os_error());
+    if unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), set) } != 0 {
+        bail!("sched_setaffinity({what}): {}", std::io::Error::last_os_error());
     }
     Ok(())
 }
 
-/// The number of online CPUs.
-pub fn online_cpus() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    usize::try_from(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }).unwrap_or(1).max(1)
+/// Run the calling thread on `cpu` alone from now on; threads it spawns afterwards inherit
+/// it. The benchmark keeps its workloads and the sinks they talk to on one CPU, so that a
+/// rate is the cost of a whole round trip, not the luck of where the scheduler put the two
+/// ends.
+pub fn pin_to_cpu(cpu: usize) -> Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        bail!("CPU {cpu} is beyond the affinity mask");
+    }
+    // SAFETY: an all-zero cpu_set_t is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: cpu < CPU_SETSIZE, checked above.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    set_affinity(&set, &format!("CPU {cpu}"))
+}
+
+/// The calling thread pinned to one CPU while this lives (see [`pin_to_cpu`]); dropped, its
+/// previous CPUs are restored.
+pub struct CpuPin(libc::cpu_set_t);
+
+impl CpuPin {
+    pub fn new(cpu: usize) -> Result<CpuPin> {
+        let previous = affinity()?;
+        pin_to_cpu(cpu)?;
+        Ok(CpuPin(previous))
+    }
+}
+
+impl Drop for CpuPin {
+    fn drop(&mut self) {
+        let _ = set_affinity(&self.0, "the previous CPUs");
+    }
+}
+
+/// The highest-numbered CPU this thread may run on (a container's cpuset need not hold
+/// the machine's last CPU).
+pub fn last_allowed_cpu() -> Result<usize> {
+    let set = affinity()?;
+    // SAFETY: c < CPU_SETSIZE; CPU_ISSET only reads the set.
+    (0..libc::CPU_SETSIZE as usize)
+        .rev()
+        .find(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .ok_or_else(|| anyhow::anyhow!("the affinity mask is empty"))
 }

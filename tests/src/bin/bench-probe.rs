@@ -10,7 +10,6 @@
 //! | `bulk` | SECS | bytes per second written over one TCP connection |
 //! | `deny` | N TIMEOUT_MS | N connect() calls to a refused destination: µs until each returns |
 //! | `flip` | refused\|served TIMEOUT_MS | connects every ~200 µs; prints `{"stage":"ready"}` after the first attempt, then the CLOCK_MONOTONIC time of the first attempt with the wanted outcome |
-//!
 //! | `serve` | MODE | one rate mode kept open: each line on stdin is a number of milliseconds to run it for, each answer one JSON line |
 //!
 //! The rate modes also report `cpu_s`, the CPU time (user + system) the loop took.

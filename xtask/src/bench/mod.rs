@@ -42,7 +42,7 @@ pub(crate) struct Cfg {
     pub changes: usize,
     /// The release build of gate-agent and bench-probe.
     pub bins: Bins,
-    /// The CPU the rate scenarios' workload and sinks share (the last one).
+    /// The CPU the rate scenarios' workloads and sinks share (the last this process may use).
     pub cpu: usize,
     /// Cycles of the rate scenarios: in each, every variant runs one slice, in a rotating
     /// order.
@@ -85,7 +85,7 @@ pub(crate) fn run_bench(opts: Options) -> Result<()> {
     }
     let bins = crate::bins::build(true)?;
     sweep_stale();
-    let cpu = integration_tests::sys::online_cpus() - 1;
+    let cpu = integration_tests::sys::last_allowed_cpu()?;
     let mut cfg = if quick {
         Cfg {
             quick,

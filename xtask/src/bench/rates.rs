@@ -11,10 +11,7 @@
 use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
 use anyhow::{Result, bail};
-use integration_tests::{
-    bench::{self, BULK_PORT, CONNECT_PORT, DEST_V4, Slicer, UDP_PORT},
-    sys::pin_to_cpu,
-};
+use integration_tests::bench::{self, BULK_PORT, CONNECT_PORT, DEST_V4, UDP_PORT};
 use serde_json::json;
 
 use super::{
@@ -80,9 +77,8 @@ pub(super) fn measure(
     secs: f64,
 ) -> Result<(f64, serde_json::Value)> {
     let port = s.port.to_string();
-    let cpu = cfg.cpu.to_string();
-    let args = [s.mode, DEST_V4, &port, &secs.to_string(), "--cpu", &cpu];
-    let r = bench::run(&cfg.bins, &w.net, &w.workload, &args)?;
+    let r =
+        bench::run(&cfg.bins, &w.net, &w.workload, &[s.mode, DEST_V4, &port, &secs.to_string()])?;
     let rate = r["rate"].as_f64().unwrap_or(0.0);
     if r["ok"] != true || rate <= 0.0 {
         bail!("{}: {r}", s.name);
@@ -125,19 +121,16 @@ pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
     // the gate's competitors as much as its no-gate reference: it cancels out of the
     // comparison, and adds a few ns per packet at most to the no-gate reference.
     //
-    // The sinks (threads of this process, started with each world) inherit this thread's
-    // CPU; the workloads are put on the same one.
-    pin_to_cpu(Some(cfg.cpu))?;
+    // The workloads and the sinks they talk to share one CPU.
     let mut worlds = Vec::new();
     for _ in VARIANTS {
-        let w = World::new().inspect_err(|_| drop(pin_to_cpu(None)))?;
+        let w = World::on_cpu(cfg.cpu)?;
         let policy = w.write_policy(
             "policy.yaml",
             &policy::aws(&Extra { endpoints: vec![], allow: vec![] }),
         )?;
         worlds.push((w, policy));
     }
-    pin_to_cpu(None)?;
     let mut samples = Samples::default();
     let blocks = VARIANTS.len();
     for block in 0..blocks {
@@ -147,15 +140,13 @@ pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
         let cycles = cfg.cycles / blocks + usize::from(block < cfg.cycles % blocks);
         run_block(cfg, &placed, block, cycles, &mut samples)?;
     }
-    let results = samples.rate;
-    let per_cpu = samples.per_cpu;
-    let load = samples.agent;
+    let Samples { rate: results, per_cpu, agent: load } = samples;
     for s in &SCENARIOS {
         report_scenario(rep, s, &results);
     }
-    // The work per CPU second of the workload, raw: on a VM the machine's noise is mostly
-    // time the hypervisor takes, which the guest's CPU time does not see either, so it is
-    // kept for reading, not judged on.
+    // The work per CPU second of the workload, raw: on this VM it wanders as much as the rate
+    // (the noise is the host's other tenants slowing the same CPU, not steal time the guest
+    // could subtract), so it is kept for reading, not judged on.
     let per_cpu: serde_json::Map<String, serde_json::Value> = per_cpu
         .into_iter()
         .map(|((s, v), x)| (format!("{s}_{v}"), json!(significant(&x))))
@@ -216,23 +207,12 @@ fn run_block(
             samples.agent.cpu_idle.push((c1 - c0) / idle.as_secs_f64() * 100.0);
         }
     }
-    let cpu = cfg.cpu.to_string();
     for s in &SCENARIOS {
         // One workload per world, kept open; they take turns, a slice each per cycle, in a
         // rotating order.
-        let mut slicers = Vec::new();
-        for (_, (w, _)) in placed {
-            let extra = ["--cpu", cpu.as_str()];
-            slicers.push(Slicer::start(
-                &cfg.bins,
-                &w.net,
-                &w.workload,
-                s.mode,
-                DEST_V4,
-                s.port,
-                &extra,
-            )?);
-        }
+        let slicers: Result<Vec<_>> =
+            placed.iter().map(|(_, (w, _))| w.slicer(cfg, &w.workload, s.mode, s.port)).collect();
+        let mut slicers = slicers?;
         for cycle in 0..cycles {
             for i in 0..placed.len() {
                 let k = (i + cycle) % placed.len();
@@ -285,7 +265,7 @@ pub(super) fn significant(v: &[f64]) -> Vec<f64> {
         .collect()
 }
 
-/// The rows, keys and verdicts of one scenario from its per-round rates.
+/// The rows, keys and verdicts of one scenario from its per-cycle rates.
 fn report_scenario(rep: &mut Report, s: &Scenario, results: &BTreeMap<(&str, &str), Vec<f64>>) {
     let (key, name, title) = (s.key, s.name, s.title);
     let values = |v: Variant| results.get(&(s.name, v.key())).cloned().unwrap_or_default();

@@ -8,10 +8,7 @@
 //! twin, measured in the same cycle in alternating 25 ms slices, carries the machine's
 //! drift.
 use anyhow::{Result, bail};
-use integration_tests::{
-    bench::{CONNECT_PORT, DEST_V4, Slicer},
-    sys::pin_to_cpu,
-};
+use integration_tests::bench::CONNECT_PORT;
 use serde_json::json;
 
 use super::{
@@ -31,12 +28,8 @@ fn pod(i: usize) -> String {
 }
 
 pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
-    // The sinks (started with the world) and the workloads share one CPU, as in 1–3.
-    pin_to_cpu(Some(cfg.cpu))?;
-    let w = World::new();
-    pin_to_cpu(None)?;
-    let w = w?;
-    let cpu = cfg.cpu.to_string();
+    // The sinks and the workloads share one CPU, as in 1–3.
+    let w = World::on_cpu(cfg.cpu)?;
     // Two workloads per cycle where 1–3 have four: half the cycles take as long.
     let cycles = (cfg.cycles / 2).max(1);
     let twin = w.cg.create(&format!("outside/{}", pod(0)))?;
@@ -75,19 +68,10 @@ pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
         let (mut gated, mut outside, mut ratios) = (vec![], vec![], vec![]);
         // The twin and the gated workload take turns, a slice each per cycle, as the
         // variants of scenarios 1–3 do.
-        let mut slicers = Vec::new();
-        for cg in [&twin, &gated0] {
-            let extra = ["--cpu", cpu.as_str()];
-            slicers.push(Slicer::start(
-                &cfg.bins,
-                &w.net,
-                cg,
-                "connect-rate",
-                DEST_V4,
-                CONNECT_PORT,
-                &extra,
-            )?);
-        }
+        let mut slicers = [
+            w.slicer(cfg, &twin, "connect-rate", CONNECT_PORT)?,
+            w.slicer(cfg, &gated0, "connect-rate", CONNECT_PORT)?,
+        ];
         for cycle in 0..cycles {
             let mut pair = [0.0; 2];
             for k in 0..2 {

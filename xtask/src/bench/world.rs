@@ -8,11 +8,13 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use integration_tests::{
-    bench::Sink,
+    bench::{DEST_V4, Sink, Slicer},
     cgroups::CgroupTree,
     net::TestNet,
-    sys::{cgroup2_mount, unique},
+    sys::{CpuPin, cgroup2_mount, unique},
 };
+
+use super::Cfg;
 
 /// A directory `/tmp/mg-<pid>-<n>/` for policy files (the stale sweep knows the name).
 pub(super) struct TempDir(pub PathBuf);
@@ -51,6 +53,19 @@ impl World {
         let workload = cg.create("gated/workload")?;
         let allowed = cg.create("gated/cloud-agent")?;
         Ok(World { _sink: sink, net, cg, dir: TempDir::new()?, workload, allowed })
+    }
+
+    /// A world whose sinks (threads of this process, which inherit the CPU of the thread
+    /// that starts them) run on `cpu`, where the rate scenarios put their workloads too.
+    pub(super) fn on_cpu(cpu: usize) -> Result<World> {
+        let _pin = CpuPin::new(cpu)?;
+        World::new()
+    }
+
+    /// A rate workload (`bench-probe serve`) in `cgroup` of this world, on the run's CPU,
+    /// to the unprotected destination of scenarios 1–3 and 5.
+    pub(super) fn slicer(&self, cfg: &Cfg, cgroup: &Path, mode: &str, port: u16) -> Result<Slicer> {
+        Slicer::start(&cfg.bins, &self.net, cgroup, mode, (DEST_V4, port), cfg.cpu)
     }
 
     /// Write `text` as `name` in the world's directory (write to a temp file, then rename,
