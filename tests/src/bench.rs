@@ -1,11 +1,11 @@
 //! Benchmark harness pieces: traffic sinks inside the imds netns and the `bench-probe`
 //! workload (see `src/bin/bench-probe.rs`).
 use std::{
-    io::{BufRead as _, BufReader, Read as _, Write as _},
+    io::Read as _,
     net::{TcpListener, TcpStream, UdpSocket},
     os::fd::AsRawFd as _,
     path::Path,
-    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+    process::Command,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -22,6 +22,7 @@ use crate::{
     bins::Bins,
     imds::enter_netns,
     net::{DNS_V4, IMDS_V4, TestNet},
+    probe::Piped,
 };
 
 /// The unprotected destination of the rate scenarios (open in the AWS policy).
@@ -185,8 +186,7 @@ pub fn run(bins: &Bins, net: &TestNet, cgroup: &Path, args: &[&str]) -> Result<V
 
 /// A running `bench-probe … flip`: ready once it made its first attempt.
 pub struct Flip {
-    child: Child,
-    stdout: BufReader<ChildStdout>,
+    probe: Piped,
     /// Whether the first attempt was refused.
     pub first_refused: bool,
 }
@@ -204,48 +204,27 @@ impl Flip {
         net.assert_routes()?;
         let port = port.to_string();
         let timeout = timeout_ms.to_string();
-        let mut child = command(bins, net, cgroup, &["flip", dst, &port, want, &timeout])
-            .stdout(Stdio::piped())
-            .spawn()
-            .context("spawning bench-probe")?;
-        let stdout = BufReader::new(child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?);
-        let mut f = Flip { child, stdout, first_refused: false };
-        let ready = f.next()?;
+        let command = command(bins, net, cgroup, &["flip", dst, &port, want, &timeout]);
+        let mut probe = Piped::spawn(command, "bench-probe")?;
+        let ready: Value = probe.next()?;
         if ready["stage"] != "ready" {
             bail!("flip probe did not start: {ready}");
         }
-        f.first_refused = ready["first_refused"].as_bool().unwrap_or(false);
-        Ok(f)
-    }
-
-    fn next(&mut self) -> Result<Value> {
-        let mut line = String::new();
-        self.stdout.read_line(&mut line)?;
-        serde_json::from_str(line.trim()).with_context(|| format!("bench-probe output {line:?}"))
+        let first_refused = ready["first_refused"].as_bool().unwrap_or(false);
+        Ok(Flip { probe, first_refused })
     }
 
     /// Wait for the result: the CLOCK_MONOTONIC ns of the first wanted outcome, if any.
     pub fn finish(mut self) -> Result<Option<u64>> {
-        let v = self.next()?;
+        let v: Value = self.probe.next()?;
         Ok(v["t_ns"].as_u64())
-    }
-}
-
-impl Drop for Flip {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
 /// A running `bench-probe … serve MODE`: one rate workload kept open in its cgroup and
 /// netns, run a slice at a time, so that several variants can take turns every few
 /// milliseconds.
-pub struct Slicer {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    stdout: BufReader<ChildStdout>,
-}
+pub struct Slicer(Piped);
 
 impl Slicer {
     /// Start `mode` (`connect-rate`, `udp-rate`, `bulk`) to `dst`:`port`, on CPU `cpu`.
@@ -260,46 +239,22 @@ impl Slicer {
         net.assert_routes()?;
         let (port, cpu) = (port.to_string(), cpu.to_string());
         let args = ["serve", dst, &port, mode, "--cpu", &cpu];
-        let mut child = command(bins, net, cgroup, &args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .context("spawning bench-probe")?;
-        let stdin = child.stdin.take();
-        let stdout = BufReader::new(child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?);
-        let mut s = Slicer { child, stdin, stdout };
-        let ready = s.next()?;
+        let mut probe = Piped::spawn(command(bins, net, cgroup, &args), "bench-probe")?;
+        let ready: Value = probe.next()?;
         if ready["stage"] != "ready" {
             bail!("bench-probe serve {mode} did not start: {ready}");
         }
-        Ok(s)
-    }
-
-    fn next(&mut self) -> Result<Value> {
-        let mut line = String::new();
-        self.stdout.read_line(&mut line)?;
-        serde_json::from_str(line.trim()).with_context(|| format!("bench-probe output {line:?}"))
+        Ok(Slicer(probe))
     }
 
     /// Run the workload for `ms` milliseconds; what it measured (`rate`, `ops` or `bytes`,
     /// `secs`, `cpu_s`).
     pub fn slice(&mut self, ms: f64) -> Result<Value> {
-        let stdin = self.stdin.as_mut().ok_or_else(|| anyhow!("bench-probe stdin closed"))?;
-        writeln!(stdin, "{ms}")?;
-        stdin.flush()?;
-        let v = self.next()?;
+        self.0.send(&ms.to_string(), false)?;
+        let v: Value = self.0.next()?;
         if v["ok"] != true {
             bail!("bench-probe slice: {v}");
         }
         Ok(v)
-    }
-}
-
-impl Drop for Slicer {
-    fn drop(&mut self) {
-        // EOF ends it; kill if it does not.
-        drop(self.stdin.take());
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }

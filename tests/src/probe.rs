@@ -6,7 +6,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, anyhow};
-use serde::Deserialize;
+use serde::{Deserialize, de::DeserializeOwned};
 
 use crate::{bins::Bins, net::TestNet};
 
@@ -49,12 +49,62 @@ pub fn run_in(bins: &Bins, netns_path: &str, cgroup: &Path, args: &[&str]) -> Re
     serde_json::from_str(line).with_context(|| format!("probe output {line:?}"))
 }
 
-/// A probe that connected and waits for its token (`hold-tcp` / `hold-udp`).
-pub struct Held {
+/// A workload process with piped stdin and stdout that answers a JSON line at a time
+/// (`probe hold-*`, `bench-probe flip`, `bench-probe serve`); killed on drop.
+pub(crate) struct Piped {
     child: Child,
     stdin: Option<ChildStdin>,
     stdout: BufReader<ChildStdout>,
+    what: &'static str,
 }
+
+impl Piped {
+    /// Spawn `command` (a [`workload`]) with its stdin and stdout piped; `what` names it in
+    /// errors.
+    pub(crate) fn spawn(mut command: Command, what: &'static str) -> Result<Piped> {
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("spawning {what}"))?;
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?);
+        Ok(Piped { child, stdin, stdout, what })
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The next line of output, parsed.
+    pub(crate) fn next<T: DeserializeOwned>(&mut self) -> Result<T> {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line)?;
+        serde_json::from_str(line.trim()).with_context(|| format!("{} output {line:?}", self.what))
+    }
+
+    /// Write `line` to its stdin; `last` closes stdin after it.
+    pub(crate) fn send(&mut self, line: &str, last: bool) -> Result<()> {
+        let stdin = self.stdin.as_mut().ok_or_else(|| anyhow!("{} stdin closed", self.what))?;
+        writeln!(stdin, "{line}")?;
+        stdin.flush()?;
+        if last {
+            drop(self.stdin.take());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Piped {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A probe that connected and waits for its token (`hold-tcp` / `hold-udp`).
+pub struct Held(Piped);
 
 impl Held {
     pub fn start(bins: &Bins, net: &TestNet, cgroup: &Path, args: &[&str]) -> Result<Held> {
@@ -67,45 +117,23 @@ impl Held {
         if !crate::sys::is_test_netns(netns_path) {
             return Err(anyhow!("{netns_path} is not a test network namespace"));
         }
-        let mut child = workload(&bins.probe, netns_path, cgroup, args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .context("spawning probe")?;
-        let stdin = child.stdin.take();
-        let stdout = BufReader::new(child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?);
-        let mut h = Held { child, stdin, stdout };
-        let first = h.next()?;
+        let mut p = Piped::spawn(workload(&bins.probe, netns_path, cgroup, args), "probe")?;
+        let first: Outcome = p.next()?;
         if first.stage != "connected" {
             return Err(anyhow!("hold probe did not connect: {first:?}"));
         }
-        Ok(h)
+        Ok(Held(p))
     }
 
     /// The probe's process id.
     pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn next(&mut self) -> Result<Outcome> {
-        let mut line = String::new();
-        self.stdout.read_line(&mut line)?;
-        serde_json::from_str(line.trim()).with_context(|| format!("probe output {line:?}"))
+        self.0.pid()
     }
 
     /// Send the token over the held connection and return the result.
     pub fn send(mut self, token: &str) -> Result<Outcome> {
-        let mut stdin = self.stdin.take().ok_or_else(|| anyhow!("stdin gone"))?;
-        writeln!(stdin, "{token}")?;
-        drop(stdin);
-        self.next()
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.0.send(token, true)?;
+        self.0.next()
     }
 }
 
