@@ -9,11 +9,11 @@ use std::{
 use aya::programs::loaded_programs;
 use gate_common::{
     abi::fixed_str_value,
-    user::{Hook, Mode, Program, TcDirection, TerminateState, Verdict},
+    user::{AttachPoint, Hook, Mode, Program, TcDirection, TerminateState, Verdict},
 };
 use serde::Serialize;
 
-use crate::loader::{Layout, LoaderError, Maps, pins};
+use crate::loader::{Layout, LoaderError, LsmState, Maps, bpf_lsm_active, pins};
 
 #[derive(Debug, Serialize)]
 pub(crate) struct Status {
@@ -35,6 +35,9 @@ pub(crate) struct Status {
     pub terminate_established: &'static str,
     /// What the last terminate-established scan could see.
     pub terminate_scan: TerminateScan,
+    /// Whether the LSM programs enforce (`enforcing`), or why they do not (`inactive: …`):
+    /// without them, 32-bit compat and io_uring setsockopt and packet capture stay open.
+    pub lsm: String,
 }
 
 /// What the last terminate-established scan could see.
@@ -134,12 +137,14 @@ impl Status {
             recent_denials: Vec::new(),
             terminate_established: "unknown",
             terminate_scan: TerminateScan::default(),
+            lsm: String::new(),
         };
         if !layout.dir.join("maps").exists() {
             return Ok(status);
         }
         status.attachments = attachments(&layout);
         status.installed = !status.attachments.is_empty();
+        status.lsm = lsm_state(&status.attachments).text();
         let maps = Maps::from_pins(&layout)?;
         let info = maps.info()?;
         status.tc_clsact = maps
@@ -282,6 +287,7 @@ impl Status {
                 let _ = writeln!(o, "policy: none applied");
             }
         }
+        let _ = writeln!(o, "lsm: {}", self.lsm);
         let _ = write!(o, "terminate-established: {}", self.terminate_established);
         if self.terminate_established == "on" {
             let _ = write!(o, " (last scan: {} network namespaces", self.terminate_scan.netns);
@@ -325,6 +331,19 @@ impl Status {
         }
         o
     }
+}
+
+/// The LSM programs enforce where their links are pinned; otherwise the kernel says why not.
+fn lsm_state(attachments: &[Attachment]) -> LsmState {
+    let pinned = |p: AttachPoint| attachments.iter().any(|a| a.hook == p.pin_name());
+    if AttachPoint::LSM.into_iter().all(pinned) {
+        return LsmState::Active;
+    }
+    LsmState::Inactive(match bpf_lsm_active() {
+        Ok(true) => "the BPF LSM is active, but the programs are not attached".into(),
+        Ok(false) => "the BPF LSM is not active (boot with lsm=...,bpf)".into(),
+        Err(why) => why,
+    })
 }
 
 /// The pinned links and the programs they run.

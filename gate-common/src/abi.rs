@@ -13,7 +13,7 @@
 
 /// Bumped whenever a type, map or program below changes incompatibly; the agent pins under
 /// `<pin-dir>/v<ABI_VERSION>/`.
-pub const ABI_VERSION: u32 = 5;
+pub const ABI_VERSION: u32 = 6;
 
 /// Map names as they appear in the eBPF object (and under the pin dir).
 pub mod names {
@@ -132,9 +132,13 @@ pub const HOOK_EGRESS4: u32 = 2;
 pub const HOOK_EGRESS6: u32 = 3;
 pub const HOOK_TC4: u32 = 4;
 pub const HOOK_TC6: u32 = 5;
-/// cgroup/setsockopt: a side door around tc (PACKET_QDISC_BYPASS, AF_XDP) refused.
+/// A side door around tc (PACKET_QDISC_BYPASS, AF_XDP) refused: by cgroup/setsockopt, or by
+/// the LSM program that sees every syscall ABI (32-bit compat and io_uring included).
 pub const HOOK_SETSOCKOPT: u32 = 6;
-pub const NUM_HOOKS: u32 = 7;
+/// A socket that would read the node's IP traffic (AF_PACKET of an IP EtherType, raw IP of a
+/// transport protocol) refused at `socket()` or `bind()` (LSM).
+pub const HOOK_SOCKET: u32 = 7;
+pub const NUM_HOOKS: u32 = 8;
 
 /// STATS slot of a (hook, verdict) pair.
 pub const fn stat_slot(hook: u32, verdict: u32) -> u32 {

@@ -7,6 +7,8 @@
 //!   runs.
 //! * [`packet`]: reading a frame or IP packet as it will be delivered, failing closed (the
 //!   same code in the kernel and in the host tests).
+//! * [`sockets`]: which sockets and socket options a gated workload is refused (the doors
+//!   past tc, and reading the node's traffic), for the LSM and cgroup/setsockopt programs.
 //! * [`compile`] (host only): turns a list of endpoints into the table entries that make
 //!   [`verdict::match_endpoint`] agree with a plain reading of the policy.
 //! * [`user`] (feature `user`): typed views of the ABI for user space: one vocabulary for
@@ -17,6 +19,7 @@ pub mod abi;
 #[cfg(not(target_arch = "bpf"))]
 pub mod compile;
 pub mod packet;
+pub mod sockets;
 #[cfg(feature = "user")]
 pub mod user;
 pub mod verdict;

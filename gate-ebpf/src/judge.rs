@@ -9,6 +9,7 @@ use gate_common::{
         VERDICT_UNMATCHED, stat_slot,
     },
     packet::Parsed,
+    sockets::AF_PACKET,
     verdict::{Addr, Dst, cgroup_allowed, decide, packet_subject, surely_unprotected},
 };
 
@@ -52,11 +53,13 @@ pub(crate) struct Caller {
 }
 
 /// What a denial event records as its destination: the parsed one, none (an unreadable
-/// frame), or the socket option a side door asked for.
+/// frame), the socket option a side door asked for, or the socket that would have read the
+/// node's traffic (`protocol` as `socket()` takes it: for AF_PACKET, in network order).
 pub(crate) enum Reported<'a> {
     Dst(&'a Dst),
     Unparsed,
     Sockopt { level: i32, optname: i32 },
+    Socket { family: i32, protocol: i32 },
 }
 
 #[inline(always)]
@@ -78,6 +81,13 @@ pub(crate) fn report(
         Reported::Sockopt { level, optname } => {
             addr[..4].copy_from_slice(&level.to_ne_bytes());
             (0, optname as u16, 0)
+        }
+        // The family in the address field, the protocol (host order) in the port.
+        Reported::Socket { family, protocol } => {
+            addr[..4].copy_from_slice(&family.to_ne_bytes());
+            let p =
+                if family == AF_PACKET { u16::from_be(protocol as u16) } else { protocol as u16 };
+            (0, p, 0)
         }
     };
     let (pid, comm) = if caller.task {

@@ -12,6 +12,10 @@
 //!   No sendmsg4/6 hooks: a datagram is judged once, not twice with the socket lock taken
 //!   in between.
 //! * `cgroup/setsockopt`: refuses the side doors around tc (PACKET_QDISC_BYPASS, AF_XDP).
+//! * `lsm/socket_setsockopt`, `lsm/socket_create`, `lsm/socket_bind` (where the kernel runs
+//!   the BPF LSM): the same side doors through every syscall ABI (32-bit compat, io_uring),
+//!   and sockets that would read the node's IP traffic (AF_PACKET of an IP EtherType, raw IP
+//!   of a transport protocol).
 //! * `tc` (`gate_tc`, node level): on the uplinks' egress and the workload-facing interfaces'
 //!   ingress, refuses frames the cgroup hooks never judged: AF_PACKET sends, packets
 //!   rewritten after the socket hooks, traffic forwarded from pods and VMs.
@@ -35,23 +39,24 @@ mod skb;
 
 use aya_ebpf::{
     helpers::{
-        bpf_get_current_cgroup_id,
+        bpf_get_current_cgroup_id, bpf_probe_read_kernel,
         generated::{
             bpf_get_current_ancestor_cgroup_id, bpf_skb_ancestor_cgroup_id, bpf_skb_cgroup_id,
         },
     },
-    macros::{cgroup_skb, cgroup_sock_addr, cgroup_sockopt, classifier},
-    programs::{SkBuffContext, SockAddrContext, SockoptContext, TcContext},
+    macros::{cgroup_skb, cgroup_sock_addr, cgroup_sockopt, classifier, lsm},
+    programs::{LsmContext, SkBuffContext, SockAddrContext, SockoptContext, TcContext},
 };
 use gate_common::{
     abi::{
         ENDPOINT_NONE, HOOK_CONNECT4, HOOK_CONNECT6, HOOK_EGRESS4, HOOK_EGRESS6, HOOK_SETSOCKOPT,
-        HOOK_TC4, HOOK_TC6, NODE_GATE_FORWARDED, VERDICT_DENIED, VERDICT_UNMATCHED,
+        HOOK_SOCKET, HOOK_TC4, HOOK_TC6, NODE_GATE_FORWARDED, VERDICT_DENIED, VERDICT_UNMATCHED,
     },
     packet::{
         self, CARRIES_IPV4, CARRIES_IPV6, CARRIES_OTHER, ETH_P_IP, ETH_P_IPV6, Parsed, parse_ip,
         parse_ipv4, parse_ipv6,
     },
+    sockets,
     verdict::{Addr, Dst, packet_subject},
 };
 
@@ -95,16 +100,10 @@ fn gate_connect6(ctx: SockAddrContext) -> i32 {
 
 // ---- setsockopt: side doors around tc ----------------------------------------------------------
 
-const SOL_PACKET: i32 = 263;
-const PACKET_QDISC_BYPASS: i32 = 20;
-const SOL_XDP: i32 = 283;
-/// XDP_RX_RING (2) … XDP_UMEM_COMPLETION_RING (6): what an AF_XDP socket needs before bind.
-const XDP_FIRST_SETUP_OPT: i32 = 2;
-const XDP_LAST_SETUP_OPT: i32 = 6;
-
 /// Refuses, for gated cgroups not on the allow set, the socket options that let frames skip
 /// tc egress: PACKET_QDISC_BYPASS (AF_PACKET straight to the driver) and the rings and UMEM
-/// of AF_XDP. Everything else passes untouched.
+/// of AF_XDP. Everything else passes untouched. The kernel runs cgroup/setsockopt for native
+/// calls only: the LSM programs below close the 32-bit compat and io_uring ways in.
 #[cgroup_sockopt(setsockopt)]
 fn gate_setsockopt(ctx: SockoptContext) -> i32 {
     // SAFETY: helper without pointer arguments; returns 0 past the task's own level.
@@ -125,12 +124,10 @@ fn sockopt(ctx: &SockoptContext, task: bool, ancestor: impl FnMut(u32) -> u64) -
     // SAFETY: the context pointer is valid for the program's duration.
     let so = unsafe { &mut *ctx.sockopt };
     let (level, optname) = (so.level, so.optname);
-    let side_door = (level == SOL_PACKET && optname == PACKET_QDISC_BYPASS)
-        || (level == SOL_XDP && (XDP_FIRST_SETUP_OPT..=XDP_LAST_SETUP_OPT).contains(&optname));
     // optlen 0: the kernel uses the caller's own buffer, untouched; this also keeps options
     // longer than a page working on kernels that would otherwise refuse them.
     so.optlen = 0;
-    if !side_door {
+    if !sockets::sockopt_side_door(level, optname) {
         return 1;
     }
     let caller = Caller { hook: HOOK_SETSOCKOPT, task };
@@ -139,6 +136,79 @@ fn sockopt(ctx: &SockoptContext, task: bool, ancestor: impl FnMut(u32) -> u64) -
     let what = Reported::Sockopt { level, optname };
     let verdict = judge(&caller, live_generation(), ENDPOINT_NONE, what, cgroup_id, ancestor);
     i32::from(verdict != VERDICT_DENIED)
+}
+
+// ---- LSM: every syscall ABI ----------------------------------------------------------------------
+//
+// Global BPF LSM programs (where the kernel runs the BPF LSM): security hooks run for native,
+// 32-bit compat and io_uring calls alike, which cgroup/setsockopt does not. Each first tests
+// its arguments (almost every call returns there), then whether the caller is gated. An
+// earlier LSM program's refusal never reaches these: the kernel stops at the first.
+
+const EPERM: i32 = 1;
+
+/// The side doors of `gate_setsockopt`, for every ABI.
+#[lsm(hook = "socket_setsockopt")]
+fn gate_lsm_setsockopt(ctx: LsmContext) -> i32 {
+    // (struct socket *sock, int level, int optname)
+    let (level, optname): (i32, i32) = (ctx.arg(1), ctx.arg(2));
+    if !sockets::sockopt_side_door(level, optname) {
+        return 0;
+    }
+    lsm_judge(HOOK_SETSOCKOPT, Reported::Sockopt { level, optname })
+}
+
+/// A socket that would read the node's IP traffic: AF_PACKET of an IP EtherType, raw IP of
+/// a transport protocol.
+#[lsm(hook = "socket_create")]
+fn gate_lsm_socket(ctx: LsmContext) -> i32 {
+    // (int family, int type, int protocol, int kern)
+    let (family, sock_type, protocol, kern): (i32, i32, i32, i32) =
+        (ctx.arg(0), ctx.arg(1), ctx.arg(2), ctx.arg(3));
+    if kern != 0 || !sockets::socket_reads_traffic(family, sock_type, protocol) {
+        return 0;
+    }
+    lsm_judge(HOOK_SOCKET, Reported::Socket { family, protocol })
+}
+
+/// An AF_PACKET socket made with protocol 0 (which reads nothing) and bound to an IP
+/// EtherType afterwards.
+#[lsm(hook = "socket_bind")]
+fn gate_lsm_bind(ctx: LsmContext) -> i32 {
+    // (struct socket *sock, struct sockaddr *address, int addrlen): the address is already
+    // in kernel memory.
+    let (address, addrlen): (*const [u8; 4], i32) = (ctx.arg(1), ctx.arg(2));
+    if addrlen < 4 {
+        return 0;
+    }
+    // SAFETY: a kernel pointer read through the helper, which checks it. Unreadable: taken
+    // for a packet address of an IP EtherType (fail closed).
+    let head = unsafe { bpf_probe_read_kernel(address) }.unwrap_or([0xff; 4]);
+    let unreadable = head == [0xff; 4];
+    if !unreadable && !sockets::bind_reads_traffic(head) {
+        return 0;
+    }
+    let protocol = i32::from(u16::from_be_bytes([head[2], head[3]]).to_be());
+    lsm_judge(HOOK_SOCKET, Reported::Socket { family: sockets::AF_PACKET, protocol })
+}
+
+/// The verdict for the current task: callers outside the gated root pass; gated ones are
+/// judged against the allow set like every other hook. Without the live policy the caller
+/// counts as gated (fail closed).
+#[inline(always)]
+fn lsm_judge(hook: u32, what: Reported<'_>) -> i32 {
+    let generation = live_generation();
+    // SAFETY: helper without pointer arguments; returns 0 past the task's own level.
+    let ancestor = |level: u32| unsafe { bpf_get_current_ancestor_cgroup_id(level as i32) };
+    let meta = generation.and_then(|g| POLICY_META.get(g));
+    if meta.is_some_and(|m| ancestor(m.root_level) != m.root_id) {
+        return 0;
+    }
+    // SAFETY: helper without pointer arguments.
+    let cgroup_id = || unsafe { bpf_get_current_cgroup_id() };
+    let caller = Caller { hook, task: true };
+    let verdict = judge(&caller, generation, ENDPOINT_NONE, what, cgroup_id, ancestor);
+    if verdict == VERDICT_DENIED { -EPERM } else { 0 }
 }
 
 // ---- egress ----------------------------------------------------------------------------------

@@ -114,15 +114,24 @@ impl Held {
 
     /// [`start`](Self::start) in another test netns (`/run/netns/mg-…`: a pod's).
     pub fn start_in(bins: &Bins, netns_path: &str, cgroup: &Path, args: &[&str]) -> Result<Held> {
+        Self::try_start_in(bins, netns_path, cgroup, args)?
+            .map_err(|first| anyhow!("hold probe did not connect: {first:?}"))
+    }
+
+    /// [`start_in`](Self::start_in) for a probe that may be refused before it holds
+    /// anything: the refusal is the inner error.
+    pub fn try_start_in(
+        bins: &Bins,
+        netns_path: &str,
+        cgroup: &Path,
+        args: &[&str],
+    ) -> Result<Result<Held, Outcome>> {
         if !crate::sys::is_test_netns(netns_path) {
             return Err(anyhow!("{netns_path} is not a test network namespace"));
         }
         let mut p = Piped::spawn(workload(&bins.probe, netns_path, cgroup, args), "probe")?;
         let first: Outcome = p.next()?;
-        if first.stage != "connected" {
-            return Err(anyhow!("hold probe did not connect: {first:?}"));
-        }
-        Ok(Held(p))
+        Ok(if first.stage == "connected" { Ok(Held(p)) } else { Err(first) })
     }
 
     /// The probe's process id.

@@ -71,6 +71,8 @@ pub(crate) const MATRIX: &[(&str, &[&str])] = &[
     ("lifecycle::upgrade_swaps_programs_without_an_open_window",                       ALL),
     ("tc::af_packet_frames_from_a_gated_cgroup_never_arrive",                          ALL),
     ("bypass::qdisc_bypass_and_af_xdp_setup_are_refused_to_gated_workloads",           OLD),
+    ("bypass::qdisc_bypass_through_the_32_bit_abi_is_refused",                         ALL),
+    ("bypass::reading_the_nodes_traffic_is_refused_to_gated_workloads",                K6_12),
     ("bypass::a_second_tc_program_still_sees_what_the_gate_passes",                    K6_12),
     ("tc::clsact_fallback_outlives_the_agent_is_replaced_in_place_and_cleaned_up",     K5_10),
     ("terminate::established_connections_are_terminated_when_the_gate_comes_up",       K5_10),

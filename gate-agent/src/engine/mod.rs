@@ -26,7 +26,7 @@ use crate::{
     cgroup::GatedRoot,
     config::{AgentConfig, GateConfig},
     events::{self, CgroupNames, EventSinks},
-    loader::{self, Gate, Install, Start},
+    loader::{self, Gate, Install, LsmState, Start},
     metrics::{self, AgentMetrics},
     node::{self, NodeLevel},
     policy::Policy,
@@ -192,6 +192,7 @@ impl Engine {
         let node = Arc::new(NodeLevel::new(cfg.gate.node.clone())?);
         let mut gate = bring_up(&cfg.gate, &node, &policy, &root, &allow_set)?;
         let ring = gate.take_events();
+        let gate_lsm = gate.lsm().clone();
         let (pinned, start, generation, egress) = (
             gate.pin_dir().to_path_buf(),
             gate.start(),
@@ -249,6 +250,16 @@ impl Engine {
                 .await
         {
             engine.metrics.pregate_packet_sockets.set(n as i64);
+        }
+        match gate_lsm {
+            LsmState::Active => {
+                engine.metrics.lsm_enforcing.set(1);
+            }
+            LsmState::Inactive(why) => tracing::warn!(
+                why,
+                "LSM programs not attached: 32-bit compat and io_uring setsockopt and packet \
+                 capture stay open to gated workloads (see the README's kernel requirements)"
+            ),
         }
         engine.keep_state(true);
         let (policy, root, http) = (&engine.policy, &engine.root, &engine.server);

@@ -61,7 +61,10 @@ fn attach_type(point: AttachPoint) -> u32 {
         AttachPoint::Connect4 => 10, // BPF_CGROUP_INET4_CONNECT
         AttachPoint::Connect6 => 11, // BPF_CGROUP_INET6_CONNECT
         AttachPoint::Setsockopt => sys::BPF_CGROUP_SETSOCKOPT,
-        AttachPoint::Tc => u32::MAX,
+        AttachPoint::Tc
+        | AttachPoint::LsmSetsockopt
+        | AttachPoint::LsmSocket
+        | AttachPoint::LsmBind => u32::MAX,
     }
 }
 
@@ -101,6 +104,7 @@ impl Gate {
             let new_prog_id = self.pin_program(point, prog)?;
             changes.push(HookChange { point, program: prog, old_prog_id, new_prog_id });
         }
+        self.attach_lsm()?;
         Ok(changes)
     }
 
@@ -142,6 +146,7 @@ impl Gate {
                 repaired.push(Repair::ProgramPin(point));
             }
         }
+        self.repair_lsm(&mut repaired)?;
         Ok(repaired)
     }
 
@@ -206,7 +211,11 @@ impl Gate {
     }
 
     /// Pin (or re-pin) the program of an attach point; returns its id.
-    fn pin_program(&mut self, point: AttachPoint, prog: Program) -> Result<u32, LoaderError> {
+    pub(super) fn pin_program(
+        &mut self,
+        point: AttachPoint,
+        prog: Program,
+    ) -> Result<u32, LoaderError> {
         let name = prog.name();
         let path = self.layout.prog(point.pin_name());
         if path.exists() {

@@ -12,12 +12,14 @@
 //!   gate is attached and ready is the old version unpinned (see [`Gate::retire_other_versions`]).
 //!
 //! Rooms: [`generations`] writes a policy image into the inactive generation and flips;
-//! [`attach`] attaches (or swaps) the cgroup programs; [`tc`] the interface programs;
+//! [`attach`] attaches (or swaps) the cgroup programs; [`lsm`] the node-wide LSM programs;
+//! [`tc`] the interface programs;
 //! [`maps`] opens the maps typed; [`pins`] is the bpffs layout; [`sys`] the raw bpf(2) calls
 //! aya lacks.
 mod attach;
 mod generations;
 pub(crate) mod lock;
+mod lsm;
 mod maps;
 pub(crate) mod pins;
 mod sys;
@@ -35,6 +37,7 @@ use gate_common::{
     user::{AttachPoint, Program},
 };
 pub(crate) use generations::Install;
+pub(crate) use lsm::{LsmState, bpf_lsm_active};
 pub(crate) use maps::{Maps, Stats};
 pub(crate) use pins::{Layout, cleanup};
 pub(crate) use sys::{LinkInfo, LinkTarget};
@@ -126,6 +129,8 @@ pub(crate) struct Gate {
     egress: Program,
     /// The setsockopt program variant the kernel accepted.
     sockopt: Program,
+    /// Whether the LSM programs are loaded (and attached by [`Gate::attach`]).
+    lsm: LsmState,
     /// clsact filters attached by this agent (TC_CLSACT keys).
     clsact_done: std::collections::BTreeSet<u64>,
     /// Held for the agent's life: one agent per gate.
@@ -169,6 +174,7 @@ impl Gate {
         }
         let egress = load_egress(&mut ebpf, egress)?;
         let sockopt = load_sockopt(&mut ebpf)?;
+        let lsm = lsm::load(&mut ebpf);
         let tc: &mut aya::programs::SchedClassifier = program(&mut ebpf, Program::Tc)?;
         tc.load().map_err(|source| LoaderError::Program { name: Program::Tc.name(), source })?;
         let mut maps = Maps::take(&mut ebpf)?;
@@ -192,6 +198,7 @@ impl Gate {
             start,
             egress,
             sockopt,
+            lsm,
             clsact_done: Default::default(),
             _lock: lock,
         })

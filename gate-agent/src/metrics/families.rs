@@ -105,6 +105,12 @@ pub(crate) const PREGATE_PACKET_SOCKETS: Family = Family {
     help: "AF_PACKET sockets that gated processes opened before the gate (found at start; one that set PACKET_QDISC_BYPASS skips tc: restart its pod)",
     labels: &[],
 };
+pub(crate) const LSM_ENFORCING: Family = Family {
+    name: "metadata_gate_lsm_enforcing",
+    kind: Kind::Gauge,
+    help: "1 while the LSM programs enforce; 0 where the kernel does not run the BPF LSM: 32-bit compat and io_uring setsockopt and packet capture by gated workloads stay open (see status)",
+    labels: &[],
+};
 
 /// Every family the agent exports.
 pub(crate) const ALL: &[Family] = &[
@@ -120,4 +126,5 @@ pub(crate) const ALL: &[Family] = &[
     POLICY_REJECTED,
     REPAIRS,
     PREGATE_PACKET_SOCKETS,
+    LSM_ENFORCING,
 ];

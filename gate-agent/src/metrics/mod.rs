@@ -25,9 +25,9 @@ use crate::{
     loader::{Gate, Stats},
 };
 use families::{
-    DECISIONS, ENDPOINT_DECISIONS, EVENTS_LOST, Kind, MAP_CAPACITY, MAP_ENTRIES, POLICY_GENERATION,
-    POLICY_REJECTED, POLICY_RELOADS, PREGATE_PACKET_SOCKETS, REPAIRS, WORKLOAD_ACCESSES,
-    WORKLOAD_DENIALS,
+    DECISIONS, ENDPOINT_DECISIONS, EVENTS_LOST, Kind, LSM_ENFORCING, MAP_CAPACITY, MAP_ENTRIES,
+    POLICY_GENERATION, POLICY_REJECTED, POLICY_RELOADS, PREGATE_PACKET_SOCKETS, REPAIRS,
+    WORKLOAD_ACCESSES, WORKLOAD_DENIALS,
 };
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -45,6 +45,8 @@ pub(crate) struct AgentMetrics {
     pub policy_rejected: Gauge,
     /// AF_PACKET sockets held by gated processes since before the gate (found at start).
     pub pregate_packet_sockets: Gauge,
+    /// 1 while the LSM programs enforce.
+    pub lsm_enforcing: Gauge,
 }
 
 /// Every `result` of a reload.
@@ -61,6 +63,7 @@ impl Default for AgentMetrics {
             repairs: Family::default(),
             policy_rejected: Gauge::default(),
             pregate_packet_sockets: Gauge::default(),
+            lsm_enforcing: Gauge::default(),
         };
         for result in RELOAD_RESULTS {
             let _ = m.reloads.get_or_create(&ReloadLabels { result });
@@ -233,6 +236,7 @@ fn register_agent(r: &mut Registry, agent: &AgentMetrics) {
         PREGATE_PACKET_SOCKETS.help,
         agent.pregate_packet_sockets.clone(),
     );
+    r.register(LSM_ENFORCING.name, LSM_ENFORCING.help, agent.lsm_enforcing.clone());
 }
 
 #[cfg(test)]

@@ -66,6 +66,7 @@ named_enum! {
         Tc4 = (abi::HOOK_TC4, "tc4"),
         Tc6 = (abi::HOOK_TC6, "tc6"),
         Setsockopt = (abi::HOOK_SETSOCKOPT, "setsockopt"),
+        Socket = (abi::HOOK_SOCKET, "socket"),
     }
 }
 
@@ -117,6 +118,12 @@ named_enum! {
         /// The same without the allow set, for kernels that offer cgroup/setsockopt no
         /// ancestor helper: the side doors are refused to every gated cgroup.
         SockoptNoallow = (6, "gate_sockopt_noallow"),
+        /// BPF LSM: the side doors of `gate_setsockopt`, through every syscall ABI.
+        LsmSetsockopt = (7, "gate_lsm_setsockopt"),
+        /// BPF LSM: sockets that would read the node's IP traffic, at `socket()`.
+        LsmSocket = (8, "gate_lsm_socket"),
+        /// BPF LSM: the same at `bind()` (AF_PACKET).
+        LsmBind = (9, "gate_lsm_bind"),
     }
 }
 
@@ -170,11 +177,14 @@ impl Program {
             Program::Egress | Program::EgressNotask => AttachPoint::Egress,
             Program::Tc => AttachPoint::Tc,
             Program::Setsockopt | Program::SockoptNoallow => AttachPoint::Setsockopt,
+            Program::LsmSetsockopt => AttachPoint::LsmSetsockopt,
+            Program::LsmSocket => AttachPoint::LsmSocket,
+            Program::LsmBind => AttachPoint::LsmBind,
         }
     }
 }
 
-/// Where programs attach. Cgroup attach points have one pinned link each
+/// Where programs attach. Cgroup and LSM attach points have one pinned link each
 /// (`links/<pin name>`); tc has one per interface and direction ([`AttachPoint::tc_pin_name`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum AttachPoint {
@@ -183,6 +193,9 @@ pub enum AttachPoint {
     Egress,
     Setsockopt,
     Tc,
+    LsmSetsockopt,
+    LsmSocket,
+    LsmBind,
 }
 
 impl AttachPoint {
@@ -196,6 +209,10 @@ impl AttachPoint {
         AttachPoint::Setsockopt,
     ];
 
+    /// The node-wide BPF LSM attach points (where the kernel runs the BPF LSM).
+    pub const LSM: [AttachPoint; 3] =
+        [AttachPoint::LsmSetsockopt, AttachPoint::LsmSocket, AttachPoint::LsmBind];
+
     /// Name of the pinned link and program (`links/<name>`, `progs/<name>`); for tc the
     /// prefix of [`tc_pin_name`](Self::tc_pin_name).
     pub const fn pin_name(self) -> &'static str {
@@ -205,6 +222,19 @@ impl AttachPoint {
             AttachPoint::Egress => "egress",
             AttachPoint::Setsockopt => "setsockopt",
             AttachPoint::Tc => "tc",
+            AttachPoint::LsmSetsockopt => "lsm-setsockopt",
+            AttachPoint::LsmSocket => "lsm-socket",
+            AttachPoint::LsmBind => "lsm-bind",
+        }
+    }
+
+    /// The kernel's LSM hook of an LSM attach point (`bpf_lsm_<hook>`).
+    pub const fn lsm_hook(self) -> Option<&'static str> {
+        match self {
+            AttachPoint::LsmSetsockopt => Some("socket_setsockopt"),
+            AttachPoint::LsmSocket => Some("socket_create"),
+            AttachPoint::LsmBind => Some("socket_bind"),
+            _ => None,
         }
     }
 
@@ -216,6 +246,9 @@ impl AttachPoint {
             AttachPoint::Egress => Program::Egress,
             AttachPoint::Setsockopt => Program::Setsockopt,
             AttachPoint::Tc => Program::Tc,
+            AttachPoint::LsmSetsockopt => Program::LsmSetsockopt,
+            AttachPoint::LsmSocket => Program::LsmSocket,
+            AttachPoint::LsmBind => Program::LsmBind,
         }
     }
 
@@ -236,7 +269,7 @@ impl AttachPoint {
         if Self::parse_tc_pin_name(pin).is_some() {
             return Some(AttachPoint::Tc);
         }
-        Self::CGROUP.iter().copied().find(|a| a.pin_name() == pin)
+        Self::CGROUP.iter().chain(&Self::LSM).copied().find(|a| a.pin_name() == pin)
     }
 }
 
@@ -316,7 +349,12 @@ mod tests {
         );
         assert_eq!(AttachPoint::from_pin_name("egress"), Some(AttachPoint::Egress));
         assert_eq!(AttachPoint::from_pin_name("tc-egress-x"), Some(AttachPoint::Tc));
+        assert_eq!(AttachPoint::from_pin_name("lsm-bind"), Some(AttachPoint::LsmBind));
         assert_eq!(AttachPoint::from_pin_name("nope"), None);
+        for a in AttachPoint::LSM {
+            assert_eq!(a.program().attach_point(), a);
+            assert!(a.lsm_hook().is_some(), "{a}");
+        }
         for d in TcDirection::ALL {
             assert_eq!(TcDirection::of_clsact_key(d.clsact_key(7)), *d);
         }

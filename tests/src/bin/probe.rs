@@ -9,6 +9,10 @@
 //! * `frame-bypass IFACE SLL_PROTO FRAMES`: the same after setting PACKET_QDISC_BYPASS; if
 //!   the option is refused, the frames are sent anyway (without it) and the result says
 //!   `stage: "setsockopt"` with its errno, and in `reply` how the sends went.
+//!   `frame-bypass-compat` sets the option through the 32-bit compat ABI (`int 0x80`).
+//! * `hold-capture KIND IFACE NEEDLE`: open a socket that reads the node's traffic
+//!   (`packet-all`, `packet-all-compat`, `packet-bind`, `raw-tcp`), print
+//!   `{"stage":"connected"}`, and on a stdin line report whether a packet held NEEDLE.
 //! * `ip-raw PACKETS`: send IP packets as they are on a raw IPPROTO_RAW socket (IPv4 or IPv6).
 //! * `xdp-umem-reg`: open an AF_XDP socket and register a UMEM (`setsockopt XDP_UMEM_REG`);
 //!   `stage` names the call that failed.
@@ -32,6 +36,9 @@ use std::{
 
 use integration_tests::frame;
 use serde_json::json;
+
+#[path = "probe/sidedoor.rs"]
+mod sidedoor;
 
 struct Outcome {
     ok: bool,
@@ -231,7 +238,7 @@ fn packet_udp(dst: SocketAddr, token: &str, iface: &str) -> Outcome {
     };
     let ip = frame::udp4(Ipv4Addr::new(169, 254, 0, 1), ip, dst.port(), token.as_bytes());
     let f = frame::ethernet([0xff; 6], frame::SRC_MAC, &[], frame::ETH_P_IP, &ip);
-    send_frames(iface, frame::ETH_P_IP, &[f], false)
+    send_frames(iface, frame::ETH_P_IP, &[f], Bypass::No)
 }
 
 /// An AF_PACKET socket and the index of `iface`.
@@ -277,19 +284,29 @@ fn af_packet_send(sock: &OwnedFd, ifindex: u32, proto: u16, f: &[u8]) -> std::io
     if rc < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
 }
 
-/// `frame` / `frame-bypass`: send `frames` on `iface`, after asking for PACKET_QDISC_BYPASS
-/// if `bypass`. Every frame is sent even when one fails (a tc drop on egress shows as
+/// Whether, and through which syscall ABI, a frame sender asks for PACKET_QDISC_BYPASS.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Bypass {
+    No,
+    Native,
+    /// Through the 32-bit compat ABI (`int 0x80`), which runs no cgroup/setsockopt program.
+    Compat,
+}
+
+/// `frame` / `frame-bypass` / `frame-bypass-compat`: send `frames` on `iface`, after asking
+/// for PACKET_QDISC_BYPASS as `bypass` says. Every frame is sent even when one fails (a tc drop on egress shows as
 /// ENOBUFS); the first failure is the result. If the option is refused, that is the result
 /// (`stage: "setsockopt"`), and `reply` says how the sends went.
-fn send_frames(iface: &str, proto: u16, frames: &[Vec<u8>], bypass: bool) -> Outcome {
+fn send_frames(iface: &str, proto: u16, frames: &[Vec<u8>], bypass: Bypass) -> Outcome {
     let (sock, ifindex) = match packet_socket(iface) {
         Ok(s) => s,
         Err(o) => return o,
     };
-    let refused = if bypass {
-        setsockopt(&sock, libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, &1i32).err()
-    } else {
-        None
+    let (level, opt) = (libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS);
+    let refused = match bypass {
+        Bypass::No => None,
+        Bypass::Native => setsockopt(&sock, level, opt, &1i32).err(),
+        Bypass::Compat => sidedoor::compat_setsockopt_one(&sock, level, opt).err(),
     };
     let results: Vec<_> = frames.iter().map(|f| af_packet_send(&sock, ifindex, proto, f)).collect();
     let failed = results.into_iter().find_map(Result::err);
@@ -484,13 +501,21 @@ fn run_bytes(rest: &[String]) -> Option<Outcome> {
     };
     let usage = Outcome { ok: false, errno: Some(libc::EINVAL), stage: "usage", reply: None };
     Some(match rest {
-        [cmd, iface, proto, frames] if cmd == "frame" || cmd == "frame-bypass" => {
+        [cmd, iface, proto, frames]
+            if ["frame", "frame-bypass", "frame-bypass-compat"].contains(&cmd.as_str()) =>
+        {
+            let bypass = match cmd.as_str() {
+                "frame" => Bypass::No,
+                "frame-bypass" => Bypass::Native,
+                _ => Bypass::Compat,
+            };
             match (u16::from_str_radix(proto, 16), hex(frames)) {
-                (Ok(proto), Some(frames)) => {
-                    send_frames(iface, proto, &frames, cmd == "frame-bypass")
-                }
+                (Ok(proto), Some(frames)) => send_frames(iface, proto, &frames, bypass),
                 _ => usage,
             }
+        }
+        [cmd, kind, iface, needle] if cmd == "hold-capture" => {
+            sidedoor::hold_capture(kind, iface, needle)
         }
         [cmd, packets] if cmd == "ip-raw" => match hex(packets) {
             Some(p) => send_raw_ip(&p),

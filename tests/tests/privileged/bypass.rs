@@ -28,7 +28,7 @@ use integration_tests::{
         DNS_V4, DNS_V6, IMDS_V4, IMDS_V6, NODE_V4, POD_IFACE, POD_V4, POD_V6, PodNet,
         bridge_uplink, ip, mac, nft,
     },
-    probe::{Outcome, run_in, token},
+    probe::{Held, Outcome, run_in, token},
     tap::{TAP_IFACE, Tap, VM_V4},
 };
 
@@ -227,6 +227,26 @@ impl World {
             Some("gate_sockopt_noallow") => false,
             other => panic!("setsockopt program in status: {other:?}: {st}"),
         }
+    }
+
+    /// Whether the running agent's LSM programs enforce (None without an agent), checked
+    /// against what status and /metrics say: where the kernel runs no BPF LSM, both must say
+    /// so, and the doors only they close are open (the documented limit).
+    fn lsm_enforcing(&self) -> Option<bool> {
+        let agent = self.c.env.agent.as_ref()?;
+        let (_, st) = agent.status().expect("status");
+        let lsm = st["lsm"].as_str().unwrap_or_default().to_owned();
+        let (_, body) = agent.http_get("/metrics").expect("metrics");
+        let gauge = super::metric(&body, "metadata_gate_lsm_enforcing");
+        let enforcing = lsm == "enforcing";
+        assert!(enforcing || lsm.starts_with("inactive: "), "status lsm: {lsm:?}");
+        assert_eq!(gauge, Some(f64::from(u8::from(enforcing))), "gauge against status {lsm:?}");
+        if !enforcing {
+            let why: Vec<String> =
+                agent.logs().into_iter().filter(|l| l.contains("LSM programs")).collect();
+            eprintln!("bypass: LSM programs not enforcing on this kernel: {lsm}; agent: {why:?}");
+        }
+        Some(enforcing)
     }
 
     /// Denials so far, by hook, from the running agent's /metrics (empty without an agent).
@@ -624,6 +644,118 @@ fn qdisc_bypass_and_af_xdp_setup_are_refused_to_gated_workloads() {
             let line = w.c.env.agent().wait_log(logged, Duration::from_secs(5));
             let line = line.expect("setsockopt denial logged");
             assert_eq!(line["verdict"], "denied", "{line}");
+        }
+    });
+}
+
+/// Case 9b: PACKET_QDISC_BYPASS asked through the 32-bit compat ABI (`int 0x80`), for which
+/// the kernel runs no cgroup/setsockopt program (`do_sock_setsockopt`: `if (!compat)`): the
+/// LSM program refuses it as the native call is refused, and the frame sent anyway never
+/// arrives; the allowed pod keeps it. Where the kernel runs no BPF LSM the door is open, and
+/// status and /metrics say so.
+#[test]
+fn qdisc_bypass_through_the_32_bit_abi_is_refused() {
+    privileged!(qdisc_bypass_through_the_32_bit_abi_is_refused);
+    let mut w = World::new();
+    w.each(|w, gate| {
+        let lsm = w.lsm_enforcing();
+        let before = w.denials().get("setsockopt").copied().unwrap_or(0.0);
+        for (who, cgroup, allowed) in
+            [("host-network pod", &w.rogue, false), ("CCM", &w.c.ccm, true)]
+        {
+            let t = token("compat-bypass");
+            let f = frame::to_hex(&eth(w.imds_mac, &udp80(NODE_V4, To::Imds, &t)));
+            let o = w.probe(&w.node, cgroup, &["frame-bypass-compat", "vnode", "0800", &f]);
+            let refused = gate != Gate::None && !allowed && lsm == Some(true);
+            let arrived =
+                w.c.env.imds.wait_for(&t, Duration::from_millis(if refused { 500 } else { 3000 }));
+            if refused {
+                assert_eq!(
+                    (o.stage.as_str(), o.errno),
+                    ("setsockopt", Some(EPERM)),
+                    "{who}: {o:?}"
+                );
+                assert!(!arrived, "{who} under {gate:?}: the frame sent on the refused socket");
+                eprintln!("bypass: {who}: {gate:?}: compat PACKET_QDISC_BYPASS refused with EPERM");
+            } else {
+                assert_eq!((o.stage.as_str(), o.errno), ("send", None), "{who}: {o:?}");
+                assert!(arrived, "{who} under {gate:?}: a compat-bypass frame was lost");
+                eprintln!("bypass: {who}: {gate:?}: compat PACKET_QDISC_BYPASS set, frame arrived");
+            }
+        }
+        if lsm == Some(true) {
+            let after = w.denials().get("setsockopt").copied().unwrap_or(0.0);
+            assert_eq!(after - before, 1.0, "the compat refusal counted under setsockopt");
+        }
+    });
+}
+
+/// Case 9c: reading the node's traffic. The gated host-network pod opens, on the uplink, an
+/// AF_PACKET socket of ETH_P_ALL (natively and through the 32-bit ABI), one of protocol 0
+/// bound to ETH_P_IP afterwards, and a raw IPPROTO_TCP socket; then the allowed CCM fetches
+/// its instance id. Without the gate each socket reads the reply off the wire; with it each
+/// is refused (EPERM at `socket()` or `bind()`). Sockets that read no IP (ETH_P_ARP, raw
+/// ICMP) stay open to it, and the allowed CCM may capture.
+#[test]
+fn reading_the_nodes_traffic_is_refused_to_gated_workloads() {
+    privileged!(reading_the_nodes_traffic_is_refused_to_gated_workloads);
+    let mut w = World::new();
+    w.each(|w, gate| {
+        let lsm = w.lsm_enforcing();
+        let before = w.denials().get("socket").copied().unwrap_or(0.0);
+        let hold = |cgroup: &str, kind: &str| {
+            let args = ["hold-capture", kind, "vnode", INSTANCE_ID];
+            let cg = w.c.env.cgroup(cgroup);
+            Held::try_start_in(&w.c.env.bins, &w.node, &cg, &args).expect("capture probe ran")
+        };
+        let fetch = || {
+            let o = w.probe(&w.node, &w.c.ccm, &["tcp", IMDS_V4, "80", &token("ccm")]);
+            assert!(o.ok, "the allowed CCM's fetch under {gate:?}: {o:?}");
+        };
+        let captures = |held: Held| {
+            fetch();
+            held.send("go").expect("capture result")
+        };
+        let mut refused = 0.0;
+        let kinds = ["packet-all", "packet-all-compat", "packet-bind", "raw-tcp"];
+        for (cgroup, who, allowed) in
+            [(w.rogue.as_str(), "host-network pod", false), (w.c.ccm.as_str(), "CCM", true)]
+        {
+            for kind in kinds {
+                let shut = gate != Gate::None && !allowed && lsm == Some(true);
+                match hold(cgroup, kind) {
+                    Err(o) => {
+                        assert!(shut, "{who} {kind} under {gate:?}: refused: {o:?}");
+                        let stage = if kind == "packet-bind" { "bind" } else { "socket" };
+                        assert_eq!((o.stage.as_str(), o.errno), (stage, Some(EPERM)), "{kind}");
+                        refused += 1.0;
+                        eprintln!("bypass: {who}: {gate:?}: {kind} capture refused with EPERM");
+                    }
+                    Ok(held) => {
+                        assert!(!shut, "{who} {kind} under {gate:?}: not refused");
+                        let o = captures(held);
+                        assert!(
+                            o.ok,
+                            "{who} {kind} under {gate:?}: read nothing: the path is not real: {o:?}"
+                        );
+                        eprintln!(
+                            "bypass: {who}: {gate:?}: {kind} read the CCM's reply off the wire"
+                        );
+                    }
+                }
+            }
+        }
+        for kind in ["packet-arp", "raw-icmp"] {
+            let held = hold(&w.rogue, kind);
+            assert!(
+                held.is_ok(),
+                "{kind} (reads no IP) refused under {gate:?}: {held:?}",
+                held = held.err()
+            );
+        }
+        if lsm == Some(true) {
+            let after = w.denials().get("socket").copied().unwrap_or(0.0);
+            assert_eq!(after - before, refused, "socket refusals counted");
         }
     });
 }

@@ -1,0 +1,177 @@
+//! The node-wide BPF LSM programs (`lsm/socket_setsockopt`, `socket_create`, `socket_bind`):
+//! the side doors around tc through every syscall ABI, and sockets that would read the node's
+//! traffic. They run only where the kernel has the BPF LSM active (`bpf` in the kernel's list
+//! of LSMs); elsewhere the gate says so ([`LsmState::Inactive`]) and those doors stay as the
+//! cgroup hooks leave them (native setsockopt refused; 32-bit compat, io_uring and capture
+//! open).
+//!
+//! Links are pinned as `links/lsm-<hook>`. An LSM link's program cannot be swapped in place,
+//! so a new agent attaches its own link first and then renames its pin over the old one:
+//! both enforce for that moment, never neither.
+use std::{
+    fs, io,
+    os::unix::ffi::OsStrExt as _,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    Btf, Ebpf,
+    programs::{Lsm, links::FdLink},
+};
+use gate_common::user::AttachPoint;
+
+use super::{Gate, LoaderError, attach::Repair, program};
+
+/// Whether the LSM programs enforce on this node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum LsmState {
+    /// Loaded and attached; the kernel runs them.
+    Active,
+    /// Not attached, and why (the BPF LSM is not active, the kernel refused the programs).
+    Inactive(String),
+}
+
+impl LsmState {
+    /// `enforcing`, or `inactive: <why>`, as `status` shows it.
+    pub(crate) fn text(&self) -> String {
+        match self {
+            LsmState::Active => "enforcing".into(),
+            LsmState::Inactive(why) => format!("inactive: {why}"),
+        }
+    }
+}
+
+const LSM_LIST: &str = "/sys/kernel/security/lsm";
+
+/// The kernel's list of active LSMs, comma-separated. securityfs is seldom mounted inside a
+/// container: where the usual path is missing, it is mounted on a private directory for the
+/// one read.
+fn active_lsms() -> io::Result<String> {
+    match fs::read_to_string(LSM_LIST) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        r => return r,
+    }
+    let dir = std::env::temp_dir().join(format!("metadata-gate-securityfs-{}", std::process::id()));
+    fs::create_dir_all(&dir)?;
+    let read = mount_securityfs(&dir).and_then(|()| {
+        let list = fs::read_to_string(dir.join("lsm"));
+        let _ = unmount(&dir);
+        list
+    });
+    let _ = fs::remove_dir(&dir);
+    read
+}
+
+/// Whether `bpf` is among the active LSMs, or why that cannot be known.
+pub(crate) fn bpf_lsm_active() -> Result<bool, String> {
+    let list = active_lsms().map_err(|e| format!("reading the kernel's active LSMs: {e}"))?;
+    Ok(list.trim().split(',').any(|l| l == "bpf"))
+}
+
+/// Hand-written: mount(2) for one filesystem type is smaller than a new dependency.
+fn mount_securityfs(dir: &Path) -> io::Result<()> {
+    let target = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
+    // SAFETY: NUL-terminated strings that outlive the call; no data argument.
+    let rc = unsafe {
+        libc::mount(
+            c"securityfs".as_ptr(),
+            target.as_ptr(),
+            c"securityfs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RDONLY,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
+fn unmount(dir: &Path) -> io::Result<()> {
+    let target = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
+    // SAFETY: a NUL-terminated path that outlives the call.
+    let rc = unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+    if rc != 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
+/// Load the LSM programs where the BPF LSM is active; otherwise, or where the kernel refuses
+/// them, say why (the rest of the gate loads all the same).
+pub(super) fn load(ebpf: &mut Ebpf) -> LsmState {
+    match bpf_lsm_active() {
+        Ok(true) => {}
+        Ok(false) => {
+            return LsmState::Inactive(format!(
+                "the BPF LSM is not active (`bpf` is not in {LSM_LIST}; boot with lsm=...,bpf)"
+            ));
+        }
+        Err(why) => return LsmState::Inactive(why),
+    }
+    let btf = match Btf::from_sys_fs() {
+        Ok(b) => b,
+        Err(e) => return LsmState::Inactive(format!("reading the kernel's BTF: {e}")),
+    };
+    for point in AttachPoint::LSM {
+        let (prog, hook) = (point.program(), point.lsm_hook().unwrap_or_default());
+        let loaded = program::<Lsm>(ebpf, prog).and_then(|p| {
+            p.load(hook, &btf).map_err(|source| LoaderError::Program { name: prog.name(), source })
+        });
+        if let Err(e) = loaded {
+            return LsmState::Inactive(format!("the kernel refused {}: {e}", prog.name()));
+        }
+    }
+    LsmState::Active
+}
+
+impl Gate {
+    /// Attach every LSM program and pin its link; where a link is pinned already (an earlier
+    /// agent's), the new one is attached first and its pin renamed over the old.
+    pub(super) fn attach_lsm(&mut self) -> Result<(), LoaderError> {
+        if self.lsm != LsmState::Active {
+            return Ok(());
+        }
+        for point in AttachPoint::LSM {
+            let path = self.layout.link(point.pin_name());
+            let fresh = path.with_extension("new");
+            self.attach_lsm_link(point, &fresh)?;
+            fs::rename(&fresh, &path).map_err(|source| LoaderError::Io {
+                what: "moving the new LSM link's pin over",
+                path: path.clone(),
+                source,
+            })?;
+            self.pin_program(point, point.program())?;
+        }
+        Ok(())
+    }
+
+    /// Put back an LSM link or program pin that was removed.
+    pub(super) fn repair_lsm(&mut self, repaired: &mut Vec<Repair>) -> Result<(), LoaderError> {
+        if self.lsm != LsmState::Active {
+            return Ok(());
+        }
+        for point in AttachPoint::LSM {
+            let path = self.layout.link(point.pin_name());
+            if !path.exists() {
+                self.attach_lsm_link(point, &path)?;
+                repaired.push(Repair::Link(point));
+            }
+            if !self.layout.prog(point.pin_name()).exists() {
+                self.pin_program(point, point.program())?;
+                repaired.push(Repair::ProgramPin(point));
+            }
+        }
+        Ok(())
+    }
+
+    fn attach_lsm_link(&mut self, point: AttachPoint, pin: &PathBuf) -> Result<(), LoaderError> {
+        let prog = point.program();
+        let perr = |source| LoaderError::Program { name: prog.name(), source };
+        let p: &mut Lsm = program(&mut self.ebpf, prog)?;
+        let id = p.attach().map_err(perr)?;
+        let link = FdLink::from(p.take_link(id).map_err(perr)?);
+        let _ = fs::remove_file(pin);
+        link.pin(pin).map_err(|source| LoaderError::Pin { path: pin.clone(), source })?;
+        Ok(())
+    }
+
+    /// Whether the LSM programs enforce, or why not.
+    pub(crate) fn lsm(&self) -> &LsmState {
+        &self.lsm
+    }
+}
