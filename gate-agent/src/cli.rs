@@ -75,6 +75,7 @@ impl RunArgs {
                 pin_dir: self.pin_dir,
                 mount_bpffs,
                 egress: self.egress_program.into(),
+                lsm_programs: self.lsm_programs,
                 node: NodeConfig {
                     enabled: self.node_enforcement,
                     workload_ingress,
@@ -278,6 +279,20 @@ pub(crate) struct RunArgs {
     /// kernel allows it)
     #[arg(long, value_enum, value_name = "VARIANT", default_value_t = EgressArg::Auto)]
     pub egress_program: EgressArg,
+    /// Attach the node-wide BPF LSM programs (where the kernel runs the BPF LSM): they refuse
+    /// PACKET_QDISC_BYPASS and AF_XDP setup through every syscall ABI (32-bit compat and
+    /// io_uring included) and sockets that would read the node's IP traffic to gated
+    /// workloads. Off by default while an agent start in cluster mode with them attached is
+    /// investigated (seen on Debian's 6.12)
+    #[arg(
+        long,
+        value_name = "BOOL",
+        default_value_t = false,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub lsm_programs: bool,
     /// Node-level enforcement (default on): a tc program on every interface's egress and on
     /// every workload-facing interface's ingress (all but loopback and the uplinks, the
     /// interfaces that route to a protected endpoint), attached as interfaces appear, for

@@ -35,6 +35,8 @@ pub(crate) struct GateConfig {
     /// only; in a pod the mount would vanish with the container.
     pub mount_bpffs: bool,
     pub egress: EgressProgram,
+    /// Whether the BPF LSM programs are attached (`--lsm-programs`).
+    pub lsm_programs: bool,
     /// The node-level program: where it goes and what it gates.
     pub node: NodeConfig,
     /// Destroy established connections the policy denies.

@@ -340,7 +340,9 @@ fn lsm_state(attachments: &[Attachment]) -> LsmState {
         return LsmState::Active;
     }
     LsmState::Inactive(match bpf_lsm_active() {
-        Ok(true) => "the BPF LSM is active, but the programs are not attached".into(),
+        Ok(true) => {
+            "the BPF LSM is active, but the programs are not attached (--lsm-programs)".into()
+        }
         Ok(false) => "the BPF LSM is not active (boot with lsm=...,bpf)".into(),
         Err(why) => why,
     })

@@ -74,7 +74,7 @@ fn bring_up(
     root: &GatedRoot,
     allow: &AllowSet,
 ) -> Result<Gate> {
-    let mut gate = Gate::open(&cfg.pin_dir, cfg.egress, cfg.mount_bpffs)
+    let mut gate = Gate::open(&cfg.pin_dir, cfg.egress, cfg.lsm_programs, cfg.mount_bpffs)
         .context("loading the eBPF programs")?;
     let start = gate.start();
     if start == Start::Adopted {

@@ -104,7 +104,7 @@ impl Gate {
             let new_prog_id = self.pin_program(point, prog)?;
             changes.push(HookChange { point, program: prog, old_prog_id, new_prog_id });
         }
-        self.attach_lsm()?;
+        self.attach_lsm();
         Ok(changes)
     }
 

@@ -122,13 +122,21 @@ pub(super) fn load(ebpf: &mut Ebpf) -> LsmState {
 impl Gate {
     /// Attach every LSM program and pin its link; where a link is pinned already (an earlier
     /// agent's), the new one is attached first and its pin renamed over the old.
-    pub(super) fn attach_lsm(&mut self) -> Result<(), LoaderError> {
+    /// A failure leaves the rest of the gate enforcing: the state turns inactive, saying why.
+    pub(super) fn attach_lsm(&mut self) {
         if self.lsm != LsmState::Active {
-            return Ok(());
+            return;
         }
+        if let Err(e) = self.try_attach_lsm() {
+            self.lsm = LsmState::Inactive(format!("attaching: {e}"));
+        }
+    }
+
+    fn try_attach_lsm(&mut self) -> Result<(), LoaderError> {
         for point in AttachPoint::LSM {
             let path = self.layout.link(point.pin_name());
-            let fresh = path.with_extension("new");
+            // bpffs refuses names with a dot.
+            let fresh = self.layout.link(&format!("{}-new", point.pin_name()));
             self.attach_lsm_link(point, &fresh)?;
             fs::rename(&fresh, &path).map_err(|source| LoaderError::Io {
                 what: "moving the new LSM link's pin over",

@@ -157,6 +157,7 @@ impl Gate {
     pub(crate) fn open(
         pin_dir: &Path,
         egress: EgressProgram,
+        lsm_programs: bool,
         may_mount: bool,
     ) -> Result<Gate, LoaderError> {
         let layout = pins::prepare(pin_dir, may_mount)?;
@@ -174,7 +175,11 @@ impl Gate {
         }
         let egress = load_egress(&mut ebpf, egress)?;
         let sockopt = load_sockopt(&mut ebpf)?;
-        let lsm = lsm::load(&mut ebpf);
+        let lsm = if lsm_programs {
+            lsm::load(&mut ebpf)
+        } else {
+            LsmState::Inactive("off (--lsm-programs=false, the default)".into())
+        };
         let tc: &mut aya::programs::SchedClassifier = program(&mut ebpf, Program::Tc)?;
         tc.load().map_err(|source| LoaderError::Program { name: Program::Tc.name(), source })?;
         let mut maps = Maps::take(&mut ebpf)?;
