@@ -39,7 +39,7 @@ pub(crate) fn run(state_dir: &Path, pin_dir: &Path, cgroup_root: &Path) -> Resul
         tracing::info!(cgroup_root = %cgroup_root.display(), "created the gated root");
     }
     let root = GatedRoot::open(cgroup_root)?;
-    let mut gate = Gate::open(pin_dir, EgressProgram::Auto, false, true)
+    let mut gate = Gate::open(pin_dir, EgressProgram::Auto, true, true)
         .context("loading the eBPF programs")?;
     if gate.start() == Start::Adopted {
         gate.check_root(&root)?;

@@ -282,12 +282,12 @@ pub(crate) struct RunArgs {
     /// Attach the node-wide BPF LSM programs (where the kernel runs the BPF LSM): they refuse
     /// PACKET_QDISC_BYPASS and AF_XDP setup through every syscall ABI (32-bit compat and
     /// io_uring included) and sockets that would read the node's IP traffic to gated
-    /// workloads. Off by default while an agent start in cluster mode with them attached is
-    /// investigated (seen on Debian's 6.12)
+    /// workloads. `--lsm-programs=false` leaves those doors to the cgroup hooks (native
+    /// setsockopt refused; 32-bit compat, io_uring and capture open)
     #[arg(
         long,
         value_name = "BOOL",
-        default_value_t = false,
+        default_value_t = true,
         num_args = 0..=1,
         default_missing_value = "true",
         action = clap::ArgAction::Set

@@ -68,20 +68,9 @@ pub(crate) fn bpf_lsm_active() -> Result<bool, String> {
     Ok(list.trim().split(',').any(|l| l == "bpf"))
 }
 
-/// Hand-written: mount(2) for one filesystem type is smaller than a new dependency.
 fn mount_securityfs(dir: &Path) -> io::Result<()> {
-    let target = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
-    // SAFETY: NUL-terminated strings that outlive the call; no data argument.
-    let rc = unsafe {
-        libc::mount(
-            c"securityfs".as_ptr(),
-            target.as_ptr(),
-            c"securityfs".as_ptr(),
-            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RDONLY,
-            std::ptr::null(),
-        )
-    };
-    if rc != 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RDONLY;
+    super::pins::mount_pseudo(c"securityfs", c"securityfs", dir, flags, c"")
 }
 
 fn unmount(dir: &Path) -> io::Result<()> {

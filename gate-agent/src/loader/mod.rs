@@ -178,7 +178,7 @@ impl Gate {
         let lsm = if lsm_programs {
             lsm::load(&mut ebpf)
         } else {
-            LsmState::Inactive("off (--lsm-programs=false, the default)".into())
+            LsmState::Inactive("off (--lsm-programs=false)".into())
         };
         let tc: &mut aya::programs::SchedClassifier = program(&mut ebpf, Program::Tc)?;
         tc.load().map_err(|source| LoaderError::Program { name: Program::Tc.name(), source })?;

@@ -4,6 +4,7 @@
 //! policy; `progs/<hook>` name the programs for inspection. Removing the versioned dir is what
 //! opens the gate ([`cleanup`]).
 use std::{
+    ffi::CStr,
     fs, io,
     os::unix::ffi::OsStrExt as _,
     path::{Path, PathBuf},
@@ -113,16 +114,22 @@ fn statfs_type(path: &Path) -> io::Result<i64> {
 }
 
 fn mount_bpffs(path: &Path) -> io::Result<()> {
-    let target = std::ffi::CString::new(path.as_os_str().as_bytes())?;
+    mount_pseudo(c"bpffs", c"bpf", path, 0, c"mode=0700")
+}
+
+/// mount(2) of a filesystem without a device (bpffs, securityfs): `fstype` on `target`, named
+/// `source` in the mount table.
+pub(super) fn mount_pseudo(
+    source: &CStr,
+    fstype: &CStr,
+    target: &Path,
+    flags: libc::c_ulong,
+    data: &CStr,
+) -> io::Result<()> {
+    let target = std::ffi::CString::new(target.as_os_str().as_bytes())?;
     // SAFETY: NUL-terminated strings that outlive the call.
     let rc = unsafe {
-        libc::mount(
-            c"bpffs".as_ptr(),
-            target.as_ptr(),
-            c"bpf".as_ptr(),
-            0,
-            c"mode=0700".as_ptr().cast(),
-        )
+        libc::mount(source.as_ptr(), target.as_ptr(), fstype.as_ptr(), flags, data.as_ptr().cast())
     };
     if rc != 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
 }

@@ -99,7 +99,8 @@ fn eth(dst: Mac, ip: &[u8]) -> Vec<u8> {
 
 /// The `run` arguments of the shipped DaemonSet, less those the harness owns (`run` itself,
 /// the pin dir, the listen addresses and the log format, which every agent under test gets:
-/// /metrics is read on the harness's --listen).
+/// /metrics is read on the harness's --listen) and the state dir (the node's
+/// `/var/lib/metadata-gate`: an agent under test never writes outside its test's own files).
 fn daemonset_run_args() -> Vec<String> {
     let mut args = Vec::new();
     for l in DAEMONSET.lines().skip_while(|l| l.trim() != "args:").skip(1) {
@@ -115,7 +116,7 @@ fn daemonset_run_args() -> Vec<String> {
     let mut it = args.into_iter().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--pin-dir" | "--listen" | "--metrics-listen" => drop(it.next()),
+            "--pin-dir" | "--listen" | "--metrics-listen" | "--state-dir" => drop(it.next()),
             "--log-format" => assert_eq!(it.next().as_deref(), Some("json")),
             _ => rest.push(a),
         }
