@@ -13,7 +13,7 @@ use gate_common::{
 };
 use serde::Serialize;
 
-use crate::loader::{Layout, LoaderError, LsmState, Maps, bpf_lsm_active, pins};
+use crate::loader::{Layout, LinkTarget, LoaderError, LsmState, Maps, bpf_lsm_active, pins};
 
 #[derive(Debug, Serialize)]
 pub(crate) struct Status {
@@ -348,6 +348,26 @@ fn lsm_state(attachments: &[Attachment]) -> LsmState {
     })
 }
 
+/// How a pinned link's hook reads: a tc link (pinned by ifindex, so that a rename keeps it)
+/// as `tc-<direction>-<interface>`, the interface named as the namespace `status` runs in
+/// names it (the agent's own, unless it runs with --tc-netns); by its index where that
+/// namespace has no such interface.
+fn hook_name(pin: String, target: LinkTarget) -> String {
+    let (Some((dir, ifindex)), LinkTarget::Ifindex(attached)) =
+        (AttachPoint::parse_tc_pin_name(&pin), target)
+    else {
+        return pin;
+    };
+    let mut buf = [0u8; libc::IF_NAMESIZE];
+    // SAFETY: the buffer holds IF_NAMESIZE bytes, as if_indextoname(3) requires.
+    let named = unsafe { libc::if_indextoname(attached, buf.as_mut_ptr().cast()) };
+    let name = (!named.is_null())
+        .then(|| std::ffi::CStr::from_bytes_until_nul(&buf).ok()?.to_str().ok().map(str::to_owned))
+        .flatten()
+        .unwrap_or_else(|| ifindex.to_string());
+    format!("tc-{}-{name}", dir.name())
+}
+
 /// The pinned links and the programs they run.
 fn attachments(layout: &Layout) -> Vec<Attachment> {
     let programs: Vec<_> = loaded_programs().flatten().collect();
@@ -362,7 +382,7 @@ fn attachments(layout: &Layout) -> Vec<Attachment> {
                 program: Program::from_kernel_name(kernel_name)
                     .map_or_else(|| kernel_name.to_owned(), |p| p.name().to_owned()),
                 tag: prog.map(|p| format!("{:016x}", p.tag())).unwrap_or_default(),
-                hook,
+                hook: hook_name(hook, info.target),
                 link_id: info.id,
                 program_id: info.prog_id,
                 target_id: info.target.id(),

@@ -83,6 +83,7 @@ pub(crate) const MATRIX: &[(&str, &[&str])] = &[
     ("tc::a_deleted_clsact_qdisc_is_restored_on_the_event",                            K6_1),
     ("bypass::vlan_tagged_frames_are_refused",                                         K6_1),
     ("bypass::host_network_af_packet_frames_on_the_uplink_are_refused",                K6_1),
+    ("bypass::a_renamed_uplink_keeps_its_program",                                     K6_1),
     ("resilience::a_torn_down_gate_is_repaired_within_a_tick",                         K6_1),
     ("terminate::terminate_established_false_leaves_connections_open_but_dropped",     K6_1),
     ("bypass::first_fragment_without_its_transport_header_is_refused",                 K6_12),

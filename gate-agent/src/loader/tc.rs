@@ -3,7 +3,7 @@
 //! interfaces the plan no longer names. Which interfaces those are is decided above, by
 //! [`crate::node`]; this room only makes the kernel match the plan.
 //!
-//! * **tcx** (kernel 6.6+): links pinned under `links/tc-<dir>-<iface>` like the cgroup links,
+//! * **tcx** (kernel 6.6+): links pinned under `links/tc-<dir>-<ifindex>` like the cgroup links,
 //!   so they outlive the agent and are swapped in place (BPF_LINK_UPDATE) on upgrade. New
 //!   links go first in the interface's tcx order, ahead of CNI programs that might redirect
 //!   a frame past us; a link keeps its place when its program is swapped.
@@ -129,7 +129,7 @@ impl Gate {
             if tcx {
                 let mut wanted = BTreeSet::new();
                 for t in &plan.targets {
-                    let pin = AttachPoint::tc_pin_name(t.direction, &t.name);
+                    let pin = AttachPoint::tc_pin_name(t.direction, t.ifindex);
                     wanted.insert(pin.clone());
                     match sync_tcx(prog, &layout, t, &pin, update) {
                         Ok(Tcx::Kept) => {}
@@ -158,6 +158,12 @@ impl Gate {
                 wanted.insert(key);
                 let present = clsact_present(&mut rtnl, t.ifindex, t.direction).unwrap_or(false);
                 if present && !update {
+                    // The filter stays on a renamed interface; its record follows the name,
+                    // which is how cleanup finds it.
+                    let rec = TcClsact { ifname: fixed_str(&t.name), netns: fixed_str(&netns_str) };
+                    if clsact_map.get(&key, 0).ok().is_some_and(|r| r.ifname != rec.ifname) {
+                        clsact_map.insert(key, rec, 0).map_err(map_err(names::TC_CLSACT))?;
+                    }
                     clsact_done.insert(key);
                     continue;
                 }

@@ -252,16 +252,18 @@ impl AttachPoint {
         }
     }
 
-    /// Pin name of a tc link: `tc-<direction>-<interface>`.
-    pub fn tc_pin_name(direction: TcDirection, iface: &str) -> String {
-        format!("tc-{}-{iface}", direction.name())
+    /// Pin name of a tc link: `tc-<direction>-<ifindex>`. The program belongs to the
+    /// interface, not its name: a rename keeps the pin (and the link), and interface names
+    /// that bpffs refuses in a pin name (`eth1.100`) need none.
+    pub fn tc_pin_name(direction: TcDirection, ifindex: u32) -> String {
+        format!("tc-{}-{ifindex}", direction.name())
     }
 
-    /// The (direction, interface) of a tc link's pin name.
-    pub fn parse_tc_pin_name(pin: &str) -> Option<(TcDirection, &str)> {
+    /// The (direction, ifindex) of a tc link's pin name.
+    pub fn parse_tc_pin_name(pin: &str) -> Option<(TcDirection, u32)> {
         let rest = pin.strip_prefix("tc-")?;
-        let (dir, iface) = rest.split_once('-')?;
-        Some((TcDirection::from_name(dir)?, iface))
+        let (dir, ifindex) = rest.split_once('-')?;
+        Some((TcDirection::from_name(dir)?, ifindex.parse().ok()?))
     }
 
     /// The attach point of a pinned link's name.
@@ -339,16 +341,13 @@ mod tests {
 
     #[test]
     fn pin_names() {
-        let pin = AttachPoint::tc_pin_name(TcDirection::Egress, "eth0");
-        assert_eq!(pin, "tc-egress-eth0");
-        assert_eq!(AttachPoint::parse_tc_pin_name(&pin), Some((TcDirection::Egress, "eth0")));
-        // Interface names may contain dashes.
-        assert_eq!(
-            AttachPoint::parse_tc_pin_name("tc-ingress-veth-ab"),
-            Some((TcDirection::Ingress, "veth-ab"))
-        );
+        let pin = AttachPoint::tc_pin_name(TcDirection::Egress, 7);
+        assert_eq!(pin, "tc-egress-7");
+        assert_eq!(AttachPoint::parse_tc_pin_name(&pin), Some((TcDirection::Egress, 7)));
+        // Names of ABI 5 and earlier are not ours to parse.
+        assert_eq!(AttachPoint::parse_tc_pin_name("tc-ingress-veth-ab"), None);
         assert_eq!(AttachPoint::from_pin_name("egress"), Some(AttachPoint::Egress));
-        assert_eq!(AttachPoint::from_pin_name("tc-egress-x"), Some(AttachPoint::Tc));
+        assert_eq!(AttachPoint::from_pin_name("tc-egress-12"), Some(AttachPoint::Tc));
         assert_eq!(AttachPoint::from_pin_name("lsm-bind"), Some(AttachPoint::LsmBind));
         assert_eq!(AttachPoint::from_pin_name("nope"), None);
         for a in AttachPoint::LSM {

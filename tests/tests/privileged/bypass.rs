@@ -29,6 +29,7 @@ use integration_tests::{
         bridge_uplink, ip, mac, nft,
     },
     probe::{Held, Outcome, run_in, token},
+    sys,
     tap::{TAP_IFACE, Tap, VM_V4},
 };
 
@@ -645,6 +646,66 @@ fn qdisc_bypass_and_af_xdp_setup_are_refused_to_gated_workloads() {
             let line = w.c.env.agent().wait_log(logged, Duration::from_secs(5));
             let line = line.expect("setsockopt denial logged");
             assert_eq!(line["verdict"], "denied", "{line}");
+        }
+    });
+}
+
+/// Rename the node's interface `from` to `to` as a host-network pod with NET_ADMIN can (down,
+/// rename, up), putting back the IPv6 address the kernel drops with the link.
+fn rename(node: &str, from: &str, to: &str) {
+    for args in [
+        format!("link set {from} down"),
+        format!("link set {from} name {to}"),
+        format!("link set {to} up"),
+    ] {
+        ip(node, &args).expect("renaming the uplink");
+    }
+    let _ = ip(node, &format!("addr add fd00:ec2::1/64 dev {to} nodad"));
+}
+
+/// Case 3b: the uplink renamed while the gate runs, to a plain name and to a dotted one (as
+/// VLAN interfaces are named, and which bpffs refuses in a pin name): the program belongs to
+/// the interface, so the gated host-network pod's frames on it are refused throughout, and
+/// (tcx) the very link that was there before the rename still is. Without a gate they arrive.
+#[test]
+fn a_renamed_uplink_keeps_its_program() {
+    privileged!(a_renamed_uplink_keeps_its_program);
+    let mut w = World::new();
+    w.each(|w, gate| {
+        // The id of the link on the egress of the uplink, now named `name` (tcx).
+        let uplink_link = |name: &str| -> Option<u64> {
+            let (_, st) = w.c.env.agent.as_ref()?.status().expect("status");
+            let shown = ip(&w.c.env.net.node, &format!("-o link show dev {name}")).ok()?;
+            let idx: u64 = shown.split(':').next()?.trim().parse().ok()?;
+            st["attachments"].as_array()?.iter().find_map(|a| {
+                let egress = a["hook"].as_str()?.starts_with("tc-egress-");
+                (egress && a["target_id"] == idx).then(|| a["link_id"].as_u64()).flatten()
+            })
+        };
+        let before = uplink_link("vnode");
+        for name in ["uplink0", "vnode.100"] {
+            rename(&w.c.env.net.node, "vnode", name);
+            // Time for the agent to see the rename (it must change nothing).
+            std::thread::sleep(Duration::from_millis(300));
+            let send = |t: &str, to: To| {
+                w.frames(
+                    &w.node,
+                    &w.rogue,
+                    name,
+                    ETH_P_IP,
+                    &[eth(w.imds_mac, &udp80(NODE_V4, to, t))],
+                );
+            };
+            w.attempts(gate, true, &[("AF_PACKET frame on the uplink renamed", &send)]);
+            if sys::kernel_has_tcx() && gate != Gate::None {
+                assert_eq!(
+                    uplink_link(name),
+                    before,
+                    "{name} under {gate:?}: the uplink's link changed"
+                );
+            }
+            rename(&w.c.env.net.node, name, "vnode");
+            eprintln!("bypass: uplink renamed to {name}: {gate:?}: checked");
         }
     });
 }
