@@ -9,7 +9,7 @@ use integration_tests::{
     agent::Agent,
     bench::{self, IMDS_PORT},
     bins::Bins,
-    net::{IMDS_V4, nsenter},
+    net::{IMDS_V4, ip, nsenter},
 };
 
 use super::world::{World, cgroup_rel, nft_cgroup_path};
@@ -106,10 +106,23 @@ fn ipt_rules(world: &World, dst: &str) -> Result<String> {
 }
 
 /// What the gate variant must have attached to be the shipped default configuration: the
-/// cgroup hooks on the gated root and the node-level program on the egress of the uplink
-/// (the veth toward the metadata service) and of loopback.
-pub(super) const SHIPPED_HOOKS: [&str; 6] =
-    ["connect4", "connect6", "egress", "setsockopt", "tc-egress-lo", "tc-egress-vnode"];
+/// cgroup hooks on the gated root, the node-level program on the egress of the uplink (the
+/// veth toward the metadata service) and of loopback (tcx links are pinned by ifindex), and
+/// the LSM programs where the kernel runs them.
+fn shipped_hooks(world: &World, lsm: bool) -> Result<Vec<String>> {
+    let mut hooks: Vec<String> =
+        ["connect4", "connect6", "egress", "setsockopt"].map(String::from).into();
+    if lsm {
+        hooks.extend(["lsm-bind", "lsm-setsockopt", "lsm-socket"].map(String::from));
+    }
+    for iface in ["lo", "vnode"] {
+        let shown = ip(&world.net.node, &format!("-o link show dev {iface}"))?;
+        let ifindex = shown.split(':').next().unwrap_or_default().trim();
+        hooks.push(format!("tc-egress-{ifindex}"));
+    }
+    hooks.sort();
+    Ok(hooks)
+}
 
 /// The gate as shipped: `gate-agent run --policy --cgroup-root` with every other flag at its
 /// default (node-level enforcement on), checked by what it attached; the hooks it attached.
@@ -129,8 +142,9 @@ pub(super) fn shipped_gate(
         }
     }
     hooks.sort();
-    if hooks != SHIPPED_HOOKS {
-        bail!("the gate is not attached as shipped: {hooks:?}, expected {SHIPPED_HOOKS:?}");
+    let expected = shipped_hooks(world, hooks.iter().any(|h| h.starts_with("lsm-")))?;
+    if hooks != expected {
+        bail!("the gate is not attached as shipped: {hooks:?}, expected {expected:?}");
     }
     Ok((agent, hooks))
 }
