@@ -58,15 +58,17 @@ impl RunArgs {
             }
         };
         let mount_bpffs = matches!(mode, RunMode::Standalone { .. });
-        // Where every pod is gated, pod-network traffic is the gate's too: guard the
-        // workload-facing interfaces and refuse forwarded traffic at the uplinks. Standalone
-        // guards workload-facing interfaces (sockets there still tell gated from not) but
-        // leaves the host's own forwarding alone.
-        let (workload_ingress, gate_forwarded) = match &mode {
-            RunMode::Standalone { .. } => (true, false),
+        // Forwarded traffic without a socket is refused at the uplinks unless it entered by a
+        // trusted interface, so that an interface that lost its ingress program (an attacker's
+        // route made it look like an uplink, it is brand new) is no way out. Where every pod
+        // is gated, the workload-facing interfaces are strict too; standalone lets sockets
+        // outside the gated root through them. Only where pod-network traffic is left to the
+        // SDN (`--gate-scope host-network-only`) is neither the gate's.
+        let (workload_ingress, gate_forwarded, strict_found) = match &mode {
+            RunMode::Standalone { .. } => (true, true, false),
             RunMode::Cluster(c) => {
                 let all = c.scope == Scope::AllPods;
-                (all, all)
+                (all, all, all)
             }
         };
         Ok(AgentConfig {
@@ -80,8 +82,10 @@ impl RunArgs {
                     enabled: self.node_enforcement,
                     workload_ingress,
                     gate_forwarded,
+                    strict_found,
                     uplinks: self.tc_interface,
                     workloads: self.tc_workload_interface,
+                    trusted: self.tc_trusted_interface,
                     netns: self.tc_netns,
                     mode: self.tc_mode.into(),
                 },
@@ -317,6 +321,13 @@ pub(crate) struct RunArgs {
     /// ingress, also where pod-network traffic is otherwise left to the SDN
     #[arg(long, value_name = "GLOB")]
     pub tc_workload_interface: Vec<String>,
+    /// Trusted interfaces (glob, repeatable): what enters by them may reach a protected
+    /// endpoint through the node (no ingress program, and the uplinks let their forwarded
+    /// traffic pass). For traffic the gate is not meant to judge, such as a VM host's own
+    /// guests that must reach the metadata service; every other forwarded packet bound for
+    /// a protected endpoint is refused at the uplinks
+    #[arg(long, value_name = "GLOB")]
+    pub tc_trusted_interface: Vec<String>,
     /// Network namespace of the node-level interfaces (e.g. /run/netns/NAME); default: the
     /// agent's own (in a DaemonSet with hostNetwork: the node's)
     #[arg(long, value_name = "PATH")]

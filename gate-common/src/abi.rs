@@ -41,6 +41,7 @@ pub mod names {
     /// Workload-facing interfaces (ifindex) where only an allowed gated socket passes to a
     /// protected endpoint; elsewhere a socket outside the gated root passes too.
     pub const STRICT_IFACES: &str = "STRICT_IFACES";
+    pub const TRUSTED_IFACES: &str = "TRUSTED_IFACES";
     /// User space only: tc programs attached the clsact (netlink) way on kernels without tcx.
     /// Unlike tcx links they are not pinned files, so `cleanup` finds them here.
     pub const TC_CLSACT: &str = "TC_CLSACT";
@@ -50,7 +51,7 @@ pub mod names {
     pub const PREFILTER: &str = "PREFILTER";
 
     /// Every map of the object, in pin order.
-    pub const ALL: [&str; 16] = [
+    pub const ALL: [&str; 17] = [
         CONFIG,
         POLICY_META,
         PREFIX_V4,
@@ -65,6 +66,7 @@ pub mod names {
         RECENT,
         ACCESS,
         STRICT_IFACES,
+        TRUSTED_IFACES,
         TC_CLSACT,
         PREFILTER,
     ];

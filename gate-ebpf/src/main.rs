@@ -62,7 +62,7 @@ use gate_common::{
 
 use crate::{
     judge::{Caller, Reported, count, gate, judge, live_generation, passes_fast},
-    maps::{KernelTables, POLICY_META, STRICT_IFACES},
+    maps::{KernelTables, POLICY_META, STRICT_IFACES, TRUSTED_IFACES},
     skb::{Skb, linear, passes_fast_ip},
 };
 
@@ -264,7 +264,9 @@ const TC_ACT_SHOT: i32 = 2;
 ///   inside a pod's namespace, a decapsulated tunnel), or with a socket outside the gated
 ///   root where the interface is strict (STRICT_IFACES), or
 /// * it leaves by an uplink, forwarded and without a socket, where the policy gates such
-///   traffic (NODE_GATE_FORWARDED: pod-network traffic, Service DNAT after our ingress), or
+///   traffic (NODE_GATE_FORWARDED: pod-network traffic, Service DNAT after our ingress,
+///   frames that entered by an interface whose ingress program is missing), unless it
+///   entered by a trusted interface (TRUSTED_IFACES), or
 /// * it was made on this node without a socket and carries more than a bare TCP segment
 ///   (a copy a netfilter rule made of a gated socket's packet).
 ///
@@ -327,9 +329,11 @@ fn gate_tc(ctx: TcContext) -> i32 {
             return TC_NEXT;
         }
     } else if !on_ingress {
-        // Forwarded: refused where the policy gates such traffic, else left to the pod
-        // network.
-        if meta.is_some_and(|m| m.node_flags & NODE_GATE_FORWARDED == 0) {
+        // Forwarded: refused where the policy gates such traffic (unless it entered by a
+        // trusted interface), else left to the pod network.
+        // SAFETY: the value is not read.
+        let trusted = || unsafe { TRUSTED_IFACES.get(ingress_ifindex) }.is_some();
+        if meta.is_some_and(|m| m.node_flags & NODE_GATE_FORWARDED == 0) || trusted() {
             return TC_NEXT;
         }
     }

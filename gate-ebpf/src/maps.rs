@@ -52,6 +52,10 @@ pub(crate) static ACCESS: LruHashMap<AccessKey, AccessStats> =
 #[map]
 pub(crate) static STRICT_IFACES: HashMap<u32, u32> =
     HashMap::with_max_entries(MAX_TC_ATTACHMENTS, BPF_F_NO_PREALLOC);
+/// Interfaces (ifindex) whose forwarded traffic the uplinks let through (`--tc-trusted-interface`).
+#[map]
+pub(crate) static TRUSTED_IFACES: HashMap<u32, u32> =
+    HashMap::with_max_entries(MAX_TC_ATTACHMENTS, BPF_F_NO_PREALLOC);
 #[map]
 pub(crate) static TC_CLSACT: HashMap<u64, TcClsact> =
     HashMap::with_max_entries(MAX_TC_ATTACHMENTS, BPF_F_NO_PREALLOC);

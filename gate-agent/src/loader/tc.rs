@@ -59,6 +59,8 @@ pub(crate) struct TcPlan {
     pub targets: BTreeSet<TcTarget>,
     /// Workload-facing interfaces (ifindex) where only an allowed gated socket passes.
     pub strict: BTreeSet<u32>,
+    /// Interfaces (ifindex) whose forwarded traffic the uplinks let through.
+    pub trusted: BTreeSet<u32>,
     /// Network namespace of the interfaces (a /run/netns/ or /proc/PID/ns/net path); default
     /// the agent's own.
     pub netns: Option<PathBuf>,
@@ -110,6 +112,7 @@ impl Gate {
         let ebpf = &mut self.ebpf;
         let clsact_map = &mut self.maps.clsact;
         let strict_map = &mut self.maps.strict;
+        let trusted_map = &mut self.maps.trusted;
         let clsact_done = &mut self.clsact_done;
         let tcx = use_tcx(plan.mode);
         let netns_str =
@@ -118,14 +121,10 @@ impl Gate {
         netns::run_in(target, "mg-tc", move || {
             let prog: &mut SchedClassifier = super::program(ebpf, Program::Tc)?;
             let mut report = TcReport::default();
-            // Strict interfaces first, so a newly attached one is strict from its first frame.
-            let present: BTreeSet<u32> = strict_map.keys().flatten().collect();
-            for i in plan.strict.difference(&present) {
-                strict_map.insert(*i, 1, 0).map_err(map_err(names::STRICT_IFACES))?;
-            }
-            for i in present.difference(&plan.strict) {
-                let _ = strict_map.remove(i);
-            }
+            // Interface roles first, so a newly attached interface has its role from its first
+            // frame.
+            sync_set(strict_map, &plan.strict, names::STRICT_IFACES)?;
+            sync_set(trusted_map, &plan.trusted, names::TRUSTED_IFACES)?;
             if tcx {
                 let mut wanted = BTreeSet::new();
                 for t in &plan.targets {
@@ -198,6 +197,22 @@ impl Gate {
             Ok(report)
         })?
     }
+}
+
+/// Make the set of ifindexes `map` holds `wanted`.
+fn sync_set(
+    map: &mut aya::maps::HashMap<aya::maps::MapData, u32, u32>,
+    wanted: &BTreeSet<u32>,
+    name: &'static str,
+) -> Result<(), LoaderError> {
+    let present: BTreeSet<u32> = map.keys().flatten().collect();
+    for i in wanted.difference(&present) {
+        map.insert(*i, 1, 0).map_err(map_err(name))?;
+    }
+    for i in present.difference(wanted) {
+        let _ = map.remove(i);
+    }
+    Ok(())
 }
 
 /// What [`sync_tcx`] did for one target.

@@ -48,6 +48,8 @@ pub(crate) struct Rules {
     pub uplinks: GlobSet,
     /// Extra workload-facing interfaces (ingress).
     pub workloads: GlobSet,
+    /// Trusted interfaces: no ingress program, and their forwarded traffic passes the uplinks.
+    pub trusted: GlobSet,
 }
 
 impl Rules {
@@ -57,6 +59,7 @@ impl Rules {
         strict_found: bool,
         uplinks: &[String],
         workloads: &[String],
+        trusted: &[String],
     ) -> Result<Rules, GlobError> {
         Ok(Rules {
             discover,
@@ -64,6 +67,7 @@ impl Rules {
             strict_found,
             uplinks: globset(uplinks)?,
             workloads: globset(workloads)?,
+            trusted: globset(trusted)?,
         })
     }
 }
@@ -87,6 +91,8 @@ pub(crate) struct Classified {
     pub strict: BTreeSet<u32>,
     /// The interfaces a route to a protected address leaves by.
     pub uplinks: BTreeSet<u32>,
+    /// Trusted interfaces.
+    pub trusted: BTreeSet<u32>,
 }
 
 /// Where the program goes, by the rules above.
@@ -114,9 +120,14 @@ pub(crate) fn classify(
             add(TcDirection::Egress);
         }
         let named = rules.workloads.is_match(&l.name);
+        let trusted = rules.trusted.is_match(&l.name);
+        if trusted {
+            out.trusted.insert(l.ifindex);
+        }
         let found = rules.discover
             && rules.workload_ingress
             && !l.loopback
+            && !trusted
             && !uplinks.contains(&l.ifindex);
         if named || found {
             add(TcDirection::Ingress);
@@ -166,24 +177,30 @@ mod tests {
             route("10.0.0.0", 24, 254, &[3]),
             route("fd00::", 8, 254, &[9]), // an interface that does not exist
         ];
-        let rules = Rules::new(true, true, false, &[], &[]).unwrap();
+        let rules = Rules::new(true, true, false, &[], &[], &[]).unwrap();
         let t = classify(&links, &routes, &imds(), &rules);
         assert_eq!(t.uplinks, [2, 5].into());
         assert_eq!(names(&t, TcDirection::Egress), vec!["lo", "eth0", "veth1a", "tap0", "eth1"]);
         assert_eq!(names(&t, TcDirection::Ingress), vec!["veth1a", "tap0"]);
         assert!(t.strict.is_empty(), "found interfaces are lenient unless the rules say");
-        let rules = Rules::new(true, true, true, &[], &[]).unwrap();
+        let rules = Rules::new(true, true, true, &[], &[], &[]).unwrap();
         assert_eq!(classify(&links, &routes, &imds(), &rules).strict, [3, 4].into());
         // Pod-network traffic left to the SDN: no ingress but what a flag names, strict.
-        let rules = Rules::new(true, false, false, &[], &["tap*".into()]).unwrap();
+        let rules = Rules::new(true, false, false, &[], &["tap*".into()], &[]).unwrap();
         let t = classify(&links, &routes, &imds(), &rules);
         assert_eq!(names(&t, TcDirection::Ingress), vec!["tap0"]);
         assert_eq!(t.strict, [4].into());
         // Discovery off: only what the flags name.
-        let rules = Rules::new(false, true, true, &["eth1".into()], &[]).unwrap();
+        let rules = Rules::new(false, true, true, &["eth1".into()], &[], &[]).unwrap();
         let t = classify(&links, &routes, &imds(), &rules);
         assert_eq!(names(&t, TcDirection::Egress), vec!["eth1"]);
         assert!(names(&t, TcDirection::Ingress).is_empty());
+        // A trusted interface: egress still guarded, no ingress program, in the trusted set.
+        let rules = Rules::new(true, true, true, &[], &[], &["tap*".into()]).unwrap();
+        let t = classify(&links, &routes, &imds(), &rules);
+        assert_eq!(names(&t, TcDirection::Ingress), vec!["veth1a"]);
+        assert_eq!(names(&t, TcDirection::Egress), vec!["lo", "eth0", "veth1a", "tap0", "eth1"]);
+        assert_eq!((t.trusted, t.strict), ([4].into(), [3].into()));
     }
 
     #[test]
@@ -196,7 +213,7 @@ mod tests {
             link(10, "br0", Some("bridge"), None),
         ];
         let routes = vec![route("169.254.0.0", 16, 254, &[10])];
-        let rules = Rules::new(true, true, false, &[], &[]).unwrap();
+        let rules = Rules::new(true, true, false, &[], &[], &[]).unwrap();
         let t = classify(&links, &routes, &imds(), &rules);
         assert_eq!(names(&t, TcDirection::Egress), vec!["eth0", "vethpod", "br0"]);
         assert_eq!(names(&t, TcDirection::Ingress), vec!["eth0", "vethpod"]);
@@ -218,6 +235,7 @@ mod tests {
         let ingress = names(&t, TcDirection::Ingress);
         assert!(ingress.contains(&"0a1b2c3d4e5f") && ingress.contains(&"ovn-k8s-mp0"));
         assert!(!ingress.contains(&"br-ex"), "the uplink itself takes no ingress program");
-        assert!(Rules::new(true, true, false, &["[".into()], &[]).is_err());
+        assert!(Rules::new(true, true, false, &["[".into()], &[], &[]).is_err());
+        assert!(Rules::new(true, true, false, &[], &[], &["[".into()]).is_err());
     }
 }

@@ -36,15 +36,20 @@ pub(crate) struct NodeConfig {
     pub enabled: bool,
     /// Guard every interface but the uplinks and loopback on ingress.
     pub workload_ingress: bool,
-    /// Refuse forwarded traffic without a socket at the uplinks, and let only allowed gated
-    /// sockets through the workload-facing interfaces found (cluster mode, every pod gated:
-    /// pod-network traffic, Service DNAT, decapsulated tunnels). Standalone leaves the
-    /// host's forwarding and sockets outside the gated root alone.
+    /// Refuse forwarded traffic without a socket at the uplinks (pod-network traffic, Service
+    /// DNAT, decapsulated tunnels, and frames that entered by an interface whose ingress
+    /// program is missing), unless it entered by a trusted interface. Off only where
+    /// pod-network traffic is left to the SDN (`--gate-scope host-network-only`).
     pub gate_forwarded: bool,
+    /// Let only allowed gated sockets through the workload-facing interfaces found (cluster
+    /// mode, every pod gated). Standalone lets sockets outside the gated root through them.
+    pub strict_found: bool,
     /// `--tc-interface`: more uplinks.
     pub uplinks: Vec<String>,
     /// `--tc-workload-interface`: more workload-facing interfaces.
     pub workloads: Vec<String>,
+    /// `--tc-trusted-interface`: interfaces whose forwarded traffic is not the gate's.
+    pub trusted: Vec<String>,
     /// `--tc-netns`: the namespace of the interfaces; default the agent's own.
     pub netns: Option<PathBuf>,
     pub mode: TcMode,
@@ -75,9 +80,10 @@ impl NodeLevel {
         let rules = classify::Rules::new(
             cfg.enabled,
             cfg.workload_ingress,
-            cfg.gate_forwarded,
+            cfg.strict_found,
             &cfg.uplinks,
             &cfg.workloads,
+            &cfg.trusted,
         )?;
         Ok(NodeLevel { cfg, rules })
     }
@@ -97,6 +103,7 @@ impl NodeLevel {
         let mut plan = TcPlan {
             targets: Default::default(),
             strict: Default::default(),
+            trusted: Default::default(),
             netns: self.cfg.netns.clone(),
             mode: self.cfg.mode,
         };
@@ -108,7 +115,7 @@ impl NodeLevel {
             Ok::<_, NetlinkError>((rtnl::links(&mut s)?, rtnl::routes(&mut s)?))
         })??;
         let c = classify::classify(&links, &routes, protected, &self.rules);
-        (plan.targets, plan.strict) = (c.targets, c.strict);
+        (plan.targets, plan.strict, plan.trusted) = (c.targets, c.strict, c.trusted);
         Ok(plan)
     }
 

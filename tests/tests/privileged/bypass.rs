@@ -410,6 +410,43 @@ fn pod_af_packet_frames_to_its_gateway_are_refused() {
     });
 }
 
+/// Case 2b: a route in a spare table that sends the metadata address out of the pod's veth (a
+/// host-network pod with NET_ADMIN adds it; an IPv6 Router Advertisement from the pod does
+/// the same for a default route) makes that veth look like an uplink, which takes no ingress
+/// program. The pod's frames to its gateway are then forwarded unjudged by the veth, and
+/// refused where they leave: forwarded traffic without a socket is refused at the uplinks in
+/// both modes.
+#[test]
+fn a_route_that_makes_a_pod_veth_an_uplink_opens_nothing() {
+    privileged!(a_route_that_makes_a_pod_veth_an_uplink_opens_nothing);
+    let mut w = World::new();
+    let node = w.c.env.net.node.clone();
+    let route = format!("route {{}} {IMDS_V4}/32 dev {POD_IFACE} table 100");
+    w.each(|w, gate| {
+        ip(&node, &route.replace("{}", "add")).expect("spare-table route");
+        // Time for the agent to see the route (and take the veth for an uplink).
+        std::thread::sleep(Duration::from_millis(300));
+        let udp = |t: &str, to: To| {
+            w.frames(&w.pod_ns, &w.c.web, "eth0", ETH_P_IP, &[eth(w.gw, &udp80(POD_V4, to, t))]);
+        };
+        w.attempts(gate, true, &[("pod: AF_PACKET UDP to the gateway, veth an uplink", &udp)]);
+        ip(&node, &route.replace("{}", "del")).expect("removing the spare-table route");
+    });
+    // The operator's way out: the veth declared trusted, its forwarded frames pass.
+    let root = w.c.kubepods();
+    let extra = ["--tc-trusted-interface", POD_IFACE];
+    let env = &w.c.env;
+    let agent = Agent::start_with(&env.bins, &w.node, &env.policy_file, &root, &extra);
+    w.c.env.agent = Some(agent.expect("standalone agent with a trusted interface"));
+    let t = token("trusted");
+    w.frames(&w.pod_ns, &w.c.web, "eth0", ETH_P_IP, &[eth(w.gw, &udp80(POD_V4, To::Imds, &t))]);
+    assert!(
+        w.c.env.imds.wait_for(&t, Duration::from_secs(3)),
+        "a frame forwarded from the trusted {POD_IFACE} was refused"
+    );
+    w.gate(Gate::None);
+}
+
 /// Cases 3 and 4: the host-network pod sends hand-built frames on the uplink, once with
 /// `sll_protocol` saying IPv4 and once saying 0x88b5 (local experimental) while the frame's
 /// own Ethernet type is IPv4: the receiver goes by the frame.
