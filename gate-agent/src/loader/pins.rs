@@ -139,10 +139,19 @@ pub(super) fn mount_pseudo(
 /// gate.
 pub(crate) fn remove_version(dir: &Path) -> Result<(), LoaderError> {
     super::tc::cleanup_clsact(dir);
-    fs::remove_dir_all(dir).map_err(|e| LoaderError::PinDir {
-        path: dir.to_path_buf(),
-        reason: format!("removing: {e}"),
-    })
+    // A running agent (`cleanup --force`) may pin again while the tree is removed: try again.
+    let mut tries = 0;
+    loop {
+        match fs::remove_dir_all(dir) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) && tries < 20 => tries += 1,
+            r => {
+                return r.map_err(|e| LoaderError::PinDir {
+                    path: dir.to_path_buf(),
+                    reason: format!("removing: {e}"),
+                });
+            }
+        }
+    }
 }
 
 /// Remove every version pinned under `pin_dir`: this opens the gate. Returns the removed dirs.
