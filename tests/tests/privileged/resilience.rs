@@ -75,12 +75,25 @@ fn a_torn_down_gate_is_repaired_within_a_tick() {
         .gate_agent(&["cleanup", "--force", "--pin-dir", &pin], Duration::from_secs(10))
         .expect("cleanup --force");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let repaired = env
-        .agent()
-        .wait_log(|v| v["message"] == "gate repaired", Duration::from_secs(3))
-        .expect("the agent repairs the gate");
-    let what = repaired["what"].as_str().unwrap_or_default();
-    assert!(what.contains("link connect4") && what.contains("map pin CONFIG"), "{repaired}");
+    // A tick that ran while the removal was under way repairs what was gone by then; the
+    // next one the rest: what the repair lines say together.
+    let repaired = || {
+        let lines = env.agent().logs();
+        let what: Vec<String> = lines
+            .iter()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["message"] == "gate repaired")
+            .map(|v| v["what"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        what.join(", ")
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    let whole = |w: &str| w.contains("link connect4") && w.contains("map pin CONFIG");
+    while !whole(&repaired()) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let what = repaired();
+    assert!(whole(&what), "the agent repairs the gate: {what:?}");
     env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
     env.assert_served("gated/cloud-agent", "tcp", IMDS_V4, "80");
     let s = status(&env);
