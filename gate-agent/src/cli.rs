@@ -298,10 +298,11 @@ pub(crate) struct RunArgs {
     )]
     pub lsm_programs: bool,
     /// Node-level enforcement (default on): a tc program on every interface's egress and on
-    /// every workload-facing interface's ingress (all but loopback and the uplinks, the
-    /// interfaces that route to a protected endpoint), attached as interfaces appear, for
-    /// traffic no cgroup hook judged: AF_PACKET frames, packets rewritten after the socket
-    /// hooks, traffic forwarded from pods, VMs and tunnels. `--node-enforcement=false` leaves
+    /// every interface's ingress but loopback's (routes decide nothing), attached as
+    /// interfaces appear, read as Ethernet frames or, on other link types (tun, WireGuard,
+    /// ipip, gre, IPoIB …), at the network header, for traffic no cgroup hook judged:
+    /// AF_PACKET frames, packets rewritten after the socket hooks, traffic forwarded from
+    /// pods, VMs and tunnels. `--node-enforcement=false` leaves
     /// only the cgroup hooks (and the --tc-* interfaces), and those paths open
     #[arg(
         long,
@@ -322,10 +323,10 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "GLOB")]
     pub tc_workload_interface: Vec<String>,
     /// Trusted interfaces (glob, repeatable): what enters by them may reach a protected
-    /// endpoint through the node (no ingress program, and the uplinks let their forwarded
-    /// traffic pass). For traffic the gate is not meant to judge, such as a VM host's own
+    /// endpoint through the node (no ingress program, and their forwarded traffic passes
+    /// where it leaves). For traffic the gate is not meant to judge, such as a VM host's own
     /// guests that must reach the metadata service; every other forwarded packet bound for
-    /// a protected endpoint is refused at the uplinks
+    /// a protected endpoint is refused where it leaves the node
     #[arg(long, value_name = "GLOB")]
     pub tc_trusted_interface: Vec<String>,
     /// Network namespace of the node-level interfaces (e.g. /run/netns/NAME); default: the

@@ -100,6 +100,20 @@ pub fn network_of_frame<P: Packet + ?Sized>(p: &P) -> Network {
     }
 }
 
+/// What a packet read at the kernel's network header carries (interfaces without an
+/// Ethernet header: tun, ipip, gre, sit, WireGuard, IPoIB, …): by the version nibble there
+/// (`None`: not readable), else by the sk_buff's protocol. A packet the sk_buff calls IP
+/// whose header does not say so is unreadable (fail closed); what is neither passes as not IP.
+#[inline(always)]
+pub fn network_of_packet(nibble: Option<u8>, protocol: u16) -> Carries {
+    match nibble {
+        Some(4) => CARRIES_IPV4,
+        Some(6) => CARRIES_IPV6,
+        _ if protocol == ETH_P_IP || protocol == ETH_P_IPV6 => CARRIES_UNREADABLE,
+        _ => CARRIES_OTHER,
+    }
+}
+
 const _: () = assert!(MAX_VLAN_TAGS == 2, "network_of_frame skips exactly two tags");
 
 /// A packet's destination as far as it could be read.

@@ -53,8 +53,8 @@ use gate_common::{
         HOOK_SOCKET, HOOK_TC4, HOOK_TC6, NODE_GATE_FORWARDED, VERDICT_DENIED, VERDICT_UNMATCHED,
     },
     packet::{
-        self, CARRIES_IPV4, CARRIES_IPV6, CARRIES_OTHER, ETH_P_IP, ETH_P_IPV6, Parsed, parse_ip,
-        parse_ipv4, parse_ipv6,
+        self, CARRIES_IPV4, CARRIES_IPV6, CARRIES_OTHER, ETH_P_IP, ETH_P_IPV6, Packet as _, Parsed,
+        parse_ip, parse_ipv4, parse_ipv6, passes_fast_v4, passes_fast_v6,
     },
     sockets,
     verdict::{Addr, Dst, packet_subject},
@@ -62,8 +62,8 @@ use gate_common::{
 
 use crate::{
     judge::{Caller, Reported, count, gate, judge, live_generation, passes_fast},
-    maps::{KernelTables, POLICY_META, STRICT_IFACES, TRUSTED_IFACES},
-    skb::{Skb, linear, passes_fast_ip},
+    maps::{KernelTables, POLICY_META, PREFILTER, STRICT_IFACES, TRUSTED_IFACES},
+    skb::{NetSkb, Skb, linear, passes_fast_ip},
 };
 
 // ---- socket hooks ----------------------------------------------------------------------------
@@ -274,7 +274,6 @@ const TC_ACT_SHOT: i32 = 2;
 /// (kubelet, CRI-O, the kernel's own sockets), replies, other addresses.
 #[classifier]
 fn gate_tc(ctx: TcContext) -> i32 {
-    let skb = ctx.skb.skb;
     // Fast path: the Ethernet type and four bytes of the IP header.
     let ethertype = linear::<14>(&ctx.skb, 0).map(|e| u16::from_be_bytes([e[12], e[13]]));
     let fast = match ethertype {
@@ -287,17 +286,57 @@ fn gate_tc(ctx: TcContext) -> i32 {
     }
     let pkt = Skb(&ctx.skb);
     let net = packet::network_of_frame(&pkt);
-    let (parsed, hook) = match net.carries {
-        CARRIES_OTHER => return TC_NEXT,
-        CARRIES_IPV4 => (parse_ipv4(&pkt, net.l3 as usize), HOOK_TC4),
-        CARRIES_IPV6 => (parse_ipv6(&pkt, net.l3 as usize), HOOK_TC6),
-        _ => (Parsed::UNREADABLE, HOOK_TC4),
-    };
+    match net.carries {
+        CARRIES_OTHER => TC_NEXT,
+        CARRIES_IPV4 => tc_verdict(&ctx, &parse_ipv4(&pkt, net.l3 as usize), HOOK_TC4),
+        CARRIES_IPV6 => tc_verdict(&ctx, &parse_ipv6(&pkt, net.l3 as usize), HOOK_TC6),
+        _ => tc_verdict(&ctx, &Parsed::UNREADABLE, HOOK_TC4),
+    }
+}
+
+/// The same for interfaces whose packets do not start with an Ethernet header — tun,
+/// WireGuard, ipip, gre, sit, ip6tnl, IPoIB, and every link type not known to carry
+/// Ethernet: the packet is read where the kernel says its network header is, which holds
+/// whatever header (or none) the link type puts in front. The loader picks the program by
+/// the interface's link type.
+#[classifier]
+fn gate_tc_l3(ctx: TcContext) -> i32 {
+    let skb = ctx.skb.skb;
+    let pkt = NetSkb(&ctx.skb);
+    if let Some(h) = pkt.bytes::<20>(0) {
+        let fast = match h[0] >> 4 {
+            4 => PREFILTER.get(0).is_some_and(|f| passes_fast_v4(f, h[0], h[16], h[19])),
+            6 => pkt.bytes::<40>(0).is_some_and(|h| {
+                PREFILTER.get(0).is_some_and(|f| passes_fast_v6(f, h[0], h[6], h[24], h[39]))
+            }),
+            _ => false,
+        };
+        if fast {
+            return TC_NEXT;
+        }
+    }
+    // The slow path reads beyond the linear area the header helper sees: pull the headers
+    // in (a failure leaves them unreadable, which is refused).
+    pkt.pull_headers();
+    // SAFETY: reads a field of the context.
+    let protocol = u16::from_be(unsafe { (*skb).protocol } as u16);
+    match packet::network_of_packet(pkt.bytes::<1>(0).map(|b| b[0] >> 4), protocol) {
+        CARRIES_OTHER => TC_NEXT,
+        CARRIES_IPV4 => tc_verdict(&ctx, &parse_ipv4(&pkt, 0), HOOK_TC4),
+        CARRIES_IPV6 => tc_verdict(&ctx, &parse_ipv6(&pkt, 0), HOOK_TC6),
+        _ => tc_verdict(&ctx, &Parsed::UNREADABLE, HOOK_TC4),
+    }
+}
+
+/// What both node-level programs do once the packet is read (see [`gate_tc`]).
+#[inline(always)]
+fn tc_verdict(ctx: &TcContext, parsed: &Parsed, hook: u32) -> i32 {
+    let skb = ctx.skb.skb;
     if parsed.complete && parsed.rst {
         return TC_NEXT;
     }
     let generation = live_generation();
-    let Some(endpoint) = packet_subject(&KernelTables, generation, &parsed) else {
+    let Some(endpoint) = packet_subject(&KernelTables, generation, parsed) else {
         return TC_NEXT;
     };
     let meta = generation.and_then(|g| POLICY_META.get(g));

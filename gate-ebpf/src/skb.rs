@@ -1,6 +1,11 @@
 //! Reading an sk_buff: gate-common's parsers through bpf_skb_load_bytes, and the packet
 //! programs' fast path on bytes of the linear area.
-use aya_ebpf::programs::sk_buff::SkBuff;
+use aya_ebpf::{
+    bindings::bpf_hdr_start_off::BPF_HDR_START_NET,
+    cty::c_void,
+    helpers::generated::{bpf_skb_load_bytes_relative, bpf_skb_pull_data},
+    programs::sk_buff::SkBuff,
+};
 use gate_common::packet::{Packet, passes_fast_v4, passes_fast_v6};
 
 use crate::maps::PREFILTER;
@@ -12,6 +17,49 @@ impl Packet for Skb<'_> {
     #[inline(always)]
     fn bytes<const N: usize>(&self, off: usize) -> Option<[u8; N]> {
         self.0.load::<[u8; N]>(off).ok()
+    }
+}
+
+/// The packet of an sk_buff from the kernel's network header on, whatever the link layer
+/// put in front of it (the header helper reads the linear area only: see `pull_headers`).
+pub(crate) struct NetSkb<'a>(pub(crate) &'a SkBuff);
+
+/// How much of a packet the slow path makes linear: the IP header with options or an
+/// extension chain, and the transport header, behind whatever link header there is.
+const HEADERS: u32 = 256;
+
+impl NetSkb<'_> {
+    /// Make the packet's first [`HEADERS`] bytes linear, where they are not (best effort:
+    /// what stays out of reach is unreadable, and refused).
+    #[inline(always)]
+    pub(crate) fn pull_headers(&self) {
+        let skb = self.0.skb;
+        // SAFETY: reads fields of the context.
+        let (len, linear) = unsafe { ((*skb).len, (*skb).data_end - (*skb).data) };
+        let want = if len < HEADERS { len } else { HEADERS };
+        if linear < want {
+            // SAFETY: the context pointer; the helper checks the length. Packet pointers
+            // taken before are stale after it, and none are kept.
+            unsafe { bpf_skb_pull_data(skb, want) };
+        }
+    }
+}
+
+impl Packet for NetSkb<'_> {
+    #[inline(always)]
+    fn bytes<const N: usize>(&self, off: usize) -> Option<[u8; N]> {
+        let mut buf = [0u8; N];
+        // SAFETY: the context pointer and a stack buffer of the length passed.
+        let r = unsafe {
+            bpf_skb_load_bytes_relative(
+                self.0.skb as *const c_void,
+                off as u32,
+                buf.as_mut_ptr() as *mut c_void,
+                N as u32,
+                BPF_HDR_START_NET,
+            )
+        };
+        (r == 0).then_some(buf)
     }
 }
 

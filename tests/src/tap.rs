@@ -1,5 +1,6 @@
 //! A VM's network path: a multi-queue tap device in the node netns, into which frames are
-//! written as a VM's backend does. Which socket the node sees them with depends on how they
+//! written as a VM's backend does; and a userspace VPN ([`TunLink`]): two TUN devices, packets
+//! read from one written into the other. Which socket the node sees them with depends on how they
 //! are written:
 //! * through a NAPI-frags queue (IFF_NAPI | IFF_NAPI_FRAGS), the test's own ([`Tap::send`]):
 //!   no socket at all, like vhost-net's batched path;
@@ -22,6 +23,7 @@ pub const TAP_IFACE: &str = "vmtap";
 pub const VM_V4: &str = "10.98.0.2";
 
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+const IFF_TUN: libc::c_short = 0x0001;
 const IFF_TAP: libc::c_short = 0x0002;
 const IFF_NAPI: libc::c_short = 0x0010;
 const IFF_NAPI_FRAGS: libc::c_short = 0x0020;
@@ -31,6 +33,11 @@ const IFF_NO_PI: libc::c_short = 0x1000;
 /// Open /dev/net/tun and attach a queue of the multi-queue tap `name` (created if missing,
 /// in the calling thread's network namespace) with the extra flags `extra`.
 pub fn attach(name: &str, extra: libc::c_short) -> std::io::Result<OwnedFd> {
+    open_tun(name, IFF_TAP | IFF_NO_PI | IFF_MULTI_QUEUE | extra)
+}
+
+/// Open /dev/net/tun and attach to the device `name` with `flags` (TUNSETIFF).
+fn open_tun(name: &str, flags: libc::c_short) -> std::io::Result<OwnedFd> {
     // SAFETY: plain open(2); owned right away.
     let fd = unsafe { libc::open(c"/dev/net/tun".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
     if fd < 0 {
@@ -42,7 +49,6 @@ pub fn attach(name: &str, extra: libc::c_short) -> std::io::Result<OwnedFd> {
     let mut req = [0u8; 40];
     let n = name.len().min(15);
     req[..n].copy_from_slice(&name.as_bytes()[..n]);
-    let flags = IFF_TAP | IFF_NO_PI | IFF_MULTI_QUEUE | extra;
     req[16..18].copy_from_slice(&flags.to_ne_bytes());
     // SAFETY: valid fd; the buffer is a struct ifreq.
     if unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETIFF, req.as_mut_ptr()) } != 0 {
@@ -84,5 +90,63 @@ impl Tap {
             }
             Ok(())
         })
+    }
+}
+
+/// The TUN devices' name, in the node netns and in the imds netns.
+pub const TUN_IFACE: &str = "mgvpn";
+
+/// A userspace VPN between the node and the metadata service's side, as WireGuard-go or
+/// OpenVPN run one: a TUN device (an L3 interface: packets start with the IP header) in each
+/// namespace, and a thread that writes every packet the node sends into its TUN into the
+/// imds side's, which receives it as if decapsulated. The devices go with the guard.
+pub struct TunLink {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    relay: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TunLink {
+    pub fn new(net: &TestNet) -> Result<TunLink> {
+        let open = |path: &str| {
+            in_netns(path, || open_tun(TUN_IFACE, IFF_TUN | IFF_NO_PI).context("creating the tun"))
+        };
+        let node = open(&net.node_path())?;
+        let imds = open(&net.imds_path())?;
+        ip(&net.node, &format!("link set {TUN_IFACE} up"))?;
+        ip(&net.imds, &format!("link set {TUN_IFACE} up"))?;
+        // What arrives by the tun comes from an address routed elsewhere: no reverse-path check.
+        crate::net::sysctl(
+            &net.imds,
+            &["net.ipv4.conf.all.rp_filter=0", &format!("net.ipv4.conf.{TUN_IFACE}.rp_filter=0")],
+        )?;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let relay = std::thread::spawn(move || {
+            let mut buf = [0u8; 65536];
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut pfd =
+                    libc::pollfd { fd: node.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                // SAFETY: one valid pollfd.
+                if unsafe { libc::poll(&mut pfd, 1, 50) } <= 0 {
+                    continue;
+                }
+                // SAFETY: valid fd and buffer.
+                let n = unsafe { libc::read(node.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+                if n > 0 {
+                    // SAFETY: valid fd; the first n bytes of the buffer were just read.
+                    unsafe { libc::write(imds.as_raw_fd(), buf.as_ptr().cast(), n as usize) };
+                }
+            }
+        });
+        Ok(TunLink { stop, relay: Some(relay) })
+    }
+}
+
+impl Drop for TunLink {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.relay.take() {
+            let _ = t.join();
+        }
     }
 }

@@ -84,6 +84,7 @@ pub(crate) const MATRIX: &[(&str, &[&str])] = &[
     ("bypass::vlan_tagged_frames_are_refused",                                         K6_1),
     ("bypass::host_network_af_packet_frames_on_the_uplink_are_refused",                K6_1),
     ("bypass::a_renamed_uplink_keeps_its_program",                                     K6_1),
+    ("bypass::packets_on_an_l3_interface_are_refused",                                 K5_10),
     ("resilience::a_torn_down_gate_is_repaired_within_a_tick",                         K6_1),
     ("terminate::terminate_established_false_leaves_connections_open_but_dropped",     K6_1),
     ("bypass::first_fragment_without_its_transport_header_is_refused",                 K6_12),

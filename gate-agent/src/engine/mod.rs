@@ -9,7 +9,6 @@
 //! Rooms: this module brings the gate up and applies policies; `heal` retries failed applies
 //! and repairs what went missing.
 use std::{
-    net::IpAddr,
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
@@ -60,11 +59,6 @@ pub(crate) fn install<'a>(
     }
 }
 
-/// The addresses the node level finds uplinks for: each endpoint's network address.
-fn protected_addrs(policy: &Policy) -> Vec<IpAddr> {
-    policy.endpoints.iter().map(|e| e.cidr.network()).collect()
-}
-
 /// Load (or adopt), apply and attach. A failed fresh start removes its own pins; a failed
 /// adoption leaves the pinned gate as it was, still enforcing.
 fn bring_up(
@@ -110,7 +104,7 @@ fn bring_up(
                 ),
             }
         }
-        let plan = node.plan(&protected_addrs(policy)).context("planning the node level")?;
+        let plan = node.plan().context("planning the node level")?;
         let report = gate.sync_tc(&plan, true).context("attaching the node-level program")?;
         tracing::info!(
             attachments = plan.targets.len(),
@@ -164,8 +158,6 @@ pub(crate) struct Engine {
     state: Option<StateDir>,
     allow: Box<dyn AllowSource>,
     node: Arc<NodeLevel>,
-    /// The live policy's protected addresses, for the node-level watcher.
-    protected: tokio::sync::watch::Sender<Vec<IpAddr>>,
     _node_watch: AbortOnDrop,
     /// The policy text last judged for good: applied, or refused as invalid. One change is
     /// judged once; a text that failed to *apply* is not recorded here but retried.
@@ -217,11 +209,9 @@ impl Engine {
                 }
             });
         }
-        let (protected, protected_rx) = tokio::sync::watch::channel(protected_addrs(&policy));
         let node_watch = AbortOnDrop(tokio::spawn(node::watch(
             node.clone(),
             gate.clone(),
-            protected_rx,
             cfg.rescan,
             agent_metrics.clone(),
         )));
@@ -236,7 +226,6 @@ impl Engine {
             state: cfg.state_dir.as_deref().map(StateDir::new),
             allow,
             node,
-            protected,
             _node_watch: node_watch,
             last_text: None,
             last_refused: false,
@@ -423,7 +412,6 @@ impl Engine {
             took_us = started.elapsed().as_micros() as u64,
             "policy applied"
         );
-        self.protected.send_replace(protected_addrs(&candidate));
         self.policy = candidate;
         self.metrics.reload("success");
         self.keep_state(false);

@@ -41,7 +41,7 @@ pub(crate) use lsm::{LsmState, bpf_lsm_active};
 pub(crate) use maps::{Maps, Stats};
 pub(crate) use pins::{Layout, cleanup};
 pub(crate) use sys::{LinkInfo, LinkTarget};
-pub(crate) use tc::{TcMode, TcPlan, TcReport, TcTarget};
+pub(crate) use tc::{Framing, TcMode, TcPlan, TcReport, TcTarget};
 
 use crate::cgroup::GatedRoot;
 
@@ -132,7 +132,7 @@ pub(crate) struct Gate {
     /// Whether the LSM programs are loaded (and attached by [`Gate::attach`]).
     lsm: LsmState,
     /// clsact filters attached by this agent (TC_CLSACT keys).
-    clsact_done: std::collections::BTreeSet<u64>,
+    clsact_done: std::collections::BTreeMap<u64, tc::Framing>,
     /// Held for the agent's life: one agent per gate.
     _lock: lock::PinLock,
 }
@@ -180,8 +180,10 @@ impl Gate {
         } else {
             LsmState::Inactive("off (--lsm-programs=false)".into())
         };
-        let tc: &mut aya::programs::SchedClassifier = program(&mut ebpf, Program::Tc)?;
-        tc.load().map_err(|source| LoaderError::Program { name: Program::Tc.name(), source })?;
+        for prog in [Program::Tc, Program::TcL3] {
+            let tc: &mut aya::programs::SchedClassifier = program(&mut ebpf, prog)?;
+            tc.load().map_err(|source| LoaderError::Program { name: prog.name(), source })?;
+        }
         let mut maps = Maps::take(&mut ebpf)?;
         let events = Some(
             ebpf.take_map(names::EVENTS)

@@ -1,4 +1,5 @@
-//! The node-level program (`gate_tc`) on interfaces: attaching it where a [`TcPlan`] says,
+//! The node-level programs (`gate_tc`, and `gate_tc_l3` where packets do not start with an
+//! Ethernet header) on interfaces: attaching it where a [`TcPlan`] says,
 //! swapping it in place on upgrade, re-attaching what someone removed, and detaching it from
 //! interfaces the plan no longer names. Which interfaces those are is decided above, by
 //! [`crate::node`]; this room only makes the kernel match the plan.
@@ -45,12 +46,31 @@ pub(crate) enum TcMode {
     Clsact,
 }
 
-/// One interface and direction the program belongs on.
+/// What an interface's packets start with at tc, which decides the program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum Framing {
+    /// An Ethernet header (`gate_tc`).
+    Ethernet,
+    /// Anything else, or nothing: read at the kernel's network header (`gate_tc_l3`).
+    Network,
+}
+
+impl Framing {
+    pub(crate) fn program(self) -> Program {
+        match self {
+            Framing::Ethernet => Program::Tc,
+            Framing::Network => Program::TcL3,
+        }
+    }
+}
+
+/// One interface and direction the program belongs on, and the variant.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) struct TcTarget {
     pub ifindex: u32,
     pub name: String,
     pub direction: TcDirection,
+    pub framing: Framing,
 }
 
 /// Where the program should be attached: every target, in one network namespace.
@@ -119,7 +139,6 @@ impl Gate {
             plan.netns.as_deref().map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
         let target = plan.netns.as_deref().map_or(Netns::Current, Netns::Path);
         netns::run_in(target, "mg-tc", move || {
-            let prog: &mut SchedClassifier = super::program(ebpf, Program::Tc)?;
             let mut report = TcReport::default();
             // Interface roles first, so a newly attached interface has its role from its first
             // frame.
@@ -130,6 +149,7 @@ impl Gate {
                 for t in &plan.targets {
                     let pin = AttachPoint::tc_pin_name(t.direction, t.ifindex);
                     wanted.insert(pin.clone());
+                    let prog: &mut SchedClassifier = super::program(ebpf, t.framing.program())?;
                     match sync_tcx(prog, &layout, t, &pin, update) {
                         Ok(Tcx::Kept) => {}
                         Ok(Tcx::Replaced) => report.replaced += 1,
@@ -156,16 +176,20 @@ impl Gate {
                 let key = t.direction.clsact_key(t.ifindex);
                 wanted.insert(key);
                 let present = clsact_present(&mut rtnl, t.ifindex, t.direction).unwrap_or(false);
-                if present && !update {
+                // Kept unless this agent put the other variant there (the interface's link
+                // type changed: a bond that took its first slave's).
+                let other = clsact_done.get(&key).is_some_and(|f| *f != t.framing);
+                if present && !update && !other {
                     // The filter stays on a renamed interface; its record follows the name,
                     // which is how cleanup finds it.
                     let rec = TcClsact { ifname: fixed_str(&t.name), netns: fixed_str(&netns_str) };
                     if clsact_map.get(&key, 0).ok().is_some_and(|r| r.ifname != rec.ifname) {
                         clsact_map.insert(key, rec, 0).map_err(map_err(names::TC_CLSACT))?;
                     }
-                    clsact_done.insert(key);
+                    clsact_done.entry(key).or_insert(t.framing);
                     continue;
                 }
+                let prog: &mut SchedClassifier = super::program(ebpf, t.framing.program())?;
                 match attach_clsact(prog, &t.name, attach_type(t.direction)) {
                     Ok(()) => {
                         let rec =
@@ -174,12 +198,12 @@ impl Gate {
                         if present {
                             report.replaced += 1;
                         } else {
-                            if clsact_done.contains(&key) {
+                            if clsact_done.contains_key(&key) {
                                 report.repaired.push(t.clone());
                             }
                             report.attached.push(t.clone());
                         }
-                        clsact_done.insert(key);
+                        clsact_done.insert(key, t.framing);
                     }
                     Err(e) => report.failed.push((t.clone(), e.to_string())),
                 }
@@ -243,12 +267,14 @@ fn sync_tcx(
         match sys::link_info(fd.as_fd()) {
             // Still attached to this very interface.
             Ok(info) if info.target == LinkTarget::Ifindex(t.ifindex) => {
-                if !update {
+                let perr =
+                    |source| LoaderError::Program { name: t.framing.program().name(), source };
+                // The other variant is there when the interface's link type changed.
+                let ours = prog.info().map_err(perr)?.id() == info.prog_id;
+                if !update && ours {
                     return Ok(Tcx::Kept);
                 }
-                let prog_fd = prog
-                    .fd()
-                    .map_err(|source| LoaderError::Program { name: Program::Tc.name(), source })?;
+                let prog_fd = prog.fd().map_err(perr)?;
                 sys::link_update(fd.as_fd(), prog_fd.as_fd()).map_err(|source| {
                     LoaderError::Io {
                         what: "replacing the program of link",
@@ -263,7 +289,8 @@ fn sync_tcx(
             }
         }
     }
-    let perr = |source| LoaderError::Program { name: Program::Tc.name(), source };
+    let name = t.framing.program().name();
+    let perr = |source| LoaderError::Program { name, source };
     let id = prog
         .attach_with_options(&t.name, attach_type(t.direction), TcAttachOptions::TcxOrder(LinkOrder::first()))
         .map_err(|e| {
@@ -273,7 +300,7 @@ fn sync_tcx(
             ))
         })?;
     let link = FdLink::try_from(prog.take_link(id).map_err(perr)?)
-        .map_err(|source| LoaderError::Link { name: Program::Tc.name(), source })?;
+        .map_err(|source| LoaderError::Link { name, source })?;
     link.pin(&path).map_err(|source| LoaderError::Pin { path: path.clone(), source })?;
     Ok(if was_pinned && !update { Tcx::Repaired } else { Tcx::Attached })
 }

@@ -1,28 +1,46 @@
-//! Which interfaces the node-level program belongs on, from the namespace's interfaces and
-//! routes: pure, so every rule is unit-tested.
+//! Which interfaces the node-level program belongs on, and which variant, from the
+//! namespace's interfaces alone: pure, so every rule is unit-tested. Routes decide nothing:
+//! anyone who can add a route (a pod's Router Advertisement, a host-network `NET_ADMIN`)
+//! could otherwise take a program off an interface.
 //!
 //! * **Egress, on every interface, loopback included.** A gated socket with CAP_NET_RAW can
 //!   send an AF_PACKET frame on any interface that reaches the metadata service's segment —
 //!   the uplink, a second NIC, the parent of a VLAN uplink, a bridge port, or loopback, which
 //!   hands it back to the node as forwarded traffic without its socket — and forwarded traffic
-//!   leaves by whichever interface the route (in any table: pods may be routed by policy)
-//!   or the bridge or Open vSwitch datapath picks. The program's common case is two loads and
-//!   a bit test, so guarding every egress costs less than guessing which ones matter.
-//! * **Uplinks**: the interfaces a route to a protected address leaves by, in any routing
-//!   table. They take no ingress program: what enters there comes from outside the node.
-//! * **Workload-facing** (ingress): every other interface but loopback — pod veths, VM taps,
-//!   tunnels, OVS internal ports such as OVN-Kubernetes' management port: whatever a frame
-//!   can enter the node by from a workload. Not used where pod-network traffic is left to
-//!   the SDN (`--gate-scope host-network-only`).
+//!   leaves by whichever interface a route, the bridge or Open vSwitch picks. The program's
+//!   common case is two loads and a bit test, so guarding every egress costs less than
+//!   guessing which ones matter.
+//! * **Ingress, on every interface but loopback and the trusted ones** (workload-facing: pod
+//!   veths, VM taps, tunnels, OVS internal ports such as OVN-Kubernetes' management port, and
+//!   the uplinks too, where nothing legitimate enters bound for a metadata address). Not used
+//!   where pod-network traffic is left to the SDN (`--gate-scope host-network-only`).
+//! * **The variant by link type**: `gate_tc` reads Ethernet frames (Ethernet and loopback
+//!   devices, with VLAN tags in the frame); every other link type — tun, WireGuard, ipip,
+//!   gre, sit, ip6tnl, IPoIB, and types not known here — gets `gate_tc_l3`, which reads at the
+//!   kernel's network header and refuses what it cannot read.
 //! * Flags add interfaces to either role (`--tc-interface`, `--tc-workload-interface`), also
 //!   with node-level discovery off; the ones `--tc-workload-interface` names are strict.
-use std::{collections::BTreeSet, net::IpAddr};
+use std::collections::BTreeSet;
 
 use gate_common::user::TcDirection;
 use globset::{Glob, GlobSet, GlobSetBuilder};
 
-use super::rtnl::{Link, Route};
-use crate::loader::TcTarget;
+use super::rtnl::Link;
+use crate::loader::{Framing, TcTarget};
+
+/// `ARPHRD_ETHER`, `ARPHRD_LOOPBACK` (include/uapi/linux/if_arp.h): the link types whose
+/// packets start with an Ethernet header at tc.
+const ARPHRD_ETHER: u16 = 1;
+const ARPHRD_LOOPBACK: u16 = 772;
+
+/// What a link type's packets start with at tc. Only the types known to carry an Ethernet
+/// header read as frames; every other type is read at the kernel's network header.
+pub(crate) fn framing(link_type: u16) -> Framing {
+    match link_type {
+        ARPHRD_ETHER | ARPHRD_LOOPBACK => Framing::Ethernet,
+        _ => Framing::Network,
+    }
+}
 
 /// Interface-name globs that are not valid.
 #[derive(Debug, thiserror::Error)]
@@ -38,13 +56,13 @@ pub(crate) struct Rules {
     /// Node-level discovery on: egress on every interface, ingress per `workload_ingress`.
     /// Off: only what the flags name.
     pub discover: bool,
-    /// Find workload-facing interfaces (all but uplinks and loopback).
+    /// Find workload-facing interfaces (all but loopback and the trusted ones).
     pub workload_ingress: bool,
     /// Whether the interfaces found that way are strict (only an allowed gated socket
     /// passes), or let sockets outside the gated root through (standalone). Interfaces named
     /// by flag are always strict.
     pub strict_found: bool,
-    /// Extra uplinks (egress).
+    /// Extra egress interfaces (`--tc-interface`, for discovery off).
     pub uplinks: GlobSet,
     /// Extra workload-facing interfaces (ingress).
     pub workloads: GlobSet,
@@ -85,34 +103,25 @@ fn globset(patterns: &[String]) -> Result<GlobSet, GlobError> {
 /// Where the program goes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Classified {
-    /// (ifindex, name, direction) of every attachment.
+    /// (ifindex, name, direction, variant) of every attachment.
     pub targets: BTreeSet<TcTarget>,
     /// Workload-facing interfaces where only an allowed gated socket passes.
     pub strict: BTreeSet<u32>,
-    /// The interfaces a route to a protected address leaves by.
-    pub uplinks: BTreeSet<u32>,
     /// Trusted interfaces.
     pub trusted: BTreeSet<u32>,
 }
 
 /// Where the program goes, by the rules above.
-pub(crate) fn classify(
-    links: &[Link],
-    routes: &[Route],
-    protected: &[IpAddr],
-    rules: &Rules,
-) -> Classified {
-    let exists: BTreeSet<u32> = links.iter().map(|l| l.ifindex).collect();
-    let uplinks: BTreeSet<u32> = routes
-        .iter()
-        .filter(|r| protected.iter().any(|a| r.covers(*a)))
-        .flat_map(|r| r.oifs.iter().copied())
-        .filter(|i| exists.contains(i))
-        .collect();
-    let mut out = Classified { uplinks: uplinks.clone(), ..Classified::default() };
+pub(crate) fn classify(links: &[Link], rules: &Rules) -> Classified {
+    let mut out = Classified::default();
     for l in links {
         let mut add = |direction| {
-            out.targets.insert(TcTarget { ifindex: l.ifindex, name: l.name.clone(), direction });
+            out.targets.insert(TcTarget {
+                ifindex: l.ifindex,
+                name: l.name.clone(),
+                direction,
+                framing: framing(l.link_type),
+            });
         };
         // Loopback's egress too: an AF_PACKET frame sent on `lo` loses its socket there and
         // comes back in as forwarded traffic.
@@ -124,11 +133,7 @@ pub(crate) fn classify(
         if trusted {
             out.trusted.insert(l.ifindex);
         }
-        let found = rules.discover
-            && rules.workload_ingress
-            && !l.loopback
-            && !trusted
-            && !uplinks.contains(&l.ifindex);
+        let found = rules.discover && rules.workload_ingress && !l.loopback && !trusted;
         if named || found {
             add(TcDirection::Ingress);
             if named || rules.strict_found {
@@ -144,98 +149,80 @@ mod tests {
     use super::*;
 
     fn link(ifindex: u32, name: &str, kind: Option<&str>, master: Option<u32>) -> Link {
-        Link { ifindex, name: name.into(), kind: kind.map(Into::into), master, loopback: false }
-    }
-
-    fn route(dst: &str, len: u8, table: u32, oifs: &[u32]) -> Route {
-        Route { dst: dst.parse().unwrap(), dst_len: len, table, oifs: oifs.to_vec() }
+        let loopback = false;
+        Link {
+            ifindex,
+            name: name.into(),
+            kind: kind.map(Into::into),
+            master,
+            loopback,
+            link_type: 1,
+        }
     }
 
     fn names(c: &Classified, dir: TcDirection) -> Vec<&str> {
         c.targets.iter().filter(|t| t.direction == dir).map(|t| t.name.as_str()).collect()
     }
 
-    fn imds() -> Vec<IpAddr> {
-        vec!["169.254.169.254".parse().unwrap(), "fd00:ec2::254".parse().unwrap()]
-    }
-
     #[test]
-    fn every_egress_and_every_ingress_but_the_uplinks() {
+    fn every_egress_and_every_ingress_but_loopback() {
         let mut lo = link(1, "lo", None, None);
-        lo.loopback = true;
+        (lo.loopback, lo.link_type) = (true, ARPHRD_LOOPBACK);
         let links = vec![
             lo,
             link(2, "eth0", None, None),
             link(3, "veth1a", Some("veth"), None),
             link(4, "tap0", Some("tun"), None),
-            link(5, "eth1", None, None),
-        ];
-        // Main table via eth0; a per-ENI table routes pods by eth1.
-        let routes = vec![
-            route("0.0.0.0", 0, 254, &[2]),
-            route("0.0.0.0", 0, 2, &[5]),
-            route("10.0.0.0", 24, 254, &[3]),
-            route("fd00::", 8, 254, &[9]), // an interface that does not exist
+            link(5, "eth1.100", Some("vlan"), None),
         ];
         let rules = Rules::new(true, true, false, &[], &[], &[]).unwrap();
-        let t = classify(&links, &routes, &imds(), &rules);
-        assert_eq!(t.uplinks, [2, 5].into());
-        assert_eq!(names(&t, TcDirection::Egress), vec!["lo", "eth0", "veth1a", "tap0", "eth1"]);
-        assert_eq!(names(&t, TcDirection::Ingress), vec!["veth1a", "tap0"]);
+        let t = classify(&links, &rules);
+        assert_eq!(
+            names(&t, TcDirection::Egress),
+            vec!["lo", "eth0", "veth1a", "tap0", "eth1.100"]
+        );
+        // The uplinks too: whatever a route says, a program is never taken off.
+        assert_eq!(names(&t, TcDirection::Ingress), vec!["eth0", "veth1a", "tap0", "eth1.100"]);
         assert!(t.strict.is_empty(), "found interfaces are lenient unless the rules say");
         let rules = Rules::new(true, true, true, &[], &[], &[]).unwrap();
-        assert_eq!(classify(&links, &routes, &imds(), &rules).strict, [3, 4].into());
+        assert_eq!(classify(&links, &rules).strict, [2, 3, 4, 5].into());
         // Pod-network traffic left to the SDN: no ingress but what a flag names, strict.
         let rules = Rules::new(true, false, false, &[], &["tap*".into()], &[]).unwrap();
-        let t = classify(&links, &routes, &imds(), &rules);
+        let t = classify(&links, &rules);
         assert_eq!(names(&t, TcDirection::Ingress), vec!["tap0"]);
         assert_eq!(t.strict, [4].into());
         // Discovery off: only what the flags name.
-        let rules = Rules::new(false, true, true, &["eth1".into()], &[], &[]).unwrap();
-        let t = classify(&links, &routes, &imds(), &rules);
-        assert_eq!(names(&t, TcDirection::Egress), vec!["eth1"]);
+        let rules = Rules::new(false, true, true, &["eth0".into()], &[], &[]).unwrap();
+        let t = classify(&links, &rules);
+        assert_eq!(names(&t, TcDirection::Egress), vec!["eth0"]);
         assert!(names(&t, TcDirection::Ingress).is_empty());
         // A trusted interface: egress still guarded, no ingress program, in the trusted set.
         let rules = Rules::new(true, true, true, &[], &[], &["tap*".into()]).unwrap();
-        let t = classify(&links, &routes, &imds(), &rules);
-        assert_eq!(names(&t, TcDirection::Ingress), vec!["veth1a"]);
-        assert_eq!(names(&t, TcDirection::Egress), vec!["lo", "eth0", "veth1a", "tap0", "eth1"]);
-        assert_eq!((t.trusted, t.strict), ([4].into(), [3].into()));
+        let t = classify(&links, &rules);
+        assert_eq!(names(&t, TcDirection::Ingress), vec!["eth0", "veth1a", "eth1.100"]);
+        assert_eq!(
+            names(&t, TcDirection::Egress),
+            vec!["lo", "eth0", "veth1a", "tap0", "eth1.100"]
+        );
+        assert_eq!((t.trusted, t.strict), ([4].into(), [2, 3, 5].into()));
+        assert!(Rules::new(true, true, false, &["[".into()], &[], &[]).is_err());
+        assert!(Rules::new(true, true, false, &[], &[], &["[".into()]).is_err());
     }
 
     #[test]
-    fn bridges_and_ovs() {
-        // Linux bridge holding the address, with the NIC and a pod veth as ports: the NIC
-        // and the pod veth take ingress (frames can enter there), the bridge does not.
-        let links = vec![
-            link(2, "eth0", None, Some(10)),
-            link(3, "vethpod", Some("veth"), Some(10)),
-            link(10, "br0", Some("bridge"), None),
-        ];
-        let routes = vec![route("169.254.0.0", 16, 254, &[10])];
-        let rules = Rules::new(true, true, false, &[], &[], &[]).unwrap();
-        let t = classify(&links, &routes, &imds(), &rules);
-        assert_eq!(names(&t, TcDirection::Egress), vec!["eth0", "vethpod", "br0"]);
-        assert_eq!(names(&t, TcDirection::Ingress), vec!["eth0", "vethpod"]);
-
-        // OVN-Kubernetes: br-ex is an OVS internal port; the NIC and pod veths are ports
-        // of the ovs-system datapath; the management port is internal too.
-        let links = vec![
-            link(2, "ens3", None, Some(20)),
-            link(20, "ovs-system", Some("openvswitch"), None),
-            link(21, "br-ex", Some("openvswitch"), Some(20)),
-            link(22, "ovn-k8s-mp0", Some("openvswitch"), Some(20)),
-            link(30, "0a1b2c3d4e5f", Some("veth"), Some(20)),
-            link(31, "genev_sys_6081", Some("geneve"), Some(20)),
-        ];
-        let routes = vec![route("0.0.0.0", 0, 254, &[21])];
-        let t = classify(&links, &routes, &imds(), &rules);
-        assert_eq!(t.uplinks, [21].into());
-        assert!(names(&t, TcDirection::Egress).contains(&"ens3"));
-        let ingress = names(&t, TcDirection::Ingress);
-        assert!(ingress.contains(&"0a1b2c3d4e5f") && ingress.contains(&"ovn-k8s-mp0"));
-        assert!(!ingress.contains(&"br-ex"), "the uplink itself takes no ingress program");
-        assert!(Rules::new(true, true, false, &["[".into()], &[], &[]).is_err());
-        assert!(Rules::new(true, true, false, &[], &[], &["[".into()]).is_err());
+    fn the_variant_follows_the_link_type() {
+        // ARPHRD_NONE (tun, WireGuard), TUNNEL (ipip), SIT, IPGRE, TUNNEL6, INFINIBAND, and
+        // a type nobody listed: read at the network header.
+        for ty in [0xfffe, 768, 776, 778, 769, 32, 0x1234] {
+            assert_eq!(framing(ty), Framing::Network, "link type {ty}");
+        }
+        for ty in [ARPHRD_ETHER, ARPHRD_LOOPBACK] {
+            assert_eq!(framing(ty), Framing::Ethernet, "link type {ty}");
+        }
+        let mut wg = link(7, "wg0", Some("wireguard"), None);
+        wg.link_type = 0xfffe;
+        let rules = Rules::new(true, true, true, &[], &[], &[]).unwrap();
+        let t = classify(&[wg], &rules);
+        assert!(t.targets.iter().all(|t| t.framing == Framing::Network) && t.targets.len() == 2);
     }
 }

@@ -1,18 +1,18 @@
-//! Node-level enforcement: the tc program on the interfaces where traffic leaves the node
-//! toward a protected endpoint (uplinks, egress) and where it enters the node from pods, VMs
-//! and tunnels (workload-facing, ingress) — what no cgroup hook judged. On by default.
+//! Node-level enforcement: the tc program on every interface's egress (where traffic leaves
+//! the node) and on every interface's ingress but loopback's (where it enters the node from
+//! pods, VMs and tunnels) — what no cgroup hook judged. On by default.
 //!
-//! [`rtnl`] reads the namespace's interfaces and routes; [`classify`] decides, purely, where
-//! the program belongs; [`NodeLevel::plan`] turns that into a loader [`TcPlan`]; [`watch`]
-//! keeps the kernel in step: on every link or route change (rtnetlink events, so a pod's
-//! interface is guarded as it appears, not at the next rescan) and every verify period,
-//! which also restores an attachment someone removed. A listing that fails changes nothing:
-//! what is attached stays attached.
+//! [`rtnl`] reads the namespace's interfaces; [`classify`] decides, purely, where the program
+//! belongs and which of its two variants (by what the interface's packets start with);
+//! [`NodeLevel::plan`] turns that into a loader [`TcPlan`]; [`watch`] keeps the kernel in
+//! step: on every link change (rtnetlink events, so a pod's interface is guarded as it
+//! appears, not at the next rescan) and every verify period, which also restores an
+//! attachment someone removed. Routes decide nothing: a route anyone can add never removes a
+//! program. A listing that fails changes nothing: what is attached stays attached.
 pub(crate) mod classify;
 pub(crate) mod rtnl;
 
 use std::{
-    net::IpAddr,
     os::fd::AsRawFd as _,
     path::PathBuf,
     sync::{Arc, Mutex},
@@ -20,7 +20,7 @@ use std::{
 };
 
 use gate_common::abi::NODE_GATE_FORWARDED;
-use tokio::{io::unix::AsyncFd, sync::watch as channel};
+use tokio::io::unix::AsyncFd;
 
 use crate::{
     loader::{Gate, LoaderError, TcMode, TcPlan, TcReport},
@@ -34,7 +34,7 @@ pub(crate) struct NodeConfig {
     /// `--node-enforcement`: off leaves only the cgroup hooks and what the flags below name
     /// (and opens the paths the cgroup hooks cannot see).
     pub enabled: bool,
-    /// Guard every interface but the uplinks and loopback on ingress.
+    /// Guard every interface but loopback (and the trusted ones) on ingress.
     pub workload_ingress: bool,
     /// Refuse forwarded traffic without a socket at the uplinks (pod-network traffic, Service
     /// DNAT, decapsulated tunnels, and frames that entered by an interface whose ingress
@@ -62,7 +62,7 @@ pub(crate) enum NodeError {
     Glob(#[from] classify::GlobError),
     #[error(transparent)]
     Netns(#[from] NetnsError),
-    #[error("listing interfaces and routes: {0}")]
+    #[error("listing interfaces: {0}")]
     Rtnl(#[from] NetlinkError),
     #[error(transparent)]
     Loader(#[from] LoaderError),
@@ -97,9 +97,9 @@ impl NodeLevel {
         self.cfg.netns.as_deref().map_or(Netns::Current, Netns::Path)
     }
 
-    /// Where the program belongs now, for these protected addresses. An error means the
-    /// namespace could not be listed: then nothing may be detached.
-    pub(crate) fn plan(&self, protected: &[IpAddr]) -> Result<TcPlan, NodeError> {
+    /// Where the program belongs now. An error means the namespace could not be listed:
+    /// then nothing may be detached.
+    pub(crate) fn plan(&self) -> Result<TcPlan, NodeError> {
         let mut plan = TcPlan {
             targets: Default::default(),
             strict: Default::default(),
@@ -110,35 +110,28 @@ impl NodeLevel {
         if !self.cfg.enabled && self.cfg.uplinks.is_empty() && self.cfg.workloads.is_empty() {
             return Ok(plan);
         }
-        let (links, routes) = netns::run_in(self.netns(), "mg-rtnl", || {
-            let mut s = rtnl::open().map_err(NetlinkError::Io)?;
-            Ok::<_, NetlinkError>((rtnl::links(&mut s)?, rtnl::routes(&mut s)?))
+        let links = netns::run_in(self.netns(), "mg-rtnl", || {
+            rtnl::links(&mut rtnl::open().map_err(NetlinkError::Io)?)
         })??;
-        let c = classify::classify(&links, &routes, protected, &self.rules);
+        let c = classify::classify(&links, &self.rules);
         (plan.targets, plan.strict, plan.trusted) = (c.targets, c.strict, c.trusted);
         Ok(plan)
     }
 
     /// Plan and make the kernel match; `update` swaps the program of existing attachments
     /// (agent start). Logs what changed.
-    pub(crate) fn sync(
-        &self,
-        gate: &Mutex<Gate>,
-        protected: &[IpAddr],
-        update: bool,
-    ) -> Result<TcReport, NodeError> {
-        let plan = self.plan(protected)?;
+    pub(crate) fn sync(&self, gate: &Mutex<Gate>, update: bool) -> Result<TcReport, NodeError> {
+        let plan = self.plan()?;
         let mut g = gate.lock().map_err(|_| LoaderError::Tc("gate lock poisoned".into()))?;
         let report = g.sync_tc(&plan, update)?;
         log(&report);
         Ok(report)
     }
 
-    /// A socket on the namespace's link, route and tc events (a clsact qdisc or filter
-    /// someone deleted is put back at once, not at the next tick).
+    /// A socket on the namespace's link and tc events (a clsact qdisc or filter someone
+    /// deleted is put back at once, not at the next tick).
     fn events(&self) -> Result<NlSocket, NodeError> {
-        let groups =
-            rtnl::RTMGRP_LINK | rtnl::RTMGRP_TC | rtnl::RTMGRP_IPV4_ROUTE | rtnl::RTMGRP_IPV6_ROUTE;
+        let groups = rtnl::RTMGRP_LINK | rtnl::RTMGRP_TC;
         let sock = netns::run_in(self.netns(), "mg-rtnl", || {
             NlSocket::subscribe(libc::NETLINK_ROUTE, groups)
         })?;
@@ -169,13 +162,11 @@ impl std::os::fd::AsRawFd for EventFd {
     }
 }
 
-/// Keep the attachments in step with the namespace until the task is dropped: on link, route
-/// and tc events (debounced by `settle`), when the protected addresses change, and every
-/// `verify`.
+/// Keep the attachments in step with the namespace until the task is dropped: on link and tc
+/// events (debounced by `settle`), and every `verify`.
 pub(crate) async fn watch(
     node: Arc<NodeLevel>,
     gate: Arc<Mutex<Gate>>,
-    mut protected: channel::Receiver<Vec<IpAddr>>,
     verify: Duration,
     metrics: crate::metrics::AgentMetrics,
 ) {
@@ -191,7 +182,7 @@ pub(crate) async fn watch(
     let events = match registered {
         Ok(fd) => Some(fd),
         Err(e) => {
-            tracing::error!(error = %e, "watching link, route and tc events; relying on the periodic check");
+            tracing::error!(error = %e, "watching link and tc events; relying on the periodic check");
             None
         }
     };
@@ -215,16 +206,10 @@ pub(crate) async fn watch(
                     tokio::time::sleep(settle).await;
                 }
             }
-            changed = protected.changed() => {
-                if changed.is_err() {
-                    return; // the engine is gone
-                }
-            }
             _ = tick.tick() => {}
         }
-        let addrs = protected.borrow().clone();
         let (node, gate) = (node.clone(), gate.clone());
-        let r = tokio::task::spawn_blocking(move || node.sync(&gate, &addrs, false)).await;
+        let r = tokio::task::spawn_blocking(move || node.sync(&gate, false)).await;
         match r {
             Ok(Ok(report)) => {
                 for _ in &report.repaired {

@@ -437,3 +437,34 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn packets_without_an_ethernet_header_by_their_version_nibble() {
+    let ip = ipv4(IMDS, PROTO_TCP, 0, 0, &tcp(80, 0x02, b""));
+    let carries = |p: &[u8], proto| network_of_packet(p.first().map(|b| b >> 4), proto);
+    assert_eq!(carries(&ip, ETH_P_IP), CARRIES_IPV4);
+    // The header decides, whatever the sk_buff's protocol says (a tun's packet information).
+    assert_eq!(carries(&ip, 0x0806), CARRIES_IPV4);
+    assert_eq!(carries(&[0x60; 40], 0), CARRIES_IPV6);
+    // Called IP, not IP at the network header (or nothing there): unreadable, refused.
+    assert_eq!(carries(&[0x00; 20], ETH_P_IP), CARRIES_UNREADABLE);
+    assert_eq!(carries(&[], ETH_P_IPV6), CARRIES_UNREADABLE);
+    // IPoIB's ARP, MPLS with a label not starting 4 or 6: not IP.
+    assert_eq!(carries(&[0x00, 0x20], 0x0806), CARRIES_OTHER);
+    assert_eq!(carries(&[], 0x8847), CARRIES_OTHER);
+}
+
+proptest! {
+    /// A packet the sk_buff calls IP is never passed as "not IP", whatever its bytes; a
+    /// header that says IP is read as IP whatever the sk_buff calls it.
+    #[test]
+    fn an_ip_packet_is_never_other(nibble in proptest::option::of(0u8..16), proto in any::<u16>()) {
+        let c = network_of_packet(nibble, proto);
+        if proto == ETH_P_IP || proto == ETH_P_IPV6 {
+            prop_assert_ne!(c, CARRIES_OTHER);
+        }
+        if matches!(nibble, Some(4 | 6)) {
+            prop_assert!(c == CARRIES_IPV4 || c == CARRIES_IPV6);
+        }
+    }
+}

@@ -124,6 +124,8 @@ named_enum! {
         LsmSocket = (8, "gate_lsm_socket"),
         /// BPF LSM: the same at `bind()` (AF_PACKET).
         LsmBind = (9, "gate_lsm_bind"),
+        /// `gate_tc` for interfaces whose packets do not start with an Ethernet header.
+        TcL3 = (10, "gate_tc_l3"),
     }
 }
 
@@ -175,7 +177,7 @@ impl Program {
             Program::Connect4 => AttachPoint::Connect4,
             Program::Connect6 => AttachPoint::Connect6,
             Program::Egress | Program::EgressNotask => AttachPoint::Egress,
-            Program::Tc => AttachPoint::Tc,
+            Program::Tc | Program::TcL3 => AttachPoint::Tc,
             Program::Setsockopt | Program::SockoptNoallow => AttachPoint::Setsockopt,
             Program::LsmSetsockopt => AttachPoint::LsmSetsockopt,
             Program::LsmSocket => AttachPoint::LsmSocket,

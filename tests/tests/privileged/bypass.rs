@@ -21,7 +21,7 @@ use std::{
 
 use integration_tests::{
     agent::Agent,
-    frame::{self, ETH_P_8021AD, ETH_P_8021Q, ETH_P_IP, Mac},
+    frame::{self, ETH_P_8021AD, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, Mac},
     imds::INSTANCE_ID,
     kubeapi::{self, CONFIGMAPS},
     net::{
@@ -30,7 +30,7 @@ use integration_tests::{
     },
     probe::{Held, Outcome, run_in, token},
     sys,
-    tap::{TAP_IFACE, Tap, VM_V4},
+    tap::{TAP_IFACE, TUN_IFACE, Tap, TunLink, VM_V4},
 };
 
 use super::{
@@ -132,6 +132,7 @@ type Attempt<'a> = (&'a str, &'a dyn Fn(&str, To));
 struct World {
     second: Option<Agent>,
     tap: Option<Tap>,
+    tun: Option<TunLink>,
     c: Cluster,
     pod: PodNet,
     /// The gated host-network pod's cgroup (relative to the tree's base).
@@ -167,7 +168,19 @@ impl World {
         let (node, pod_ns) = (c.env.net.node_path(), pod.path());
         let imds_mac = mac(&c.env.net.imds, "vimds").expect("vimds MAC");
         let gw = mac(&c.env.net.node, POD_IFACE).expect("vpod MAC");
-        World { second: None, tap: None, c, pod, rogue, node, pod_ns, imds_mac, gw, files: vec![] }
+        World {
+            second: None,
+            tap: None,
+            tun: None,
+            c,
+            pod,
+            rogue,
+            node,
+            pod_ns,
+            imds_mac,
+            gw,
+            files: vec![],
+        }
     }
 
     /// Put `gate` in place: stop (and clean up after) the agent running, start the next.
@@ -212,6 +225,19 @@ impl World {
         // A frame dropped on the way out (tc egress) tells its sender ENOBUFS.
         let dropped = o.stage == "send" && o.errno == Some(libc::ENOBUFS);
         assert!(o.ok || dropped, "AF_PACKET send from {cgroup} on {iface}: {o:?}");
+    }
+
+    /// The running agent's tcx link on `dir` (`egress`, `ingress`) of the node's interface
+    /// `iface`, as `status` lists it: (link id, program). `None` without an agent or link.
+    fn tc_link(&self, dir: &str, iface: &str) -> Option<(u64, String)> {
+        let (_, st) = self.c.env.agent.as_ref()?.status().expect("status");
+        let shown = ip(&self.c.env.net.node, &format!("-o link show dev {iface}")).ok()?;
+        let idx: u64 = shown.split(':').next()?.trim().parse().ok()?;
+        st["attachments"].as_array()?.iter().find_map(|a| {
+            let ours = a["hook"].as_str()?.starts_with(&format!("tc-{dir}-"));
+            let program = a["program"].as_str()?.to_owned();
+            (ours && a["target_id"] == idx).then(|| Some((a["link_id"].as_u64()?, program)))?
+        })
     }
 
     /// Whether the running agent's setsockopt program consults the allow set: on kernels that
@@ -412,10 +438,10 @@ fn pod_af_packet_frames_to_its_gateway_are_refused() {
 
 /// Case 2b: a route in a spare table that sends the metadata address out of the pod's veth (a
 /// host-network pod with NET_ADMIN adds it; an IPv6 Router Advertisement from the pod does
-/// the same for a default route) makes that veth look like an uplink, which takes no ingress
-/// program. The pod's frames to its gateway are then forwarded unjudged by the veth, and
-/// refused where they leave: forwarded traffic without a socket is refused at the uplinks in
-/// both modes.
+/// the same for a default route) once made that veth an "uplink", which took no ingress
+/// program. Routes decide nothing now: the veth keeps its ingress program (tcx: the very
+/// link), and the pod's frames to its gateway are refused there (and, were it missing, where
+/// they leave: forwarded traffic without a socket is refused at the uplinks in both modes).
 #[test]
 fn a_route_that_makes_a_pod_veth_an_uplink_opens_nothing() {
     privileged!(a_route_that_makes_a_pod_veth_an_uplink_opens_nothing);
@@ -423,9 +449,12 @@ fn a_route_that_makes_a_pod_veth_an_uplink_opens_nothing() {
     let node = w.c.env.net.node.clone();
     let route = format!("route {{}} {IMDS_V4}/32 dev {POD_IFACE} table 100");
     w.each(|w, gate| {
+        let before = w.tc_link("ingress", POD_IFACE);
+        assert_eq!(before.is_some(), gate != Gate::None && sys::kernel_has_tcx(), "{gate:?}");
         ip(&node, &route.replace("{}", "add")).expect("spare-table route");
-        // Time for the agent to see the route (and take the veth for an uplink).
+        // Time for the agent to see the route (it must change nothing).
         std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(w.tc_link("ingress", POD_IFACE), before, "{gate:?}: the veth's ingress link");
         let udp = |t: &str, to: To| {
             w.frames(&w.pod_ns, &w.c.web, "eth0", ETH_P_IP, &[eth(w.gw, &udp80(POD_V4, to, t))]);
         };
@@ -710,15 +739,7 @@ fn a_renamed_uplink_keeps_its_program() {
     let mut w = World::new();
     w.each(|w, gate| {
         // The id of the link on the egress of the uplink, now named `name` (tcx).
-        let uplink_link = |name: &str| -> Option<u64> {
-            let (_, st) = w.c.env.agent.as_ref()?.status().expect("status");
-            let shown = ip(&w.c.env.net.node, &format!("-o link show dev {name}")).ok()?;
-            let idx: u64 = shown.split(':').next()?.trim().parse().ok()?;
-            st["attachments"].as_array()?.iter().find_map(|a| {
-                let egress = a["hook"].as_str()?.starts_with("tc-egress-");
-                (egress && a["target_id"] == idx).then(|| a["link_id"].as_u64()).flatten()
-            })
-        };
+        let uplink_link = |name: &str| w.tc_link("egress", name).map(|(id, _)| id);
         let before = uplink_link("vnode");
         for name in ["uplink0", "vnode.100"] {
             rename(&w.c.env.net.node, "vnode", name);
@@ -744,6 +765,41 @@ fn a_renamed_uplink_keeps_its_program() {
             rename(&w.c.env.net.node, name, "vnode");
             eprintln!("bypass: uplink renamed to {name}: {gate:?}: checked");
         }
+    });
+}
+
+/// Case 3c: an L3 interface — a TUN device of a userspace VPN that leads to the metadata
+/// service's side — on which the gated host-network pod sends hand-built IP packets with
+/// AF_PACKET. They start with the IP header: read as an Ethernet frame, the source address's
+/// first bytes pass for an Ethernet type and the packet for "not IP". The interface gets
+/// `gate_tc_l3`, which reads at the network header, and they are refused. Without a gate they
+/// arrive through the VPN.
+#[test]
+fn packets_on_an_l3_interface_are_refused() {
+    privileged!(packets_on_an_l3_interface_are_refused);
+    let mut w = World::new();
+    w.tun = Some(TunLink::new(&w.c.env.net).expect("tun link"));
+    w.each(|w, gate| {
+        if gate != Gate::None && sys::kernel_has_tcx() {
+            let program = w.tc_link("egress", TUN_IFACE).map(|(_, p)| p);
+            assert_eq!(program.as_deref(), Some("gate_tc_l3"), "{gate:?}: the tun's program");
+        }
+        let v4 = |t: &str, to: To| {
+            w.frames(&w.node, &w.rogue, TUN_IFACE, ETH_P_IP, &[udp80(NODE_V4, to, t)]);
+        };
+        let v6 = |t: &str, to: To| {
+            let src = "fd00:ec2::1".parse().expect("IPv6");
+            let p = frame::udp6_dstopts(src, to.v6(), 1, 80, t.as_bytes());
+            w.frames(&w.node, &w.rogue, TUN_IFACE, ETH_P_IPV6, &[p]);
+        };
+        w.attempts(
+            gate,
+            true,
+            &[
+                ("AF_PACKET IPv4 packet on a tun", &v4),
+                ("AF_PACKET IPv6 packet (destination options) on a tun", &v6),
+            ],
+        );
     });
 }
 

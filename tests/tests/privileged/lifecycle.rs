@@ -9,7 +9,7 @@ use integration_tests::{
     probe::token,
 };
 
-use super::{EPERM, Env, assert_tc_egress, kernel_has_tcx, metric, policy, status};
+use super::{EPERM, Env, assert_tc, kernel_has_tcx, metric, policy, status};
 
 fn prog_ids(status: &serde_json::Value) -> Vec<(String, u64, u64)> {
     let mut v: Vec<_> = status["attachments"]
@@ -53,17 +53,18 @@ fn sigkill_keeps_the_gate_closed_and_a_restart_adopts_it() {
         .as_array()
         .map(|a| a.iter().filter_map(|x| x["hook"].as_str()).collect())
         .unwrap_or_default();
-    // The node-level programs of lo and the uplink: tcx links on 6.6+, clsact filters before;
-    // the LSM programs where the kernel runs them.
+    // The node-level programs of lo (egress) and the uplink (egress and ingress): tcx links on
+    // 6.6+, clsact filters before; the LSM programs where the kernel runs them.
     let mut want = vec!["connect4", "connect6", "egress", "setsockopt"];
     if down["lsm"] == "enforcing" {
         want.extend(["lsm-bind", "lsm-setsockopt", "lsm-socket"]);
     }
     if kernel_has_tcx() {
-        want.extend(["tc-egress-lo", "tc-egress-vnode"]);
+        want.extend(["tc-egress-lo", "tc-egress-vnode", "tc-ingress-vnode"]);
     } else {
-        assert_tc_egress(&down, "lo");
-        assert_tc_egress(&down, "vnode");
+        assert_tc(&down, "egress", "lo");
+        assert_tc(&down, "egress", "vnode");
+        assert_tc(&down, "ingress", "vnode");
     }
     want.sort_unstable();
     assert_eq!(

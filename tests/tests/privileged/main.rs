@@ -178,17 +178,17 @@ fn status(env: &Env) -> serde_json::Value {
     v
 }
 
-/// `st` (`status --json`) shows a tc program on `iface`'s egress: a tcx link
-/// (`tc-egress-<iface>`) on 6.6+, a clsact filter before (`--tc-mode auto`, as documented;
-/// listed as `egress <iface>`, followed by the netns when it is not the agent's own).
-fn assert_tc_egress(st: &serde_json::Value, iface: &str) {
+/// `st` (`status --json`) shows a tc program on `dir` (`egress`, `ingress`) of `iface`: a
+/// tcx link (`tc-<dir>-<iface>`) on 6.6+, a clsact filter before (`--tc-mode auto`, as
+/// documented; listed as `<dir> <iface>`, followed by the netns when it is not the agent's own).
+fn assert_tc(st: &serde_json::Value, dir: &str, iface: &str) {
     let list = |key: &str| st[key].as_array().cloned().unwrap_or_default();
     if kernel_has_tcx() {
-        let hook = format!("tc-egress-{iface}");
+        let hook = format!("tc-{dir}-{iface}");
         let linked = list("attachments").iter().any(|x| x["hook"] == hook.as_str());
         assert!(linked, "tcx link on {iface}: {st}");
     } else {
-        let filter = format!("egress {iface}");
+        let filter = format!("{dir} {iface}");
         let listed = list("tc_clsact").iter().filter_map(|x| x.as_str()).any(|x| {
             x == filter || x.strip_prefix(filter.as_str()).is_some_and(|r| r.starts_with(' '))
         });

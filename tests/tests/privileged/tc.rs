@@ -8,7 +8,7 @@ use integration_tests::{
     sys::sh,
 };
 
-use super::{Env, assert_tc_egress, metric, status};
+use super::{Env, assert_tc, metric, status};
 
 #[test]
 fn af_packet_frames_from_a_gated_cgroup_never_arrive() {
@@ -36,7 +36,7 @@ fn af_packet_frames_from_a_gated_cgroup_never_arrive() {
     let tc =
         st["decisions"].as_array().and_then(|d| d.iter().find(|h| h["hook"] == "tc4")).cloned();
     assert!(tc.as_ref().is_some_and(|h| h["denied"] == 1), "{st}");
-    assert_tc_egress(&st, "vnode");
+    assert_tc(&st, "egress", "vnode");
 }
 
 #[test]

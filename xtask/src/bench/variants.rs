@@ -119,6 +119,10 @@ fn shipped_hooks(world: &World, lsm: bool) -> Result<Vec<String>> {
         let shown = ip(&world.net.node, &format!("-o link show dev {iface}"))?;
         let ifindex = shown.split(':').next().unwrap_or_default().trim();
         hooks.push(format!("tc-egress-{ifindex}"));
+        // Every interface but loopback takes ingress, the uplink included.
+        if iface != "lo" {
+            hooks.push(format!("tc-ingress-{ifindex}"));
+        }
     }
     hooks.sort();
     Ok(hooks)
