@@ -54,7 +54,7 @@ pub(crate) fn run(state_dir: &Path, pin_dir: &Path, cgroup_root: &Path) -> Resul
             let id = std::os::unix::fs::MetadataExt::ino(
                 &std::fs::metadata(root.path.join(&a.path)).ok()?,
             );
-            Some((id, a.entry))
+            Some((id, a.value))
         })
         .collect();
     let names = policy.endpoint_names();

@@ -24,7 +24,11 @@ struct CgroupGlobs(GatedRoot);
 
 impl AllowSource for CgroupGlobs {
     fn allow_set(&self, policy: &Policy) -> AllowSet {
-        self.0.resolve_allow(policy).into_iter().map(|a| (a.id, a.entry as u32)).collect()
+        self.0
+            .resolve_allow(policy)
+            .into_iter()
+            .map(|a| (a.id, policy.allow_value(a.entry)))
+            .collect()
     }
 }
 

@@ -17,7 +17,10 @@ const BINARY: &str = "bin/gate-agent";
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct AllowedPath {
     pub path: PathBuf,
-    pub entry: u32,
+    /// Its ALLOWED value (entry and grants). Files of agents before grants hold the bare
+    /// entry index (`entry`): read as granting nothing until the agent resolves the set.
+    #[serde(alias = "entry")]
+    pub value: u32,
 }
 
 /// A node's state directory (default `/var/lib/metadata-gate` in a cluster).
@@ -90,7 +93,7 @@ mod tests {
         assert!(st.load_allow().unwrap().is_empty());
         st.save_policy("platform: AWS\n").unwrap();
         assert_eq!(st.load_policy().unwrap(), "platform: AWS\n");
-        let allowed = vec![AllowedPath { path: "a/b".into(), entry: 2 }];
+        let allowed = vec![AllowedPath { path: "a/b".into(), value: 2 }];
         st.save_allow(&allowed).unwrap();
         assert_eq!(st.load_allow().unwrap(), allowed);
         let bin = st.install_binary().unwrap();

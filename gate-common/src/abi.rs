@@ -13,7 +13,7 @@
 
 /// Bumped whenever a type, map or program below changes incompatibly; the agent pins under
 /// `<pin-dir>/v<ABI_VERSION>/`.
-pub const ABI_VERSION: u32 = 6;
+pub const ABI_VERSION: u32 = 7;
 
 /// Map names as they appear in the eBPF object (and under the pin dir).
 pub mod names {
@@ -334,6 +334,36 @@ impl AllowKey {
     pub const fn new(generation: u32, cgroup_id: u64) -> Self {
         Self { generation, _pad: 0, cgroup_id }
     }
+}
+
+/// ALLOWED value: the allow entry that put the cgroup there (its index, low 24 bits) and
+/// what the cgroup's entries grant (`GRANT_*`, high bits).
+pub const ALLOW_ENTRY_MASK: u32 = (1 << 24) - 1;
+/// Reach the protected endpoints (and keep the side doors around tc: PACKET_QDISC_BYPASS,
+/// AF_XDP).
+pub const GRANT_METADATA: u32 = 1 << 24;
+/// Open sockets that read the node's IP traffic (an IDS): AF_PACKET of an IP EtherType, raw
+/// IP of a transport protocol.
+pub const GRANT_CAPTURE: u32 = 1 << 25;
+pub const GRANTS_ALL: u32 = GRANT_METADATA | GRANT_CAPTURE;
+
+/// The ALLOWED value of allow entry `entry` granting `grants`.
+#[inline(always)]
+pub const fn allow_value(entry: u32, grants: u32) -> u32 {
+    (entry & ALLOW_ENTRY_MASK) | (grants & !ALLOW_ENTRY_MASK)
+}
+
+/// The allow entry of an ALLOWED value.
+#[inline(always)]
+pub const fn allow_entry(value: u32) -> u32 {
+    value & ALLOW_ENTRY_MASK
+}
+
+/// What a hook's decision needs an allow entry to grant: the sockets that read traffic need
+/// [`GRANT_CAPTURE`], everything else [`GRANT_METADATA`].
+#[inline(always)]
+pub const fn grant_needed(hook: u32) -> u32 {
+    if hook == HOOK_SOCKET { GRANT_CAPTURE } else { GRANT_METADATA }
 }
 
 /// EP_COUNTERS[endpoint]: decisions on traffic that matched the endpoint.

@@ -10,7 +10,7 @@
 use crate::abi::{
     AllowKey, ENDPOINT_NONE, KIND_ANYPORT_ANYPROTO, KIND_ANYPORT_PROTO, KIND_PORT_ANYPROTO,
     KIND_PORT_PROTO, MAX_CGROUP_DEPTH, MODE_AUDIT, PORT_ANY, PROTO_ANY, PortRuleKey, Prefilter,
-    PrefixValue, VERDICT_ALLOWED, VERDICT_AUDITED, VERDICT_DENIED,
+    PrefixValue, VERDICT_ALLOWED, VERDICT_AUDITED, VERDICT_DENIED, allow_entry,
 };
 
 /// A destination address as the hooks see it: IPv4 (its four bytes first, the other twelve
@@ -146,7 +146,8 @@ pub trait Tables {
     fn prefix_v6(&self, generation: u32, addr: [u8; 16]) -> Option<PrefixValue>;
     /// Endpoint index of a rule key.
     fn port_rule(&self, key: &PortRuleKey) -> Option<u32>;
-    /// Allow entry index if the cgroup is on the allow set.
+    /// The ALLOWED value (entry and grants, [`crate::abi::allow_value`]) if the cgroup is on
+    /// the allow set.
     fn allowed(&self, key: &AllowKey) -> Option<u32>;
     /// Cheap pre-check: `false` only if no protected prefix of the generation can contain
     /// `addr` (see [`crate::abi::Prefilter`]).
@@ -248,7 +249,9 @@ pub fn surely_unprotected(filter: &Prefilter, addr: &Addr) -> bool {
 }
 
 /// Whether a cgroup, or one of its ancestors strictly below the gated root, is on the allow
-/// set; returns the allow entry index. `ancestor(level)` returns the cgroup id of the ancestor
+/// set by an entry that grants `need` (`GRANT_*`); returns the allow entry index. An
+/// ancestor on the set without that grant does not end the walk: a pod allowed the metadata
+/// service may hold a container allowed to capture. `ancestor(level)` returns the cgroup id of the ancestor
 /// at that absolute level, or 0 past the cgroup's own level (what
 /// `bpf_get_current_ancestor_cgroup_id` / `bpf_skb_ancestor_cgroup_id` do). The walk is
 /// bounded by [`MAX_CGROUP_DEPTH`] levels below the root.
@@ -257,6 +260,7 @@ pub fn cgroup_allowed<T: Tables>(
     t: &T,
     generation: u32,
     root_level: u32,
+    need: u32,
     mut ancestor: impl FnMut(u32) -> u64,
 ) -> Option<u32> {
     let mut depth = 1;
@@ -265,8 +269,10 @@ pub fn cgroup_allowed<T: Tables>(
         if id == 0 {
             return None;
         }
-        if let Some(entry) = t.allowed(&AllowKey::new(generation, id)) {
-            return Some(entry);
+        if let Some(value) = t.allowed(&AllowKey::new(generation, id))
+            && value & need != 0
+        {
+            return Some(allow_entry(value));
         }
         depth += 1;
     }
@@ -288,6 +294,7 @@ pub fn decide(mode: u32, allowed: bool) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::abi::{ALLOW_ENTRY_MASK, GRANT_METADATA, GRANTS_ALL, allow_value, grant_needed};
     use std::collections::HashMap;
 
     #[test]
@@ -346,17 +353,42 @@ mod tests {
     #[test]
     fn allow_walk_covers_descendants_below_root_only() {
         // hierarchy root(1) / gated(2) / allowed(3) / child(4) / grandchild(5)
-        let t = Allow([((0, 3), 7)].into_iter().collect());
-        assert_eq!(cgroup_allowed(&t, 0, 1, walker(&[1, 2, 3, 4, 5])), Some(7));
-        assert_eq!(cgroup_allowed(&t, 0, 1, walker(&[1, 2, 3])), Some(7));
+        const M: u32 = GRANT_METADATA;
+        let t = Allow([((0, 3), allow_value(7, M))].into_iter().collect());
+        assert_eq!(cgroup_allowed(&t, 0, 1, M, walker(&[1, 2, 3, 4, 5])), Some(7));
+        assert_eq!(cgroup_allowed(&t, 0, 1, M, walker(&[1, 2, 3])), Some(7));
         // Another generation does not see it.
-        assert_eq!(cgroup_allowed(&t, 1, 1, walker(&[1, 2, 3, 4, 5])), None);
+        assert_eq!(cgroup_allowed(&t, 1, 1, M, walker(&[1, 2, 3, 4, 5])), None);
         // A sibling is not allowed, nor the root itself.
-        assert_eq!(cgroup_allowed(&t, 0, 1, walker(&[1, 2, 9, 4])), None);
-        assert_eq!(cgroup_allowed(&t, 0, 1, walker(&[1, 2])), None);
+        assert_eq!(cgroup_allowed(&t, 0, 1, M, walker(&[1, 2, 9, 4])), None);
+        assert_eq!(cgroup_allowed(&t, 0, 1, M, walker(&[1, 2])), None);
         // The gated root on the allow set does not open the gate for everything below it.
-        let t = Allow([((0, 2), 1)].into_iter().collect());
-        assert_eq!(cgroup_allowed(&t, 0, 1, walker(&[1, 2, 3, 4])), None);
+        let t = Allow([((0, 2), allow_value(1, M))].into_iter().collect());
+        assert_eq!(cgroup_allowed(&t, 0, 1, M, walker(&[1, 2, 3, 4])), None);
+    }
+
+    #[test]
+    fn the_walk_looks_for_the_grant_it_needs() {
+        use crate::abi::{GRANT_CAPTURE, HOOK_CONNECT4, HOOK_SOCKET, HOOK_TC4};
+        const M: u32 = GRANT_METADATA;
+        const C: u32 = GRANT_CAPTURE;
+        // pod(3) allowed the metadata service by entry 0, its container(4) capture by entry 1.
+        let t = Allow([((0, 3), allow_value(0, M)), ((0, 4), allow_value(1, C))].into());
+        let container = || walker(&[1, 2, 3, 4]);
+        assert_eq!(cgroup_allowed(&t, 0, 1, M, container()), Some(0));
+        assert_eq!(cgroup_allowed(&t, 0, 1, C, container()), Some(1));
+        // The pod's other containers: metadata only.
+        assert_eq!(cgroup_allowed(&t, 0, 1, C, walker(&[1, 2, 3, 5])), None);
+        // An entry granting nothing allows nothing (a value of an older layout, fail closed).
+        let t = Allow([((0, 3), 7)].into());
+        assert_eq!(cgroup_allowed(&t, 0, 1, M, container()), None);
+        // Which grant each hook needs.
+        assert_eq!(grant_needed(HOOK_SOCKET), C);
+        assert_eq!((grant_needed(HOOK_CONNECT4), grant_needed(HOOK_TC4)), (M, M));
+        assert_eq!(
+            (allow_entry(allow_value(5, GRANTS_ALL)), GRANTS_ALL & ALLOW_ENTRY_MASK),
+            (5, 0)
+        );
     }
 
     #[test]
@@ -399,7 +431,7 @@ mod tests {
         let t = Allow([((0, 999), 0)].into_iter().collect());
         let mut calls = 0;
         // An endless chain of ancestors (ids 100, 101, …) never on the allow set.
-        let r = cgroup_allowed(&t, 0, 0, |l| {
+        let r = cgroup_allowed(&t, 0, 0, GRANT_METADATA, |l| {
             calls += 1;
             100 + u64::from(l)
         });

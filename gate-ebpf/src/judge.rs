@@ -6,7 +6,7 @@ use gate_common::{
     abi::{
         AccessKey, AccessStats, CONFIG_ACTIVE_GEN, CONFIG_RECENT_CURSOR, DenyEvent, EVENT_BURST,
         EVENT_WINDOW_NS, RECENT_DENIALS, STAT_EVENTS_LOST, VERDICT_ALLOWED, VERDICT_DENIED,
-        VERDICT_UNMATCHED, stat_slot,
+        VERDICT_UNMATCHED, grant_needed, stat_slot,
     },
     packet::Parsed,
     sockets::AF_PACKET,
@@ -216,7 +216,9 @@ pub(crate) fn judge(
     let meta = generation.and_then(|g| POLICY_META.get(g).map(|m| (g, m)));
     let verdict = match meta {
         Some((g, meta)) => {
-            let allowed = cgroup_allowed(&KernelTables, g, meta.root_level, ancestor).is_some();
+            let need = grant_needed(caller.hook);
+            let allowed =
+                cgroup_allowed(&KernelTables, g, meta.root_level, need, ancestor).is_some();
             decide(meta.mode, allowed)
         }
         None => VERDICT_DENIED,

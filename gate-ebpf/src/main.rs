@@ -193,7 +193,8 @@ fn gate_lsm_bind(ctx: LsmContext) -> i32 {
 }
 
 /// The verdict for the current task: callers outside the gated root pass; gated ones are
-/// judged against the allow set like every other hook. Without the live policy the caller
+/// judged against the allow set like every other hook (the `socket` hook asks for the
+/// capture grant, the others for the metadata grant). Without the live policy the caller
 /// counts as gated (fail closed).
 #[inline(always)]
 fn lsm_judge(hook: u32, what: Reported<'_>) -> i32 {

@@ -21,7 +21,10 @@ use std::{
 
 use anyhow::{Result, bail};
 use futures::{StreamExt as _, stream::BoxStream};
-use gate_common::user::AllowSet;
+use gate_common::{
+    abi::{GRANTS_ALL, allow_value},
+    user::AllowSet,
+};
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod};
 use kube::{api::DynamicObject, runtime::watcher::Event};
 use tokio::{
@@ -31,7 +34,7 @@ use tokio::{
 };
 
 use super::{
-    identity::{ContainerInfo, PodCgroups, PodIndex, PodInfo, Scope},
+    identity::{ContainerInfo, PodCgroups, PodIndex, PodInfo, Scope, UNGATED_ENTRY},
     kevents::{self, Publisher},
     platform::{self, Detected, Origin},
     watches,
@@ -85,9 +88,18 @@ impl AllowSource for PodAllow {
             .into_iter()
             .filter_map(|(rel, entry)| {
                 let path = self.cgroups.root.join(self.cgroups.localize(rel));
-                std::fs::metadata(path).ok().map(|m| (m.ino(), entry))
+                std::fs::metadata(path).ok().map(|m| (m.ino(), value(policy, entry)))
             })
             .collect()
+    }
+}
+
+/// The ALLOWED value of an entry index: a pod the scope leaves ungated has every grant.
+fn value(policy: &Policy, entry: u32) -> u32 {
+    if entry == UNGATED_ENTRY {
+        allow_value(UNGATED_ENTRY, GRANTS_ALL)
+    } else {
+        policy.allow_value(entry as usize)
     }
 }
 

@@ -305,7 +305,7 @@ impl Engine {
                 self.root
                     .walk()
                     .into_iter()
-                    .filter_map(|(path, id)| Some(AllowedPath { path, entry: ids.get(id)? }))
+                    .filter_map(|(path, id)| Some(AllowedPath { path, value: ids.get(id)? }))
                     .collect()
             }
             Err(_) => return,

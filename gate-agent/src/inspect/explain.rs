@@ -11,8 +11,8 @@ use std::{
 use aya::maps::lpm_trie::Key;
 use gate_common::{
     abi::{
-        AllowKey, GEN_PREFIX_BITS, PROTO_TCP, PROTO_UDP, PortRuleKey, PrefixV4, PrefixV6,
-        PrefixValue,
+        AllowKey, GEN_PREFIX_BITS, GRANT_METADATA, PROTO_TCP, PROTO_UDP, PortRuleKey, PrefixV4,
+        PrefixV6, PrefixValue, allow_entry,
     },
     user::{Mode, Verdict},
     verdict::{Addr, Dst, Tables, cgroup_allowed, decide, match_endpoint},
@@ -180,7 +180,7 @@ pub(crate) fn explain(
         .map(|(rel, id)| Step {
             cgroup: rel.display().to_string(),
             id: *id,
-            allow_entry: t.allowed(&AllowKey::new(g, *id)),
+            allow_entry: t.allowed(&AllowKey::new(g, *id)).map(allow_entry),
         })
         .collect();
     let ancestor = |level: u32| {
@@ -192,7 +192,7 @@ pub(crate) fn explain(
             Verdict::Unmatched,
             "the destination is not a protected endpoint (address, port and protocol)".to_owned(),
         ),
-        Some(_) => match cgroup_allowed(&t, g, root.level, ancestor) {
+        Some(_) => match cgroup_allowed(&t, g, root.level, GRANT_METADATA, ancestor) {
             Some(entry) => (
                 Verdict::Allowed,
                 format!(

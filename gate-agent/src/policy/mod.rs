@@ -27,7 +27,7 @@ use std::fmt::{self, Write as _};
 use std::path::Path;
 use std::sync::Arc;
 
-use gate_common::abi::{PROTO_TCP, PROTO_UDP};
+use gate_common::abi::{GRANT_CAPTURE, GRANT_METADATA, PROTO_TCP, PROTO_UDP, allow_value};
 use gate_common::compile::{self, EndpointSpec, Image, Net};
 use gate_common::user::PolicyHash;
 use globset::GlobMatcher;
@@ -241,7 +241,13 @@ pub struct AllowEntry {
     /// Unique, non-empty name (used in logs).
     pub name: String,
     pub selector: AllowSelector,
+    /// What the entry grants (`GRANT_*` bits): `grants: [metadata, capture]`, default
+    /// `[metadata]`.
+    pub grants: u32,
 }
+
+/// The grants an allow entry may list, by name.
+pub const GRANTS: [(&str, u32); 2] = [("metadata", GRANT_METADATA), ("capture", GRANT_CAPTURE)];
 
 /// A validated policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -365,6 +371,13 @@ impl Policy {
     }
 
     /// The allow entries that select cgroups by glob (standalone mode), with their index.
+    /// The ALLOWED value of allow entry `entry` (its index and grants); an index past the
+    /// entries grants nothing.
+    pub fn allow_value(&self, entry: usize) -> u32 {
+        let grants = self.allow.get(entry).map_or(0, |e| e.grants);
+        allow_value(u32::try_from(entry).unwrap_or(u32::MAX), grants)
+    }
+
     pub fn cgroup_entries(&self) -> impl Iterator<Item = (usize, &AllowEntry)> {
         self.allow
             .iter()
@@ -400,6 +413,10 @@ impl Policy {
         let _ = write!(out, "allow={};", self.allow.len());
         for a in &self.allow {
             s(&mut out, &a.name);
+            // Only when not the default, so that the hashes of policies without `grants` stay.
+            if a.grants != GRANT_METADATA {
+                let _ = write!(out, "grants={};", a.grants);
+            }
             match &a.selector {
                 AllowSelector::Cgroup(g) => {
                     out.push_str("cgroup;");

@@ -43,6 +43,7 @@ pub(super) struct RawAllow {
     pub service_account: Option<String>,
     pub containers: Option<Vec<String>>,
     pub host_network: Option<bool>,
+    pub grants: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

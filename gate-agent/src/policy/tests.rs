@@ -600,3 +600,38 @@ fn hash_is_stable_and_sensitive() {
     assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
     assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
 }
+
+#[test]
+fn grants_default_to_metadata_and_are_checked() {
+    use gate_common::abi::{GRANT_CAPTURE, GRANT_METADATA, allow_entry};
+    let p = parse(&with_allow(
+        "  - {name: ccm, cgroup: a}\n  - {name: ids, cgroup: b, grants: [capture]}\n  - {name: both, cgroup: c, grants: [metadata, capture]}\n",
+    ))
+    .unwrap();
+    let grants: Vec<u32> = p.allow.iter().map(|e| e.grants).collect();
+    assert_eq!(grants, [GRANT_METADATA, GRANT_CAPTURE, GRANT_METADATA | GRANT_CAPTURE]);
+    assert_eq!(p.allow_value(1) & !0xff_ffff, GRANT_CAPTURE);
+    assert_eq!(allow_entry(p.allow_value(2)), 2);
+    assert_eq!(p.allow_value(9), 9, "an index past the entries grants nothing");
+    // The default changes no hash; a grant does.
+    let plain = parse(&with_allow("  - {name: ccm, cgroup: a}\n")).unwrap();
+    let explicit = parse(&with_allow("  - {name: ccm, cgroup: a, grants: [metadata]}\n")).unwrap();
+    let capture = parse(&with_allow("  - {name: ccm, cgroup: a, grants: [capture]}\n")).unwrap();
+    assert_eq!(plain.hash(), explicit.hash());
+    assert_ne!(plain.hash(), capture.hash());
+    assert_err(
+        &with_allow("  - {name: x, cgroup: a, grants: []}\n"),
+        "allow[0].grants",
+        "grants nothing",
+    );
+    assert_err(
+        &with_allow("  - {name: x, cgroup: a, grants: [metadata, pcap]}\n"),
+        "allow[0].grants[1]",
+        "unknown grant \"pcap\"; one of metadata, capture",
+    );
+    assert_err(
+        &with_allow("  - {name: x, cgroup: a, grants: [capture, capture]}\n"),
+        "allow[0].grants[1]",
+        "listed twice",
+    );
+}

@@ -40,7 +40,7 @@
 use std::{fmt, io, net::SocketAddr, path::PathBuf};
 
 use gate_common::{
-    abi::AllowKey,
+    abi::{AllowKey, GRANT_METADATA},
     compile::HostTables,
     user::{AllowSet, proto_name},
     verdict::{Dst, cgroup_allowed, decide, match_endpoint},
@@ -204,7 +204,8 @@ impl Judge {
                 .and_then(|i| chain.get(i as usize).copied())
                 .unwrap_or(0)
         };
-        cgroup_allowed(&self.tables, self.generation, self.root_level, ancestor).is_some()
+        let need = GRANT_METADATA;
+        cgroup_allowed(&self.tables, self.generation, self.root_level, need, ancestor).is_some()
     }
 }
 

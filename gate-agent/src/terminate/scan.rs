@@ -220,7 +220,10 @@ fn scan_with(sock: &mut impl Diag, label: &str, judge: &Judge, index: &CgroupInd
 
 #[cfg(test)]
 mod tests {
-    use gate_common::{abi::VERDICT_ALLOWED, verdict::Addr};
+    use gate_common::{
+        abi::{GRANT_METADATA, VERDICT_ALLOWED, allow_value},
+        verdict::Addr,
+    };
 
     use super::*;
     use crate::{
@@ -260,7 +263,11 @@ mod tests {
         assert_eq!(index.get(12).unwrap().1, vec![11, 12]);
         assert_eq!(index.get(10).unwrap(), &(PathBuf::from("."), vec![]));
         assert!(index.get(99).is_none());
-        let judge = Judge::new(&policy("enforce"), &root(), &[(11, 0)].into_iter().collect());
+        let judge = Judge::new(
+            &policy("enforce"),
+            &root(),
+            &[(11, allow_value(0, GRANT_METADATA))].into_iter().collect(),
+        );
         let imds = Dst { addr: Addr::v4([169, 254, 169, 254]), port: 80, proto: PROTO_TCP };
         let chain = |id| index.get(id).unwrap().1.clone();
         assert_eq!(judge.verdict(&imds, &chain(14)), Some((0, VERDICT_DENIED)));
@@ -273,7 +280,11 @@ mod tests {
         let v6 = [0xfd, 0, 0x0e, 0xc2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x02, 0x54];
         let d6 = Dst { addr: Addr::v6(v6), port: 443, proto: PROTO_UDP };
         assert_eq!(judge.verdict(&d6, &chain(13)), Some((1, VERDICT_DENIED)));
-        let audit = Judge::new(&policy("audit"), &root(), &[(11, 0)].into_iter().collect());
+        let audit = Judge::new(
+            &policy("audit"),
+            &root(),
+            &[(11, allow_value(0, GRANT_METADATA))].into_iter().collect(),
+        );
         assert_eq!(audit.verdict(&imds, &chain(14)), Some((0, VERDICT_AUDITED)));
     }
 
@@ -336,7 +347,11 @@ mod tests {
             (PathBuf::from("pod-a"), 13),
         ];
         (
-            Judge::new(&policy(mode), &root(), &[(11, 0)].into_iter().collect()),
+            Judge::new(
+                &policy(mode),
+                &root(),
+                &[(11, allow_value(0, GRANT_METADATA))].into_iter().collect(),
+            ),
             CgroupIndex::new(10, walked),
         )
     }

@@ -3,8 +3,11 @@
 use core::fmt;
 use std::collections::BTreeMap;
 
-/// The cgroups on the allow set: cgroup v2 id → index of the allow entry that put it there.
-/// What `ALLOWED` holds for one generation.
+use crate::abi::{ALLOW_ENTRY_MASK, allow_entry, allow_value};
+
+/// The cgroups on the allow set: cgroup v2 id → the ALLOWED value (the allow entry that put
+/// it there and what its entries grant, [`allow_value`]). What `ALLOWED` holds for one
+/// generation.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AllowSet(BTreeMap<u64, u32>);
 
@@ -13,17 +16,19 @@ impl AllowSet {
         Self::default()
     }
 
-    /// Put a cgroup on the set; the lowest entry index wins when several entries select it.
-    pub fn insert(&mut self, cgroup_id: u64, entry: u32) {
-        let e = self.0.entry(cgroup_id).or_insert(entry);
-        *e = (*e).min(entry);
+    /// Put a cgroup on the set with an ALLOWED value. When several entries select it, it
+    /// is listed with the lowest entry index and has what any of them grants.
+    pub fn insert(&mut self, cgroup_id: u64, value: u32) {
+        let e = self.0.entry(cgroup_id).or_insert(value);
+        let entry = allow_entry(*e).min(allow_entry(value));
+        *e = allow_value(entry, (*e | value) & !ALLOW_ENTRY_MASK);
     }
 
     pub fn remove(&mut self, cgroup_id: u64) -> Option<u32> {
         self.0.remove(&cgroup_id)
     }
 
-    /// The allow entry of a cgroup, if it is on the set.
+    /// The ALLOWED value of a cgroup, if it is on the set.
     pub fn get(&self, cgroup_id: u64) -> Option<u32> {
         self.0.get(&cgroup_id).copied()
     }
@@ -40,7 +45,7 @@ impl AllowSet {
         self.0.is_empty()
     }
 
-    /// (cgroup id, allow entry) in cgroup id order.
+    /// (cgroup id, ALLOWED value) in cgroup id order.
     pub fn iter(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
         self.0.iter().map(|(&id, &entry)| (id, entry))
     }
@@ -76,9 +81,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn lowest_entry_wins_and_hash_is_16_hex_digits() {
-        let set: AllowSet = [(7, 3), (7, 1), (9, 2)].into_iter().collect();
-        assert_eq!(set.get(7), Some(1));
+    fn lowest_entry_and_every_grant_and_hash_is_16_hex_digits() {
+        use crate::abi::{GRANT_CAPTURE, GRANT_METADATA};
+        let (m, c) = (GRANT_METADATA, GRANT_CAPTURE);
+        let set: AllowSet =
+            [(7, allow_value(3, c)), (7, allow_value(1, m)), (9, allow_value(2, m))]
+                .into_iter()
+                .collect();
+        assert_eq!(set.get(7), Some(allow_value(1, m | c)));
+        assert_eq!(set.get(9), Some(allow_value(2, m)));
         assert_eq!(set.len(), 2);
         assert_eq!(PolicyHash(0xab).to_string(), "00000000000000ab");
     }

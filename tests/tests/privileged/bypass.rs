@@ -39,6 +39,9 @@ use super::{
     metric,
 };
 
+/// The IDS: a gated host-network pod whose allow entry grants capture only.
+const IDS_UID: &str = "0b6c0f5e-4444-4a2b-9c3d-000000000004";
+
 /// What the policy protects, in both modes: port 80 of the metadata addresses, any protocol.
 const ENDPOINTS: &str = r#"  - {name: ec2-imds, cidr: 169.254.169.254/32, ports: [80]}
   - {name: ec2-imds-v6, cidr: "fd00:ec2::254/128", ports: [80]}
@@ -137,6 +140,8 @@ struct World {
     pod: PodNet,
     /// The gated host-network pod's cgroup (relative to the tree's base).
     rogue: String,
+    /// The IDS's cgroup: allowed to capture, not to reach the metadata service.
+    ids: String,
     /// The node's and the pod's network namespaces (paths).
     node: String,
     pod_ns: String,
@@ -151,17 +156,29 @@ impl World {
     fn new() -> World {
         let c = cluster::cluster();
         let rogue = c.rogue();
-        let policy = cluster::policy_with(ENDPOINTS);
+        let ids = c.host_network_pod(
+            "ids",
+            "suricata",
+            IDS_UID,
+            serde_json::json!({"app": "suricata"}),
+            4,
+        );
+        let ids_entry = "  - {name: ids, namespace: ids, podSelector: {matchLabels: {app: suricata}}, \
+                         grants: [capture]}\n";
+        let policy = cluster::policy_with(ENDPOINTS) + ids_entry;
         c.api.put(CONFIGMAPS, kubeapi::configmap(NS, "metadata-gate-policy-aws", &policy));
-        // Standalone: the same endpoints, the CCM pod's cgroup allowed.
-        let ccm_pod = std::path::Path::new(&c.ccm)
-            .parent()
-            .and_then(|p| p.strip_prefix("kubepods.slice").ok())
-            .expect("CCM pod cgroup")
-            .to_string_lossy()
-            .into_owned();
+        // Standalone: the same endpoints, the CCM pod's cgroup allowed, the IDS's capture.
+        let pod_of = |container: &str| {
+            std::path::Path::new(container)
+                .parent()
+                .and_then(|p| p.strip_prefix("kubepods.slice").ok())
+                .expect("pod cgroup")
+                .to_string_lossy()
+                .into_owned()
+        };
+        let (ccm_pod, ids_pod) = (pod_of(&c.ccm), pod_of(&ids));
         let standalone = format!(
-            "platform: AWS\nmode: enforce\nendpoints:\n{ENDPOINTS}allow:\n  - {{name: ccm, cgroup: \"{ccm_pod}\"}}\n"
+            "platform: AWS\nmode: enforce\nendpoints:\n{ENDPOINTS}allow:\n  - {{name: ccm, cgroup: \"{ccm_pod}\"}}\n  - {{name: ids, cgroup: \"{ids_pod}\", grants: [capture]}}\n"
         );
         std::fs::write(&c.env.policy_file, standalone).expect("policy file");
         let pod = PodNet::new(&c.env.net).expect("pod netns");
@@ -175,6 +192,7 @@ impl World {
             c,
             pod,
             rogue,
+            ids,
             node,
             pod_ns,
             imds_mac,
@@ -849,8 +867,9 @@ fn qdisc_bypass_through_the_32_bit_abi_is_refused() {
 /// AF_PACKET socket of ETH_P_ALL (natively and through the 32-bit ABI), one of protocol 0
 /// bound to ETH_P_IP afterwards, and a raw IPPROTO_TCP socket; then the allowed CCM fetches
 /// its instance id. Without the gate each socket reads the reply off the wire; with it each
-/// is refused (EPERM at `socket()` or `bind()`). Sockets that read no IP (ETH_P_ARP, raw
-/// ICMP) stay open to it, and the allowed CCM may capture.
+/// is refused (EPERM at `socket()` or `bind()`), the CCM's own too: its entry grants the
+/// metadata service, not capture. The IDS, whose entry grants capture only, reads it, and is
+/// refused the metadata service. Sockets that read no IP (ETH_P_ARP, raw ICMP) stay open.
 #[test]
 fn reading_the_nodes_traffic_is_refused_to_gated_workloads() {
     privileged!(reading_the_nodes_traffic_is_refused_to_gated_workloads);
@@ -873,9 +892,12 @@ fn reading_the_nodes_traffic_is_refused_to_gated_workloads() {
         };
         let mut refused = 0.0;
         let kinds = ["packet-all", "packet-all-compat", "packet-bind", "raw-tcp"];
-        for (cgroup, who, allowed) in
-            [(w.rogue.as_str(), "host-network pod", false), (w.c.ccm.as_str(), "CCM", true)]
-        {
+        let who = [
+            (w.rogue.as_str(), "host-network pod", false),
+            (w.c.ccm.as_str(), "CCM", false),
+            (w.ids.as_str(), "IDS", true),
+        ];
+        for (cgroup, who, allowed) in who {
             for kind in kinds {
                 let shut = gate != Gate::None && !allowed && lsm == Some(true);
                 match hold(cgroup, kind) {
@@ -911,6 +933,13 @@ fn reading_the_nodes_traffic_is_refused_to_gated_workloads() {
         if lsm == Some(true) {
             let after = w.denials().get("socket").copied().unwrap_or(0.0);
             assert_eq!(after - before, refused, "socket refusals counted");
+        }
+        // A capture grant is no way to the metadata service.
+        let o = w.probe(&w.node, &w.ids, &["tcp", IMDS_V4, "80", &token("ids")]);
+        if gate == Gate::None {
+            assert!(o.ok, "the IDS's fetch without a gate: {o:?}");
+        } else {
+            assert_eq!((o.ok, o.errno), (false, Some(EPERM)), "the IDS's fetch under {gate:?}");
         }
     });
 }

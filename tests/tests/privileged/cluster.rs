@@ -106,21 +106,28 @@ impl Cluster {
     /// returns its container cgroup.
     pub(super) fn rogue(&self) -> String {
         const ROGUE_UID: &str = "0b6c0f5e-3333-4a2b-9c3d-000000000003";
+        let labels = json!({"k8s-app": "something-else"});
+        self.host_network_pod("openshift-cloud-controller-manager", "rogue", ROGUE_UID, labels, 3)
+    }
+
+    /// A gated host-network pod `namespace/name` on the node with `labels`, its container
+    /// `cid(n)`: created in the API double and as a cgroup; returns the container's cgroup.
+    pub(super) fn host_network_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        labels: serde_json::Value,
+        n: u8,
+    ) -> String {
+        let id = cid(n);
         self.api.put(
             PODS,
-            kubeapi::pod(
-                "openshift-cloud-controller-manager",
-                "rogue",
-                ROGUE_UID,
-                NODE,
-                json!({"k8s-app": "something-else"}),
-                true,
-                &format!("cri-o://{}", cid(3)),
-            ),
+            kubeapi::pod(namespace, name, uid, NODE, labels, true, &format!("cri-o://{id}")),
         );
-        let rogue = container_cgroup(ROGUE_UID, &cid(3));
-        self.env.cg.create(&rogue).expect("rogue cgroup");
-        rogue
+        let cgroup = container_cgroup(uid, &id);
+        self.env.cg.create(&cgroup).expect("pod cgroup");
+        cgroup
     }
 
     /// The gated root: the kubepods cgroup of the tree.

@@ -15,8 +15,9 @@ use super::{
 use crate::policy::{AllowSelector, PodSelector, Policy};
 
 /// The allow-entry index recorded for a cgroup that is on the allow set only because the
-/// [`Scope`] does not gate it (`HostNetworkOnly` and a pod-network pod), not by an allow entry.
-pub const UNGATED_ENTRY: u32 = u32::MAX;
+/// [`Scope`] does not gate it (`HostNetworkOnly` and a pod-network pod), not by an allow entry:
+/// the largest index an ALLOWED value holds.
+pub const UNGATED_ENTRY: u32 = gate_common::abi::ALLOW_ENTRY_MASK;
 
 /// Which pods the gate applies to (the agent's scope option).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

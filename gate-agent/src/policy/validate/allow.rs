@@ -5,8 +5,10 @@ use std::collections::HashMap;
 use globset::GlobBuilder;
 
 use super::{Ctx, Result};
+use gate_common::abi::GRANT_METADATA;
+
 use crate::policy::{
-    AllowEntry, AllowSelector, CgroupGlob, LabelExpr, LabelOperator, PodSelector,
+    AllowEntry, AllowSelector, CgroupGlob, GRANTS, LabelExpr, LabelOperator, PodSelector,
     schema::{RawAllow, RawLabelExpr, RawPodSelector},
 };
 
@@ -72,7 +74,33 @@ pub(super) fn allow_entry(
             });
         }
     };
-    Ok(AllowEntry { name, selector })
+    let grants = grants(cx, &format!("{at}.grants"), raw.grants)?;
+    Ok(AllowEntry { name, selector, grants })
+}
+
+/// `grants`: names from [`GRANTS`], at least one, each once; absent: `[metadata]`.
+fn grants(cx: &Ctx, at: &str, raw: Option<Vec<String>>) -> Result<u32> {
+    let Some(list) = raw else { return Ok(GRANT_METADATA) };
+    if list.is_empty() {
+        return Err(
+            cx.err(at, "grants nothing; list `metadata`, `capture` or both, or remove the entry")
+        );
+    }
+    let mut bits = 0;
+    for (i, name) in list.iter().enumerate() {
+        let Some(&(_, bit)) = GRANTS.iter().find(|(n, _)| n == name) else {
+            let known: Vec<&str> = GRANTS.iter().map(|(n, _)| *n).collect();
+            return Err(cx.err(
+                format!("{at}[{i}]"),
+                format!("unknown grant {name:?}; one of {}", known.join(", ")),
+            ));
+        };
+        if bits & bit != 0 {
+            return Err(cx.err(format!("{at}[{i}]"), format!("{name:?} is listed twice")));
+        }
+        bits |= bit;
+    }
+    Ok(bits)
 }
 
 /// The narrowing fields of a `namespace` entry.
