@@ -131,6 +131,9 @@ pub(crate) struct Gate {
     sockopt: Program,
     /// Whether the LSM programs are loaded (and attached by [`Gate::attach`]).
     lsm: LsmState,
+    /// tcx links whose pin failed, by pin name: held open so that their interface stays
+    /// guarded ([`TcReport::held`]).
+    held_tc: std::collections::BTreeMap<String, std::os::fd::OwnedFd>,
     /// clsact filters attached by this agent (TC_CLSACT keys).
     clsact_done: std::collections::BTreeMap<u64, tc::Framing>,
     /// Held for the agent's life: one agent per gate.
@@ -206,6 +209,7 @@ impl Gate {
             egress,
             sockopt,
             lsm,
+            held_tc: Default::default(),
             clsact_done: Default::default(),
             _lock: lock,
         })

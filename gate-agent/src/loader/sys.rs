@@ -1,6 +1,6 @@
 //! The few bpf(2) commands aya 0.14 does not expose for an already pinned link: open it
-//! (BPF_OBJ_GET), swap its program (BPF_LINK_UPDATE, 5.7+) and describe it
-//! (BPF_OBJ_GET_INFO_BY_FD).
+//! (BPF_OBJ_GET), swap its program (BPF_LINK_UPDATE, 5.7+), describe it
+//! (BPF_OBJ_GET_INFO_BY_FD), and hold one open by id (BPF_LINK_GET_FD_BY_ID).
 use std::{
     ffi::CString,
     io,
@@ -18,6 +18,7 @@ const BPF_LINK_CREATE: libc::c_long = 28;
 pub(super) const BPF_CGROUP_SETSOCKOPT: u32 = 22;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_LINK_UPDATE: libc::c_long = 29;
+const BPF_LINK_GET_FD_BY_ID: libc::c_long = 30;
 
 fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
     // SAFETY: `attr` is a properly sized, initialised bpf_attr prefix for `cmd`; the kernel
@@ -78,6 +79,22 @@ pub(super) fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
     let mut attr =
         ObjGetAttr { pathname: c.as_ptr() as u64, bpf_fd: fd.as_raw_fd() as u32, file_flags: 0 };
     bpf(BPF_OBJ_PIN, &mut attr).map(drop)
+}
+
+#[repr(C)]
+struct GetFdByIdAttr {
+    id: u32,
+    next_id: u32,
+    open_flags: u32,
+}
+
+/// A file descriptor of our own on the link `id` (aya's links do not lend theirs): while it
+/// is open the link stays attached, pinned or not.
+pub(super) fn link_fd_by_id(id: u32) -> io::Result<OwnedFd> {
+    let mut attr = GetFdByIdAttr { id, next_id: 0, open_flags: 0 };
+    let fd = bpf(BPF_LINK_GET_FD_BY_ID, &mut attr)?;
+    // SAFETY: BPF_LINK_GET_FD_BY_ID returned a new file descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 #[repr(C)]

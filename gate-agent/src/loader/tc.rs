@@ -15,7 +15,11 @@
 //!
 //! What the program does not drop goes on to whatever else is attached (TCX_NEXT /
 //! TC_ACT_UNSPEC), so it shares interfaces with the CNI.
-use std::{collections::BTreeSet, os::fd::AsFd as _, path::PathBuf};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    os::fd::{AsFd as _, OwnedFd},
+    path::PathBuf,
+};
 
 use aya::{
     programs::{
@@ -100,6 +104,10 @@ pub(crate) struct TcReport {
     pub removed: Vec<String>,
     /// Targets that could not be attached, with the reason; the others were.
     pub failed: Vec<(TcTarget, String)>,
+    /// tcx links attached but not pinned (the pin failed): the agent holds them open, so the
+    /// interface stays guarded while it runs, and pins them when it can. Listed in `failed`
+    /// too.
+    pub held: usize,
 }
 
 /// Priority and handle of our clsact filters: fixed, so that a new agent replaces the old
@@ -134,6 +142,7 @@ impl Gate {
         let strict_map = &mut self.maps.strict;
         let trusted_map = &mut self.maps.trusted;
         let clsact_done = &mut self.clsact_done;
+        let held = &mut self.held_tc;
         let tcx = use_tcx(plan.mode);
         let netns_str =
             plan.netns.as_deref().map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
@@ -150,7 +159,7 @@ impl Gate {
                     let pin = AttachPoint::tc_pin_name(t.direction, t.ifindex);
                     wanted.insert(pin.clone());
                     let prog: &mut SchedClassifier = super::program(ebpf, t.framing.program())?;
-                    match sync_tcx(prog, &layout, t, &pin, update) {
+                    match sync_tcx(prog, &layout, held, t, &pin, update) {
                         Ok(Tcx::Kept) => {}
                         Ok(Tcx::Replaced) => report.replaced += 1,
                         Ok(Tcx::Attached) => report.attached.push(t.clone()),
@@ -167,6 +176,9 @@ impl Gate {
                         report.removed.push(pin);
                     }
                 }
+                // A held link whose interface the plan dropped is closed, as a pin is removed.
+                held.retain(|pin, _| wanted.contains(pin));
+                report.held = held.len();
                 return Ok(report);
             }
             let mut rtnl = NlSocket::open(libc::NETLINK_ROUTE, std::time::Duration::from_secs(5))
@@ -251,46 +263,58 @@ enum Tcx {
 fn sync_tcx(
     prog: &mut SchedClassifier,
     layout: &super::Layout,
+    held: &mut BTreeMap<String, OwnedFd>,
     t: &TcTarget,
     pin: &str,
     update: bool,
 ) -> Result<Tcx, LoaderError> {
     let path = layout.link(pin);
-    let mut was_pinned = false;
-    if path.exists() {
-        was_pinned = true;
-        let fd = sys::obj_get(&path).map_err(|source| LoaderError::Io {
-            what: "opening pinned link",
-            path: path.clone(),
-            source,
-        })?;
-        match sys::link_info(fd.as_fd()) {
-            // Still attached to this very interface.
-            Ok(info) if info.target == LinkTarget::Ifindex(t.ifindex) => {
-                let perr =
-                    |source| LoaderError::Program { name: t.framing.program().name(), source };
-                // The other variant is there when the interface's link type changed.
-                let ours = prog.info().map_err(perr)?.id() == info.prog_id;
-                if !update && ours {
-                    return Ok(Tcx::Kept);
-                }
-                let prog_fd = prog.fd().map_err(perr)?;
-                sys::link_update(fd.as_fd(), prog_fd.as_fd()).map_err(|source| {
-                    LoaderError::Io {
-                        what: "replacing the program of link",
-                        path: path.clone(),
-                        source,
-                    }
-                })?;
-                return Ok(Tcx::Replaced);
-            }
-            _ => {
-                let _ = std::fs::remove_file(&path);
-            }
-        }
-    }
     let name = t.framing.program().name();
     let perr = |source| LoaderError::Program { name, source };
+    let pin_err = |source| LoaderError::Io {
+        what: "pinning link (held open by the agent: the interface stays guarded; pinned again at every sync)",
+        path: path.clone(),
+        source,
+    };
+    // A link whose pin failed before: pin it now if the path is free, else keep holding it.
+    if let Some(fd) = held.get(pin) {
+        let here =
+            sys::link_info(fd.as_fd()).is_ok_and(|i| i.target == LinkTarget::Ifindex(t.ifindex));
+        if !here {
+            held.remove(pin);
+        } else if !path.exists() {
+            sys::obj_pin(fd.as_fd(), &path).map_err(pin_err)?;
+            held.remove(pin);
+        } else {
+            return Err(pin_err(std::io::Error::from_raw_os_error(libc::EEXIST)));
+        }
+    }
+    let was_pinned = path.exists();
+    // What sits at the pin name but is no link of ours there (an unreadable file, a link of a
+    // gone interface) is removed if it can be; if it cannot, the new link is held below.
+    let pinned = if was_pinned { sys::obj_get(&path).ok() } else { None };
+    if let Some(fd) = pinned {
+        // Still attached to this very interface.
+        if let Ok(info) = sys::link_info(fd.as_fd())
+            && info.target == LinkTarget::Ifindex(t.ifindex)
+        {
+            // The other variant is there when the interface's link type changed.
+            let ours = prog.info().map_err(perr)?.id() == info.prog_id;
+            if !update && ours {
+                return Ok(Tcx::Kept);
+            }
+            let prog_fd = prog.fd().map_err(perr)?;
+            sys::link_update(fd.as_fd(), prog_fd.as_fd()).map_err(|source| LoaderError::Io {
+                what: "replacing the program of link",
+                path: path.clone(),
+                source,
+            })?;
+            return Ok(Tcx::Replaced);
+        }
+    }
+    if was_pinned {
+        let _ = std::fs::remove_file(&path);
+    }
     let id = prog
         .attach_with_options(&t.name, attach_type(t.direction), TcAttachOptions::TcxOrder(LinkOrder::first()))
         .map_err(|e| {
@@ -301,7 +325,18 @@ fn sync_tcx(
         })?;
     let link = FdLink::try_from(prog.take_link(id).map_err(perr)?)
         .map_err(|source| LoaderError::Link { name, source })?;
-    link.pin(&path).map_err(|source| LoaderError::Pin { path: path.clone(), source })?;
+    // A descriptor of our own, so that a pin that fails does not take the link with it.
+    let link_id = link.info().map_err(|source| LoaderError::Link { name, source })?.id();
+    let fd = sys::link_fd_by_id(link_id).map_err(|source| LoaderError::Io {
+        what: "opening the new link by id",
+        path: path.clone(),
+        source,
+    })?;
+    drop(link);
+    if let Err(e) = sys::obj_pin(fd.as_fd(), &path) {
+        held.insert(pin.to_owned(), fd);
+        return Err(pin_err(e));
+    }
     Ok(if was_pinned && !update { Tcx::Repaired } else { Tcx::Attached })
 }
 

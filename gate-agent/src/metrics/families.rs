@@ -111,6 +111,12 @@ pub(crate) const LSM_ENFORCING: Family = Family {
     help: "1 while the LSM programs enforce; 0 where the kernel does not run the BPF LSM: 32-bit compat and io_uring setsockopt and packet capture by gated workloads stay open (see status)",
     labels: &[],
 };
+pub(crate) const NODE_ATTACH_FAILURES: Family = Family {
+    name: "metadata_gate_node_attach_failures",
+    kind: Kind::Gauge,
+    help: "Interface directions the node-level program should be on but is not, or is on only while this agent runs (its link could not be pinned), at the last check (see the agent's log)",
+    labels: &[],
+};
 
 /// Every family the agent exports.
 pub(crate) const ALL: &[Family] = &[
@@ -127,4 +133,5 @@ pub(crate) const ALL: &[Family] = &[
     REPAIRS,
     PREGATE_PACKET_SOCKETS,
     LSM_ENFORCING,
+    NODE_ATTACH_FAILURES,
 ];

@@ -26,8 +26,8 @@ use crate::{
 };
 use families::{
     DECISIONS, ENDPOINT_DECISIONS, EVENTS_LOST, Kind, LSM_ENFORCING, MAP_CAPACITY, MAP_ENTRIES,
-    POLICY_GENERATION, POLICY_REJECTED, POLICY_RELOADS, PREGATE_PACKET_SOCKETS, REPAIRS,
-    WORKLOAD_ACCESSES, WORKLOAD_DENIALS,
+    NODE_ATTACH_FAILURES, POLICY_GENERATION, POLICY_REJECTED, POLICY_RELOADS,
+    PREGATE_PACKET_SOCKETS, REPAIRS, WORKLOAD_ACCESSES, WORKLOAD_DENIALS,
 };
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -47,6 +47,8 @@ pub(crate) struct AgentMetrics {
     pub pregate_packet_sockets: Gauge,
     /// 1 while the LSM programs enforce.
     pub lsm_enforcing: Gauge,
+    /// Node-level attachments missing or not pinned at the last check.
+    pub node_attach_failures: Gauge,
 }
 
 /// Every `result` of a reload.
@@ -64,6 +66,7 @@ impl Default for AgentMetrics {
             policy_rejected: Gauge::default(),
             pregate_packet_sockets: Gauge::default(),
             lsm_enforcing: Gauge::default(),
+            node_attach_failures: Gauge::default(),
         };
         for result in RELOAD_RESULTS {
             let _ = m.reloads.get_or_create(&ReloadLabels { result });
@@ -237,6 +240,11 @@ fn register_agent(r: &mut Registry, agent: &AgentMetrics) {
         agent.pregate_packet_sockets.clone(),
     );
     r.register(LSM_ENFORCING.name, LSM_ENFORCING.help, agent.lsm_enforcing.clone());
+    r.register(
+        NODE_ATTACH_FAILURES.name,
+        NODE_ATTACH_FAILURES.help,
+        agent.node_attach_failures.clone(),
+    );
 }
 
 #[cfg(test)]

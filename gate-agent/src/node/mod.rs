@@ -152,6 +152,12 @@ fn log(r: &TcReport) {
     for (t, why) in &r.failed {
         tracing::error!(interface = %t.name, direction = t.direction.name(), error = %why, "attaching the node-level program");
     }
+    if r.held > 0 {
+        tracing::error!(
+            links = r.held,
+            "node-level links held open by this agent only (not pinned): they go with it"
+        );
+    }
 }
 
 struct EventFd(NlSocket);
@@ -215,6 +221,7 @@ pub(crate) async fn watch(
                 for _ in &report.repaired {
                     metrics.repaired("tc");
                 }
+                metrics.node_attach_failures.set(report.failed.len() as i64);
             }
             Ok(Err(e)) => tracing::error!(error = %e, "node level: nothing detached, will retry"),
             Err(e) => tracing::error!(error = %e, "node level sync task failed"),

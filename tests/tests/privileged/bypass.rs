@@ -821,6 +821,68 @@ fn packets_on_an_l3_interface_are_refused() {
     });
 }
 
+/// Case 3d: a link whose pin fails is held, not dropped. Directories squat on the pin names of
+/// an interface the agent has not seen yet (`ip link add … index 777`, a second way to the
+/// metadata service's side); the agent attaches anyway, holds the links open, and says so
+/// (`metadata_gate_node_attach_failures`, no pinned link in status): the gated host-network
+/// pod's frames on that interface are refused all the same. Once the names are free, the
+/// next check pins the links. Without a gate the frames arrive.
+#[test]
+fn a_link_whose_pin_fails_is_held_not_dropped() {
+    privileged!(a_link_whose_pin_fails_is_held_not_dropped);
+    let mut w = World::new();
+    let (node, imds) = (w.c.env.net.node.clone(), w.c.env.net.imds.clone());
+    w.each(|w, gate| {
+        // `<pin dir>/v<ABI>/links`, as status names them.
+        let links = w.c.env.agent.as_ref().map(|a| {
+            let (_, st) = a.status().expect("status");
+            a.pin_dir.join(format!("v{}/links", st["abi"]))
+        });
+        let squats: Vec<PathBuf> = ["egress", "ingress"]
+            .iter()
+            .filter_map(|d| Some(links.as_ref()?.join(format!("tc-{d}-777"))))
+            .collect();
+        for d in &squats {
+            std::fs::create_dir(d).expect("squatting directory");
+        }
+        let add = format!("link add mgheld index 777 type veth peer name mgheldi netns {imds}");
+        ip(&node, &add).expect("second veth");
+        ip(&node, "link set mgheld up").expect("up");
+        ip(&imds, "link set mgheldi up").expect("up");
+        integration_tests::net::sysctl(
+            &imds,
+            &["net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.mgheldi.rp_filter=0"],
+        )
+        .expect("rp_filter");
+        let peer = mac(&imds, "mgheldi").expect("peer MAC");
+        // Time for the agent to see the interface.
+        std::thread::sleep(Duration::from_millis(300));
+        let failures = || {
+            let (_, body) = w.c.env.agent.as_ref()?.http_get("/metrics").expect("metrics");
+            super::metric(&body, "metadata_gate_node_attach_failures")
+        };
+        if gate != Gate::None {
+            assert_eq!(failures(), Some(2.0), "{gate:?}: both directions reported");
+            assert_eq!(w.tc_link("egress", "mgheld"), None, "{gate:?}: not pinned");
+        }
+        let send = |t: &str, to: To| {
+            w.frames(&w.node, &w.rogue, "mgheld", ETH_P_IP, &[eth(peer, &udp80(NODE_V4, to, t))]);
+        };
+        w.attempts(gate, true, &[("AF_PACKET frame on an interface whose pin failed", &send)]);
+        if gate != Gate::None {
+            for d in &squats {
+                std::fs::remove_dir(d).expect("freeing the pin name");
+            }
+            // A link event makes the agent look again.
+            ip(&node, "link set mgheld mtu 1400").expect("mtu");
+            std::thread::sleep(Duration::from_millis(300));
+            assert_eq!(failures(), Some(0.0), "{gate:?}: pinned once the name was free");
+            assert!(w.tc_link("egress", "mgheld").is_some(), "{gate:?}: the link pinned");
+        }
+        ip(&node, "link del mgheld").expect("removing the veth");
+    });
+}
+
 /// Case 9b: PACKET_QDISC_BYPASS asked through the 32-bit compat ABI (`int 0x80`), for which
 /// the kernel runs no cgroup/setsockopt program (`do_sock_setsockopt`: `if (!compat)`): the
 /// LSM program refuses it as the native call is refused, and the frame sent anyway never
