@@ -36,18 +36,28 @@ impl StateDir {
         &self.0
     }
 
-    fn write(&self, rel: &str, bytes: &[u8]) -> io::Result<()> {
+    /// Replace `rel` with `bytes` (file mode `mode`) so that a power loss leaves the old file
+    /// or the new one, never a torn or empty one: write a temporary file, fsync it, rename it
+    /// over, fsync the directory (the rename itself is durable only then).
+    fn write(&self, rel: &str, bytes: &[u8], mode: u32) -> io::Result<()> {
+        use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _};
         let path = self.0.join(rel);
-        if let Some(parent) = path.parent() {
-            fs::create_dir_all(parent)?;
-        }
+        let parent = path.parent().unwrap_or(&self.0).to_path_buf();
+        fs::create_dir_all(&parent)?;
         let tmp = path.with_extension("tmp");
-        fs::write(&tmp, bytes)?;
-        fs::rename(tmp, path)
+        // A leftover of a write cut short would keep its mode.
+        let _ = fs::remove_file(&tmp);
+        let mut f =
+            fs::OpenOptions::new().write(true).create(true).truncate(true).mode(mode).open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        drop(f);
+        fs::rename(&tmp, &path)?;
+        fs::File::open(&parent)?.sync_all()
     }
 
     pub(crate) fn save_policy(&self, text: &str) -> io::Result<()> {
-        self.write(POLICY, text.as_bytes())
+        self.write(POLICY, text.as_bytes(), 0o644)
     }
 
     pub(crate) fn load_policy(&self) -> io::Result<String> {
@@ -56,7 +66,7 @@ impl StateDir {
 
     pub(crate) fn save_allow(&self, allowed: &[AllowedPath]) -> io::Result<()> {
         let json = serde_json::to_vec_pretty(allowed).map_err(io::Error::other)?;
-        self.write(ALLOW, &json)
+        self.write(ALLOW, &json, 0o644)
     }
 
     /// The saved allow set; empty if none was saved.
@@ -75,9 +85,7 @@ impl StateDir {
         if fs::read(&dst).is_ok_and(|b| b == me) {
             return Ok(dst);
         }
-        self.write(BINARY, &me)?;
-        use std::os::unix::fs::PermissionsExt as _;
-        fs::set_permissions(&dst, fs::Permissions::from_mode(0o755))?;
+        self.write(BINARY, &me, 0o755)?;
         Ok(dst)
     }
 }
@@ -97,7 +105,9 @@ mod tests {
         st.save_allow(&allowed).unwrap();
         assert_eq!(st.load_allow().unwrap(), allowed);
         let bin = st.install_binary().unwrap();
-        assert!(bin.exists());
+        use std::os::unix::fs::PermissionsExt as _;
+        assert_eq!(fs::metadata(&bin).unwrap().permissions().mode() & 0o777, 0o755);
+        assert!(!dir.join("policy.tmp").exists(), "no temporary file left");
         let _ = fs::remove_dir_all(&dir);
     }
 }
