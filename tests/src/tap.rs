@@ -95,12 +95,18 @@ impl Tap {
 
 /// The TUN devices' name, in the node netns and in the imds netns.
 pub const TUN_IFACE: &str = "mgvpn";
+/// The node's address on its TUN device (/24); the VPN's peers are the rest of the /24.
+pub const TUN_NODE_V4: &str = "10.96.0.1";
+/// A peer behind the node's TUN device.
+pub const TUN_PEER_V4: &str = "10.96.0.2";
 
 /// A userspace VPN between the node and the metadata service's side, as WireGuard-go or
 /// OpenVPN run one: a TUN device (an L3 interface: packets start with the IP header) in each
 /// namespace, and a thread that writes every packet the node sends into its TUN into the
 /// imds side's, which receives it as if decapsulated. The devices go with the guard.
 pub struct TunLink {
+    /// The node's end: what is written here the node receives on its TUN device.
+    node: std::sync::Arc<OwnedFd>,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     relay: Option<std::thread::JoinHandle<()>>,
 }
@@ -110,8 +116,9 @@ impl TunLink {
         let open = |path: &str| {
             in_netns(path, || open_tun(TUN_IFACE, IFF_TUN | IFF_NO_PI).context("creating the tun"))
         };
-        let node = open(&net.node_path())?;
+        let node = std::sync::Arc::new(open(&net.node_path())?);
         let imds = open(&net.imds_path())?;
+        ip(&net.node, &format!("addr add {TUN_NODE_V4}/24 dev {TUN_IFACE}"))?;
         ip(&net.node, &format!("link set {TUN_IFACE} up"))?;
         ip(&net.imds, &format!("link set {TUN_IFACE} up"))?;
         // What arrives by the tun comes from an address routed elsewhere: no reverse-path check.
@@ -120,8 +127,9 @@ impl TunLink {
             &["net.ipv4.conf.all.rp_filter=0", &format!("net.ipv4.conf.{TUN_IFACE}.rp_filter=0")],
         )?;
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = stop.clone();
+        let (flag, reader) = (stop.clone(), node.clone());
         let relay = std::thread::spawn(move || {
+            let node = reader;
             let mut buf = [0u8; 65536];
             while !flag.load(std::sync::atomic::Ordering::Relaxed) {
                 let mut pfd =
@@ -138,7 +146,18 @@ impl TunLink {
                 }
             }
         });
-        Ok(TunLink { stop, relay: Some(relay) })
+        Ok(TunLink { node, stop, relay: Some(relay) })
+    }
+
+    /// Write an IP packet into the node's TUN device, as the VPN does with what it
+    /// decapsulated: the node receives it there, without a socket, and forwards it.
+    pub fn inject(&self, packet: &[u8]) -> Result<()> {
+        // SAFETY: valid fd and buffer.
+        let n = unsafe { libc::write(self.node.as_raw_fd(), packet.as_ptr().cast(), packet.len()) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error()).context("writing into the tun");
+        }
+        Ok(())
     }
 }
 

@@ -97,6 +97,7 @@ pub(crate) const MATRIX: &[(&str, &[&str])] = &[
     ("bypass::forwarding_loop_inside_a_pod_is_refused",                                HOST),
     ("bypass::frames_from_a_vm_tap_are_refused",                                       HOST),
     ("bypass::a_link_whose_pin_fails_is_held_not_dropped",                             HOST),
+    ("bypass::a_new_interfaces_first_frames_are_judged",                               HOST),
     ("bypass::host_network_frame_looped_through_lo_and_forwarded_is_refused",          HOST),
     ("bypass::host_network_pod_duplicating_a_rewritten_decoy_with_nft_is_refused",     HOST),
     ("bypass::host_processes_allowed_pods_and_unprotected_ports_are_served",           HOST),

@@ -92,6 +92,12 @@ pub(super) fn load(ebpf: &mut Ebpf) -> LsmState {
         }
         Err(why) => return LsmState::Inactive(why),
     }
+    let state = load_with_btf(ebpf);
+    give_back_freed_memory();
+    state
+}
+
+fn load_with_btf(ebpf: &mut Ebpf) -> LsmState {
     let btf = match Btf::from_sys_fs() {
         Ok(b) => b,
         Err(e) => return LsmState::Inactive(format!("reading the kernel's BTF: {e}")),
@@ -106,6 +112,16 @@ pub(super) fn load(ebpf: &mut Ebpf) -> LsmState {
         }
     }
     LsmState::Active
+}
+
+/// The kernel's BTF, parsed for the LSM programs' hooks, takes some 15 MiB while it lives;
+/// glibc keeps what it frees for later, so the agent would carry it for good. Hand it back.
+fn give_back_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim(3) only releases free heap memory; no pointer is passed.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 impl Gate {

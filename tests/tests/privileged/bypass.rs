@@ -30,7 +30,7 @@ use integration_tests::{
     },
     probe::{Held, Outcome, run_in, token},
     sys,
-    tap::{TAP_IFACE, TUN_IFACE, Tap, TunLink, VM_V4},
+    tap::{TAP_IFACE, TUN_IFACE, TUN_PEER_V4, Tap, TunLink, VM_V4},
 };
 
 use super::{
@@ -788,10 +788,11 @@ fn a_renamed_uplink_keeps_its_program() {
 
 /// Case 3c: an L3 interface — a TUN device of a userspace VPN that leads to the metadata
 /// service's side — on which the gated host-network pod sends hand-built IP packets with
-/// AF_PACKET. They start with the IP header: read as an Ethernet frame, the source address's
-/// first bytes pass for an Ethernet type and the packet for "not IP". The interface gets
-/// `gate_tc_l3`, which reads at the network header, and they are refused. Without a gate they
-/// arrive through the VPN.
+/// AF_PACKET, and into which the VPN writes a packet from a peer (the node receives it on the
+/// TUN, without a socket, and forwards it). They start with the IP header: read as an
+/// Ethernet frame, the source address's first bytes pass for an Ethernet type and the packet
+/// for "not IP". The interface gets `gate_tc_l3`, which reads at the network header, and they
+/// are refused. Without a gate they arrive, through the VPN or forwarded.
 #[test]
 fn packets_on_an_l3_interface_are_refused() {
     privileged!(packets_on_an_l3_interface_are_refused);
@@ -810,12 +811,17 @@ fn packets_on_an_l3_interface_are_refused() {
             let p = frame::udp6_dstopts(src, to.v6(), 1, 80, t.as_bytes());
             w.frames(&w.node, &w.rogue, TUN_IFACE, ETH_P_IPV6, &[p]);
         };
+        let written = |t: &str, to: To| {
+            let tun = w.tun.as_ref().expect("tun link");
+            tun.inject(&udp80(TUN_PEER_V4, to, t)).expect("write into the tun");
+        };
         w.attempts(
             gate,
             true,
             &[
                 ("AF_PACKET IPv4 packet on a tun", &v4),
                 ("AF_PACKET IPv6 packet (destination options) on a tun", &v6),
+                ("IPv4 packet written into a tun by its VPN, forwarded", &written),
             ],
         );
     });
@@ -880,6 +886,37 @@ fn a_link_whose_pin_fails_is_held_not_dropped() {
             assert!(w.tc_link("egress", "mgheld").is_some(), "{gate:?}: the link pinned");
         }
         ip(&node, "link del mgheld").expect("removing the veth");
+    });
+}
+
+/// Case 10b: a brand-new interface's first frames. A veth appears (its far end, in the
+/// metadata service's namespace, stands for a new pod or VM), and frames to the metadata
+/// service enter the node by it at once, before the agent can have attached anything there:
+/// they are forwarded without a socket, and refused where they leave the node if not where
+/// they enter. Without a gate they are forwarded to the service.
+#[test]
+fn a_new_interfaces_first_frames_are_judged() {
+    privileged!(a_new_interfaces_first_frames_are_judged);
+    let mut w = World::new();
+    let (node, imds) = (w.c.env.net.node.clone(), w.c.env.net.imds.clone());
+    let imds_path = w.c.env.net.imds_path();
+    w.each(|w, gate| {
+        let add = format!("link add mgnew type veth peer name mgnewi netns {imds}");
+        for (ns, args) in [
+            (&node, add.as_str()),
+            (&node, "addr add 10.100.0.1/24 dev mgnew"),
+            (&node, "link set mgnew up"),
+            (&imds, "link set mgnewi up"),
+        ] {
+            ip(ns, args).expect("the new veth");
+        }
+        let gw = mac(&node, "mgnew").expect("MAC");
+        let send = |t: &str, to: To| {
+            let f = eth(gw, &udp80("10.100.0.2", to, t));
+            w.frames(&imds_path, "outside", "mgnewi", ETH_P_IP, &[f]);
+        };
+        w.attempts(gate, true, &[("frames entering by a brand-new veth at once", &send)]);
+        ip(&node, "link del mgnew").expect("removing the veth");
     });
 }
 
