@@ -50,6 +50,8 @@ mod terminate;
 
 const EPERM: i32 = 1;
 
+/// The allowed `cloud-agent` also has the capture grant: `raw_socket_never_reaches_the_service`
+/// has it talk to the service over a raw TCP socket, which reads the node's TCP traffic.
 fn policy(mode: &str) -> String {
     format!(
         r#"platform: AWS
@@ -59,7 +61,7 @@ endpoints:
   - {{name: ec2-imds-udp-test, cidr: 169.254.169.254/32, ports: [80], protocols: [UDP]}}
   - {{name: ec2-imds-v6, cidr: "fd00:ec2::254/128", ports: [80]}}
 allow:
-  - {{name: cloud-agent, cgroup: "cloud-agent"}}
+  - {{name: cloud-agent, cgroup: "cloud-agent", grants: [metadata, capture]}}
 "#
     )
 }
