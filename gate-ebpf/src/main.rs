@@ -54,7 +54,7 @@ use gate_common::{
     },
     packet::{
         self, CARRIES_IPV4, CARRIES_IPV6, CARRIES_OTHER, ETH_P_IP, ETH_P_IPV6, Packet as _, Parsed,
-        parse_ip, parse_ipv4, parse_ipv6, passes_fast_v4, passes_fast_v6,
+        parse_ip, parse_ipv4, parse_ipv6,
     },
     sockets,
     verdict::{Addr, Dst, packet_subject},
@@ -62,7 +62,7 @@ use gate_common::{
 
 use crate::{
     judge::{Caller, Reported, count, gate, judge, live_generation, passes_fast},
-    maps::{KernelTables, POLICY_META, PREFILTER, STRICT_IFACES, TRUSTED_IFACES},
+    maps::{KernelTables, POLICY_META, STRICT_IFACES, TRUSTED_IFACES},
     skb::{NetSkb, Skb, linear, passes_fast_ip},
 };
 
@@ -304,17 +304,8 @@ fn gate_tc(ctx: TcContext) -> i32 {
 fn gate_tc_l3(ctx: TcContext) -> i32 {
     let skb = ctx.skb.skb;
     let pkt = NetSkb(&ctx.skb);
-    if let Some(h) = pkt.bytes::<20>(0) {
-        let fast = match h[0] >> 4 {
-            4 => PREFILTER.get(0).is_some_and(|f| passes_fast_v4(f, h[0], h[16], h[19])),
-            6 => pkt.bytes::<40>(0).is_some_and(|h| {
-                PREFILTER.get(0).is_some_and(|f| passes_fast_v6(f, h[0], h[6], h[24], h[39]))
-            }),
-            _ => false,
-        };
-        if fast {
-            return TC_NEXT;
-        }
+    if pkt.passes_fast() {
+        return TC_NEXT;
     }
     // The slow path reads beyond the linear area the header helper sees: pull the headers
     // in (a failure leaves them unreadable, which is refused).

@@ -29,6 +29,18 @@ pub(crate) struct NetSkb<'a>(pub(crate) &'a SkBuff);
 const HEADERS: u32 = 256;
 
 impl NetSkb<'_> {
+    /// The fast path on the header at the network offset, by its version nibble (an IPv4
+    /// packet may be shorter than an IPv6 header: 20 bytes are read first).
+    #[inline(always)]
+    pub(crate) fn passes_fast(&self) -> bool {
+        let Some(h) = self.bytes::<20>(0) else { return false };
+        match h[0] >> 4 {
+            4 => fast_v4(&h),
+            6 => self.bytes::<40>(0).is_some_and(|h| fast_v6(&h)),
+            _ => false,
+        }
+    }
+
     /// Make the packet's first [`HEADERS`] bytes linear, where they are not (best effort:
     /// what stays out of reach is unreadable, and refused).
     #[inline(always)]
@@ -84,12 +96,20 @@ pub(crate) fn linear<const N: usize>(skb: &SkBuff, off: usize) -> Option<&[u8; N
 #[inline(always)]
 pub(crate) fn passes_fast_ip(skb: &SkBuff, l3: usize, v6: bool) -> bool {
     if v6 {
-        let Some(h) = linear::<40>(skb, l3) else { return false };
-        let Some(f) = PREFILTER.get(0) else { return false };
-        passes_fast_v6(f, h[0], h[6], h[24], h[39])
+        linear::<40>(skb, l3).is_some_and(fast_v6)
     } else {
-        let Some(h) = linear::<20>(skb, l3) else { return false };
-        let Some(f) = PREFILTER.get(0) else { return false };
-        passes_fast_v4(f, h[0], h[16], h[19])
+        linear::<20>(skb, l3).is_some_and(fast_v4)
     }
+}
+
+/// The fast path on an IPv4 header's first 20 bytes.
+#[inline(always)]
+fn fast_v4(h: &[u8; 20]) -> bool {
+    PREFILTER.get(0).is_some_and(|f| passes_fast_v4(f, h[0], h[16], h[19]))
+}
+
+/// The fast path on an IPv6 header's 40 bytes.
+#[inline(always)]
+fn fast_v6(h: &[u8; 40]) -> bool {
+    PREFILTER.get(0).is_some_and(|f| passes_fast_v6(f, h[0], h[6], h[24], h[39]))
 }

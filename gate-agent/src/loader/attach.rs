@@ -175,11 +175,7 @@ impl Gate {
                 }
                 let p = self.ebpf.program(name).ok_or(LoaderError::MissingProgram(name))?;
                 let fd = p.fd().map_err(perr)?;
-                sys::link_update(link.as_fd(), fd.as_fd()).map_err(|source| LoaderError::Io {
-                    what: "replacing the program of link",
-                    path: link_path.clone(),
-                    source,
-                })?;
+                super::replace_program(link.as_fd(), fd.as_fd(), &link_path)?;
                 return Ok(LinkState::Live(info.map(|i| i.prog_id)));
             }
             // Detached (its cgroup is gone) or on another cgroup: replace it.

@@ -152,6 +152,20 @@ where
         .map_err(|source| LoaderError::Program { name, source })
 }
 
+/// Swap in place the program of the pinned link `link` (at `path`, named in the error): there
+/// is no moment without a program.
+fn replace_program(
+    link: std::os::fd::BorrowedFd<'_>,
+    prog: std::os::fd::BorrowedFd<'_>,
+    path: &Path,
+) -> Result<(), LoaderError> {
+    sys::link_update(link, prog).map_err(|source| LoaderError::Io {
+        what: "replacing the program of link",
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
 impl Gate {
     /// Load and verify the programs; create the maps, or reuse the pinned ones when a gate is
     /// already pinned (nothing attached changes here).

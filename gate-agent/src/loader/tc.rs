@@ -155,11 +155,20 @@ impl Gate {
             sync_set(trusted_map, &plan.trusted, names::TRUSTED_IFACES)?;
             if tcx {
                 let mut wanted = BTreeSet::new();
+                // The kernel's id of each variant, read once: a link that runs the other is
+                // swapped.
+                let mut ids = BTreeMap::new();
+                for f in [Framing::Ethernet, Framing::Network] {
+                    let p: &mut SchedClassifier = super::program(ebpf, f.program())?;
+                    let perr = |source| LoaderError::Program { name: f.program().name(), source };
+                    ids.insert(f, p.info().map_err(perr)?.id());
+                }
                 for t in &plan.targets {
                     let pin = AttachPoint::tc_pin_name(t.direction, t.ifindex);
                     wanted.insert(pin.clone());
                     let prog: &mut SchedClassifier = super::program(ebpf, t.framing.program())?;
-                    match sync_tcx(prog, &layout, held, t, &pin, update) {
+                    let id = ids.get(&t.framing).copied().unwrap_or_default();
+                    match sync_tcx(prog, id, &layout, held, t, &pin, update) {
                         Ok(Tcx::Kept) => {}
                         Ok(Tcx::Replaced) => report.replaced += 1,
                         Ok(Tcx::Attached) => report.attached.push(t.clone()),
@@ -262,6 +271,7 @@ enum Tcx {
 
 fn sync_tcx(
     prog: &mut SchedClassifier,
+    prog_id: u32,
     layout: &super::Layout,
     held: &mut BTreeMap<String, OwnedFd>,
     t: &TcTarget,
@@ -299,16 +309,10 @@ fn sync_tcx(
             && info.target == LinkTarget::Ifindex(t.ifindex)
         {
             // The other variant is there when the interface's link type changed.
-            let ours = prog.info().map_err(perr)?.id() == info.prog_id;
-            if !update && ours {
+            if !update && info.prog_id == prog_id {
                 return Ok(Tcx::Kept);
             }
-            let prog_fd = prog.fd().map_err(perr)?;
-            sys::link_update(fd.as_fd(), prog_fd.as_fd()).map_err(|source| LoaderError::Io {
-                what: "replacing the program of link",
-                path: path.clone(),
-                source,
-            })?;
+            super::replace_program(fd.as_fd(), prog.fd().map_err(perr)?.as_fd(), &path)?;
             return Ok(Tcx::Replaced);
         }
     }

@@ -148,16 +148,8 @@ pub(crate) fn classify(links: &[Link], rules: &Rules) -> Classified {
 mod tests {
     use super::*;
 
-    fn link(ifindex: u32, name: &str, kind: Option<&str>, master: Option<u32>) -> Link {
-        let loopback = false;
-        Link {
-            ifindex,
-            name: name.into(),
-            kind: kind.map(Into::into),
-            master,
-            loopback,
-            link_type: 1,
-        }
+    fn link(ifindex: u32, name: &str) -> Link {
+        Link { ifindex, name: name.into(), loopback: false, link_type: ARPHRD_ETHER }
     }
 
     fn names(c: &Classified, dir: TcDirection) -> Vec<&str> {
@@ -166,15 +158,10 @@ mod tests {
 
     #[test]
     fn every_egress_and_every_ingress_but_loopback() {
-        let mut lo = link(1, "lo", None, None);
+        let mut lo = link(1, "lo");
         (lo.loopback, lo.link_type) = (true, ARPHRD_LOOPBACK);
-        let links = vec![
-            lo,
-            link(2, "eth0", None, None),
-            link(3, "veth1a", Some("veth"), None),
-            link(4, "tap0", Some("tun"), None),
-            link(5, "eth1.100", Some("vlan"), None),
-        ];
+        let links =
+            vec![lo, link(2, "eth0"), link(3, "veth1a"), link(4, "tap0"), link(5, "eth1.100")];
         let rules = Rules::new(true, true, false, &[], &[], &[]).unwrap();
         let t = classify(&links, &rules);
         assert_eq!(
@@ -219,7 +206,7 @@ mod tests {
         for ty in [ARPHRD_ETHER, ARPHRD_LOOPBACK] {
             assert_eq!(framing(ty), Framing::Ethernet, "link type {ty}");
         }
-        let mut wg = link(7, "wg0", Some("wireguard"), None);
+        let mut wg = link(7, "wg0");
         wg.link_type = 0xfffe;
         let rules = Rules::new(true, true, true, &[], &[], &[]).unwrap();
         let t = classify(&[wg], &rules);

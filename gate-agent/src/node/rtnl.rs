@@ -1,5 +1,5 @@
 //! What the node-level programs need to know of the network namespace, read over rtnetlink:
-//! its interfaces, with their link type, kind and bridge master.
+//! its interfaces, with their link type.
 use std::time::Duration;
 
 use gate_common::user::bytes_of;
@@ -9,9 +9,6 @@ use crate::netlink::{NetlinkError, NlSocket, WireError, attrs, read};
 const RTM_NEWLINK: u16 = 16;
 const RTM_GETLINK: u16 = 18;
 const IFLA_IFNAME: u16 = 3;
-const IFLA_MASTER: u16 = 10;
-const IFLA_LINKINFO: u16 = 18;
-const IFLA_INFO_KIND: u16 = 1;
 const IFF_LOOPBACK: u32 = 0x8;
 /// Multicast groups: links, tc (qdiscs and filters).
 pub(crate) const RTMGRP_LINK: u32 = 0x1;
@@ -39,11 +36,6 @@ unsafe impl aya::Pod for IfInfoMsg {}
 pub(crate) struct Link {
     pub ifindex: u32,
     pub name: String,
-    /// `IFLA_INFO_KIND` (`veth`, `bridge`, `openvswitch`, `tun`, `vxlan`, …); `None` for
-    /// physical devices.
-    pub kind: Option<String>,
-    /// The bridge (or OVS datapath) this interface is a port of.
-    pub master: Option<u32>,
     pub loopback: bool,
     /// The link type (`ARPHRD_*`): what the interface's packets start with.
     pub link_type: u16,
@@ -66,27 +58,13 @@ fn parse_link(payload: &[u8]) -> Result<Link, WireError> {
     let mut link = Link {
         ifindex: msg.index as u32,
         name: String::new(),
-        kind: None,
-        master: None,
         loopback: msg.flags & IFF_LOOPBACK != 0,
         link_type: msg.ty,
     };
     for (ty, data) in attrs(payload.get(size_of::<IfInfoMsg>()..).unwrap_or_default())? {
-        match ty {
-            IFLA_IFNAME => {
-                let end = data.iter().position(|&b| b == 0).unwrap_or(data.len());
-                link.name = String::from_utf8_lossy(&data[..end]).into_owned();
-            }
-            IFLA_MASTER => link.master = read::<u32>(data, "IFLA_MASTER").ok(),
-            IFLA_LINKINFO => {
-                for (ity, idata) in attrs(data)? {
-                    if ity == IFLA_INFO_KIND {
-                        let end = idata.iter().position(|&b| b == 0).unwrap_or(idata.len());
-                        link.kind = Some(String::from_utf8_lossy(&idata[..end]).into_owned());
-                    }
-                }
-            }
-            _ => {}
+        if ty == IFLA_IFNAME {
+            let end = data.iter().position(|&b| b == 0).unwrap_or(data.len());
+            link.name = String::from_utf8_lossy(&data[..end]).into_owned();
         }
     }
     Ok(link)
@@ -102,19 +80,9 @@ mod tests {
         let msg = IfInfoMsg { index: 7, flags: IFF_LOOPBACK, ty: 772, ..Default::default() };
         let mut p = bytes_of(&msg).to_vec();
         p.extend(attr(IFLA_IFNAME, b"lo\0"));
-        p.extend(attr(IFLA_MASTER, &3u32.to_ne_bytes()));
-        p.extend(attr(IFLA_LINKINFO, &attr(IFLA_INFO_KIND, b"veth\0")));
+        // An attribute the agent does not read (IFLA_MASTER) is skipped.
+        p.extend(attr(10, &3u32.to_ne_bytes()));
         let l = parse_link(&p).unwrap();
-        assert_eq!(
-            l,
-            Link {
-                ifindex: 7,
-                name: "lo".into(),
-                kind: Some("veth".into()),
-                master: Some(3),
-                loopback: true,
-                link_type: 772,
-            }
-        );
+        assert_eq!(l, Link { ifindex: 7, name: "lo".into(), loopback: true, link_type: 772 });
     }
 }
