@@ -57,40 +57,11 @@ impl RunArgs {
                 })
             }
         };
-        let mount_bpffs = matches!(mode, RunMode::Standalone { .. });
-        // Forwarded traffic without a socket is refused at the uplinks unless it entered by a
-        // trusted interface, so that an interface that lost its ingress program (an attacker's
-        // route made it look like an uplink, it is brand new) is no way out. Where every pod
-        // is gated, the workload-facing interfaces are strict too; standalone lets sockets
-        // outside the gated root through them. Only where pod-network traffic is left to the
-        // SDN (`--gate-scope host-network-only`) is neither the gate's.
-        let (workload_ingress, gate_forwarded, strict_found) = match &mode {
-            RunMode::Standalone { .. } => (true, true, false),
-            RunMode::Cluster(c) => {
-                let all = c.scope == Scope::AllPods;
-                (all, all, all)
-            }
-        };
+        let standalone = matches!(mode, RunMode::Standalone { .. });
+        let scope = self.gate_scope.into();
         Ok(AgentConfig {
             mode,
-            gate: GateConfig {
-                pin_dir: self.pin_dir,
-                mount_bpffs,
-                egress: self.egress_program.into(),
-                lsm_programs: self.lsm_programs,
-                node: NodeConfig {
-                    enabled: self.node_enforcement,
-                    workload_ingress,
-                    gate_forwarded,
-                    strict_found,
-                    uplinks: self.tc_interface,
-                    workloads: self.tc_workload_interface,
-                    trusted: self.tc_trusted_interface,
-                    netns: self.tc_netns,
-                    mode: self.tc_mode.into(),
-                },
-                terminate_established: self.terminate_established,
-            },
+            gate: self.gate.into_config(standalone, scope, standalone, self.terminate_established),
             listen: Listen { probes: self.listen, metrics: self.metrics_listen },
             rescan: Duration::from_millis(self.rescan_ms.max(50)),
             state_dir: self.state_dir,
@@ -149,6 +120,9 @@ pub(crate) enum Command {
     Status {
         #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
         pin_dir: PathBuf,
+        /// The agent's state dir, where the boot step records what it did
+        #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+        state_dir: PathBuf,
         /// Print JSON instead of text
         #[arg(long)]
         json: bool,
@@ -198,20 +172,13 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Close the gate on a node that rebooted, before the kubelet starts (run by a systemd
-    /// unit): the last good policy and allow set the agent kept in --state-dir, attached
-    /// and pinned; the agent adopts the gate when it comes up
-    Boot {
-        /// Where the agent kept its state (`run --state-dir`)
-        #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
-        state_dir: PathBuf,
-        #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
-        pin_dir: PathBuf,
-        /// The gated cgroup (created if the kubelet has not yet), e.g.
-        /// /sys/fs/cgroup/kubepods.slice
-        #[arg(long, value_name = "DIR")]
-        cgroup_root: PathBuf,
-    },
+    /// Close the gate before the kubelet starts, on every boot (run by a systemd unit ordered
+    /// before kubelet-dependencies.target): the cgroup hooks, the node-level programs and the
+    /// LSM programs, with the last good policy and allow set the agent kept in --state-dir,
+    /// or else (first boot, lost or corrupt state) the installed policy (--policy, or the
+    /// shipped policy of --platform) with nothing allowed. Pinned: the agent adopts the gate
+    /// when it comes up. Exits non-zero when it could not close the gate
+    Boot(Box<BootArgs>),
     /// Detach and unpin everything under the pin dir: this opens the gate. Refused while an
     /// agent runs on the pin dir (stop it first: a running agent repairs what it finds
     /// missing)
@@ -222,6 +189,34 @@ pub(crate) enum Command {
         #[arg(long)]
         force: bool,
     },
+}
+
+/// `gate-agent boot`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct BootArgs {
+    /// Where the agent kept its state (`run --state-dir`); the boot step records its outcome
+    /// here too (`boot.json`, read by the agent and `status`)
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// The installed policy: used when the state dir holds no readable, valid policy (a
+    /// node's first boot, state lost or corrupt)
+    #[arg(long, value_name = "FILE", conflicts_with = "platform")]
+    pub policy: Option<PathBuf>,
+    /// Else the policy shipped for this platform (OpenShift PlatformType, as `run
+    /// --platform`), or `auto`: from the kernel command line's ignition.platform.id (RHCOS,
+    /// Fedora CoreOS)
+    #[arg(long, value_name = "PLATFORM")]
+    pub platform: Option<String>,
+    /// The gated cgroup (created if the kubelet has not yet), e.g.
+    /// /sys/fs/cgroup/kubepods.slice
+    #[arg(long, value_name = "DIR")]
+    pub cgroup_root: PathBuf,
+    /// As the agent's `run --gate-scope` (what the node-level program judges until the agent
+    /// adopts the gate)
+    #[arg(long, value_enum, value_name = "SCOPE", default_value_t = ScopeArg::AllPods)]
+    pub gate_scope: ScopeArg,
+    #[command(flatten)]
+    pub gate: GateArgs,
 }
 
 #[derive(Debug, clap::Args)]
@@ -256,9 +251,8 @@ pub(crate) struct RunArgs {
     /// pods are then left to the SDN's own rules)
     #[arg(long, value_enum, value_name = "SCOPE", default_value_t = ScopeArg::AllPods)]
     pub gate_scope: ScopeArg,
-    /// bpffs directory for pinned programs and maps (bpffs is mounted on its parent if missing)
-    #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
-    pub pin_dir: PathBuf,
+    #[command(flatten)]
+    pub gate: GateArgs,
     /// Address for /healthz and /readyz, and for /metrics unless --metrics-listen is given
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9750")]
     pub listen: SocketAddr,
@@ -279,6 +273,29 @@ pub(crate) struct RunArgs {
     /// attachments verified (and restored if removed), in milliseconds
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     pub rescan_ms: u64,
+    /// Destroy established connections from gated cgroups to protected endpoints when the
+    /// gate or a policy change takes effect, where the kernel supports it (sock_diag
+    /// SOCK_DESTROY, as `ss -K`). Their packets are dropped either way; destroying them makes
+    /// the owner see ECONNABORTED at once instead of a stalled connection.
+    /// `--terminate-established=false` leaves them open.
+    #[arg(
+        long,
+        value_name = "BOOL",
+        default_value_t = true,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub terminate_established: bool,
+}
+
+/// How the gate is loaded and where the node-level program goes: `run` and `boot` alike, so
+/// that the boot step closes what the agent will.
+#[derive(Debug, clap::Args)]
+pub(crate) struct GateArgs {
+    /// bpffs directory for pinned programs and maps (bpffs is mounted on its parent if missing)
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
+    pub pin_dir: PathBuf,
     /// Which cgroup_skb egress program to load (auto: with pid/comm in events where the
     /// kernel allows it)
     #[arg(long, value_enum, value_name = "VARIANT", default_value_t = EgressArg::Auto)]
@@ -336,20 +353,46 @@ pub(crate) struct RunArgs {
     /// How tc programs attach: tcx links (6.6+) or clsact filters (older kernels)
     #[arg(long, value_enum, value_name = "MODE", default_value_t = TcModeArg::Auto)]
     pub tc_mode: TcModeArg,
-    /// Destroy established connections from gated cgroups to protected endpoints when the
-    /// gate or a policy change takes effect, where the kernel supports it (sock_diag
-    /// SOCK_DESTROY, as `ss -K`). Their packets are dropped either way; destroying them makes
-    /// the owner see ECONNABORTED at once instead of a stalled connection.
-    /// `--terminate-established=false` leaves them open.
-    #[arg(
-        long,
-        value_name = "BOOL",
-        default_value_t = true,
-        num_args = 0..=1,
-        default_missing_value = "true",
-        action = clap::ArgAction::Set
-    )]
-    pub terminate_established: bool,
+}
+
+impl GateArgs {
+    /// The gate this asks for. `standalone`: forwarded traffic and the workload-facing
+    /// interfaces are judged as in standalone mode; else as `scope` says.
+    pub(crate) fn into_config(
+        self,
+        standalone: bool,
+        scope: Scope,
+        mount_bpffs: bool,
+        terminate_established: bool,
+    ) -> GateConfig {
+        // Forwarded traffic without a socket is refused at the uplinks unless it entered by a
+        // trusted interface, so that an interface that lost its ingress program (an attacker's
+        // route made it look like an uplink, it is brand new) is no way out. Where every pod
+        // is gated, the workload-facing interfaces are strict too; standalone lets sockets
+        // outside the gated root through them. Only where pod-network traffic is left to the
+        // SDN (`--gate-scope host-network-only`) is neither the gate's.
+        let all = scope == Scope::AllPods;
+        let (workload_ingress, gate_forwarded, strict_found) =
+            if standalone { (true, true, false) } else { (all, all, all) };
+        GateConfig {
+            pin_dir: self.pin_dir,
+            mount_bpffs,
+            egress: self.egress_program.into(),
+            lsm_programs: self.lsm_programs,
+            node: NodeConfig {
+                enabled: self.node_enforcement,
+                workload_ingress,
+                gate_forwarded,
+                strict_found,
+                uplinks: self.tc_interface,
+                workloads: self.tc_workload_interface,
+                trusted: self.tc_trusted_interface,
+                netns: self.tc_netns,
+                mode: self.tc_mode.into(),
+            },
+            terminate_established,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

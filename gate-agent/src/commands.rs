@@ -179,9 +179,9 @@ pub fn main() -> ExitCode {
         Command::Explain { pin_dir, cgroup, pod, kubeconfig, dst, json } => {
             explain(&pin_dir, cgroup, pod, kubeconfig, dst, json)
         }
-        Command::Boot { state_dir, pin_dir, cgroup_root } => {
+        Command::Boot(args) => {
             init_logging(LogFormat::Text);
-            match crate::boot::run(&state_dir, &pin_dir, &cgroup_root) {
+            match crate::boot::run(*args) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: {e:#}");
@@ -190,7 +190,7 @@ pub fn main() -> ExitCode {
             }
         }
         Command::Check { files, platform, json } => check(&files, platform.as_deref(), json),
-        Command::Status { pin_dir, json } => match Status::read(&pin_dir) {
+        Command::Status { pin_dir, state_dir, json } => match Status::read(&pin_dir, &state_dir) {
             Ok(st) => {
                 if json {
                     match serde_json::to_string_pretty(&st) {

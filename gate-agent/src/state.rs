@@ -1,7 +1,8 @@
 //! What a node keeps on its own disk for the boot step (`gate-agent boot`, run by systemd
 //! before the kubelet): the last good policy as written, the allow set by cgroup path, and
-//! a copy of the agent's binary (the DaemonSet's image is not on the host). Every file is
-//! replaced atomically (write aside, rename), so a crash never leaves half of one.
+//! a copy of the agent's binary (the DaemonSet's image is not on the host), and the boot
+//! step's record of what it did. Every file is replaced durably (write aside, fsync, rename,
+//! fsync the directory), so a crash or power loss never leaves half of one.
 use std::{
     fs, io,
     path::{Path, PathBuf},
@@ -12,6 +13,32 @@ use serde::{Deserialize, Serialize};
 const POLICY: &str = "policy.yaml";
 const ALLOW: &str = "allow.json";
 const BINARY: &str = "bin/gate-agent";
+const BOOT: &str = "boot.json";
+
+/// What the boot step did on one boot: written by `gate-agent boot`, read by the agent and
+/// `status` (a record of another boot means the boot step did not run on this one).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct BootRecord {
+    /// The kernel's boot id (`/proc/sys/kernel/random/boot_id`) of the boot it ran on.
+    pub boot_id: String,
+    /// Whether the gate was closed (or already pinned) when the step exited.
+    pub closed: bool,
+    /// Where the policy came from (`kept …`, `installed …`, `shipped …`), if one was read.
+    pub policy: Option<String>,
+    /// How many cgroups were allowed from the kept allow set.
+    pub allowed: usize,
+    /// Why the gate could not be closed, or what was wrong with the kept state.
+    pub problems: Vec<String>,
+    /// Seconds since the epoch.
+    pub at: u64,
+}
+
+/// This boot's id; empty where the kernel does not say.
+pub(crate) fn boot_id() -> String {
+    fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
 
 /// One allowed cgroup, by path relative to the gated root.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,6 +105,18 @@ impl StateDir {
         }
     }
 
+    pub(crate) fn save_boot(&self, record: &BootRecord) -> io::Result<()> {
+        let json = serde_json::to_vec_pretty(record).map_err(io::Error::other)?;
+        self.write(BOOT, &json, 0o644)
+    }
+
+    /// The boot step's record of this boot: `None` if it did not run on this boot (or left
+    /// nothing readable).
+    pub(crate) fn this_boot(&self) -> Option<BootRecord> {
+        let r: BootRecord = serde_json::from_slice(&fs::read(self.0.join(BOOT)).ok()?).ok()?;
+        (r.boot_id == boot_id()).then_some(r)
+    }
+
     /// Copy the running binary to `bin/gate-agent` (if it differs), for the boot unit.
     pub(crate) fn install_binary(&self) -> io::Result<PathBuf> {
         let me = fs::read("/proc/self/exe")?;
@@ -108,6 +147,20 @@ mod tests {
         use std::os::unix::fs::PermissionsExt as _;
         assert_eq!(fs::metadata(&bin).unwrap().permissions().mode() & 0o777, 0o755);
         assert!(!dir.join("policy.tmp").exists(), "no temporary file left");
+        assert_eq!(st.this_boot(), None);
+        let mut rec = BootRecord {
+            boot_id: "another boot".into(),
+            closed: true,
+            policy: None,
+            allowed: 0,
+            problems: vec![],
+            at: 1,
+        };
+        st.save_boot(&rec).unwrap();
+        assert_eq!(st.this_boot(), None, "a record of another boot is not this boot's");
+        rec.boot_id = boot_id();
+        st.save_boot(&rec).unwrap();
+        assert_eq!(st.this_boot(), Some(rec));
         let _ = fs::remove_dir_all(&dir);
     }
 }

@@ -38,6 +38,9 @@ pub(crate) struct Status {
     /// Whether the LSM programs enforce (`enforcing`), or why they do not (`inactive: …`):
     /// without them, 32-bit compat and io_uring setsockopt and packet capture stay open.
     pub lsm: String,
+    /// The boot step's record of this boot (`gate-agent boot`), from the state dir; none: it
+    /// did not run on this boot (no boot unit, or it could not start).
+    pub boot: Option<crate::state::BootRecord>,
 }
 
 /// What the last terminate-established scan could see.
@@ -117,9 +120,28 @@ fn monotonic_now_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// One line on what the boot step did on this boot.
+fn boot_line(boot: Option<&crate::state::BootRecord>) -> String {
+    let Some(b) = boot else {
+        return "no record for this boot (the boot unit is not installed, or could not start)"
+            .into();
+    };
+    let policy = b.policy.as_deref().unwrap_or("no policy");
+    let mut line = if b.closed {
+        format!("closed the gate ({policy}, {} cgroups allowed)", b.allowed)
+    } else {
+        format!("FAILED ({policy})")
+    };
+    for p in &b.problems {
+        line.push_str("; ");
+        line.push_str(p);
+    }
+    line
+}
+
 impl Status {
     /// Read the gate pinned under `pin_dir`.
-    pub(crate) fn read(pin_dir: &Path) -> Result<Status, LoaderError> {
+    pub(crate) fn read(pin_dir: &Path, state_dir: &Path) -> Result<Status, LoaderError> {
         let layout = Layout::new(pin_dir);
         let other_versions = pins::other_versions(pin_dir).into_iter().map(|(_, p)| p).collect();
         let mut status = Status {
@@ -138,6 +160,7 @@ impl Status {
             terminate_established: "unknown",
             terminate_scan: TerminateScan::default(),
             lsm: String::new(),
+            boot: None,
         };
         if !layout.dir.join("maps").exists() {
             return Ok(status);
@@ -219,11 +242,13 @@ impl Status {
                 hook: Hook::of_event(ev.hook).map_or("unknown", Hook::name),
             })
             .collect();
+        status.boot = crate::state::StateDir::new(state_dir).this_boot();
         Ok(status)
     }
 
     pub(crate) fn render_text(&self) -> String {
         let mut o = String::new();
+        let _ = writeln!(o, "boot step: {}", boot_line(self.boot.as_ref()));
         if !self.installed {
             let _ = writeln!(
                 o,

@@ -373,7 +373,14 @@ fn kernel_stacks(pid: u32) -> String {
 /// pipe holds (a verifier log in a warning) would otherwise block on the full pipe.
 pub fn run_to_end(bin: &Path, netns: &str, args: &[&str], timeout: Duration) -> Result<Output> {
     let mut cmd = agent_command(bin)?;
-    cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.args(args);
+    command_to_end(cmd, netns, timeout)
+}
+
+/// Run `cmd` in `netns` to its end (killed after `timeout`): the boot script, say.
+pub fn command_to_end(mut cmd: Command, netns: &str, timeout: Duration) -> Result<Output> {
+    let args: Vec<_> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     exec_in_netns(&mut cmd, netns)?;
     let mut child = cmd.spawn()?;
     let drain = |r: Option<Box<dyn Read + Send>>| {
@@ -410,7 +417,8 @@ pub fn run_to_end(bin: &Path, netns: &str, args: &[&str], timeout: Duration) -> 
         return Ok(out);
     }
     bail!(
-        "gate-agent {args:?} still running after {timeout:?}: {}\nwhere its threads wait:\n{stacks}",
+        "{:?} {args:?} still running after {timeout:?}: {}\nwhere its threads wait:\n{stacks}",
+        cmd.get_program(),
         String::from_utf8_lossy(&out.stderr)
     )
 }

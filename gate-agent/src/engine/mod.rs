@@ -61,7 +61,7 @@ pub(crate) fn install<'a>(
 
 /// Load (or adopt), apply and attach. A failed fresh start removes its own pins; a failed
 /// adoption leaves the pinned gate as it was, still enforcing.
-fn bring_up(
+pub(crate) fn bring_up(
     cfg: &GateConfig,
     node: &NodeLevel,
     policy: &Policy,
@@ -132,6 +132,31 @@ fn bring_up(
         return Err(e);
     }
     Ok(gate)
+}
+
+/// Say what the boot step did on this boot: a failure is an error and a gauge (its alert),
+/// problems with the kept state are warnings.
+fn report_boot_step(state: &StateDir, metrics: &AgentMetrics) {
+    match state.this_boot() {
+        Some(b) if b.closed => {
+            tracing::info!(
+                policy = b.policy.as_deref(),
+                allowed = b.allowed,
+                "the boot step closed the gate on this boot"
+            );
+            for p in &b.problems {
+                tracing::warn!(problem = %p, "the boot step found the kept state unusable");
+            }
+        }
+        Some(b) => {
+            metrics.boot_step_failed.set(1);
+            tracing::error!(problems = ?b.problems, "the boot step could not close the gate on this boot: the node was open until now");
+        }
+        None => tracing::info!(
+            state_dir = %state.dir().display(),
+            "no boot step record for this boot (the boot unit is not installed, or could not start)"
+        ),
+    }
 }
 
 /// The outcome of offering a policy text.
@@ -249,6 +274,9 @@ impl Engine {
                 "LSM programs not attached: 32-bit compat and io_uring setsockopt and packet \
                  capture stay open to gated workloads (see the README's kernel requirements)"
             ),
+        }
+        if let Some(state) = &engine.state {
+            report_boot_step(state, &engine.metrics);
         }
         engine.keep_state(true);
         let (policy, root, http) = (&engine.policy, &engine.root, &engine.server);

@@ -117,6 +117,12 @@ pub(crate) const NODE_ATTACH_FAILURES: Family = Family {
     help: "Interface directions the node-level program should be on but is not, or is on only while this agent runs (its link could not be pinned), at the last check (see the agent's log)",
     labels: &[],
 };
+pub(crate) const BOOT_STEP_FAILED: Family = Family {
+    name: "metadata_gate_boot_step_failed",
+    kind: Kind::Gauge,
+    help: "1 when the boot step recorded on this boot that it could not close the gate before the kubelet started (see `gate-agent status` and the boot unit's journal)",
+    labels: &[],
+};
 
 /// Every family the agent exports.
 pub(crate) const ALL: &[Family] = &[
@@ -134,4 +140,5 @@ pub(crate) const ALL: &[Family] = &[
     PREGATE_PACKET_SOCKETS,
     LSM_ENFORCING,
     NODE_ATTACH_FAILURES,
+    BOOT_STEP_FAILED,
 ];

@@ -25,9 +25,9 @@ use crate::{
     loader::{Gate, Stats},
 };
 use families::{
-    DECISIONS, ENDPOINT_DECISIONS, EVENTS_LOST, Kind, LSM_ENFORCING, MAP_CAPACITY, MAP_ENTRIES,
-    NODE_ATTACH_FAILURES, POLICY_GENERATION, POLICY_REJECTED, POLICY_RELOADS,
-    PREGATE_PACKET_SOCKETS, REPAIRS, WORKLOAD_ACCESSES, WORKLOAD_DENIALS,
+    BOOT_STEP_FAILED, DECISIONS, ENDPOINT_DECISIONS, EVENTS_LOST, Kind, LSM_ENFORCING,
+    MAP_CAPACITY, MAP_ENTRIES, NODE_ATTACH_FAILURES, POLICY_GENERATION, POLICY_REJECTED,
+    POLICY_RELOADS, PREGATE_PACKET_SOCKETS, REPAIRS, WORKLOAD_ACCESSES, WORKLOAD_DENIALS,
 };
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -49,6 +49,8 @@ pub(crate) struct AgentMetrics {
     pub lsm_enforcing: Gauge,
     /// Node-level attachments missing or not pinned at the last check.
     pub node_attach_failures: Gauge,
+    /// 1 when the boot step's record of this boot says it could not close the gate.
+    pub boot_step_failed: Gauge,
 }
 
 /// Every `result` of a reload.
@@ -67,6 +69,7 @@ impl Default for AgentMetrics {
             pregate_packet_sockets: Gauge::default(),
             lsm_enforcing: Gauge::default(),
             node_attach_failures: Gauge::default(),
+            boot_step_failed: Gauge::default(),
         };
         for result in RELOAD_RESULTS {
             let _ = m.reloads.get_or_create(&ReloadLabels { result });
@@ -245,6 +248,7 @@ fn register_agent(r: &mut Registry, agent: &AgentMetrics) {
         NODE_ATTACH_FAILURES.help,
         agent.node_attach_failures.clone(),
     );
+    r.register(BOOT_STEP_FAILED.name, BOOT_STEP_FAILED.help, agent.boot_step_failed.clone());
 }
 
 #[cfg(test)]

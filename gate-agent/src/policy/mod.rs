@@ -36,6 +36,7 @@ use ipnet::IpNet;
 pub mod check;
 pub mod platforms;
 mod schema;
+pub mod shipped;
 mod validate;
 
 #[cfg(test)]

@@ -300,12 +300,17 @@ fn lost_fields(orig: &Value, back: &Value, path: &str, out: &mut Vec<String>) {
 
 // ---- MachineConfig (the boot step) ---------------------------------------------------------
 
-/// The boot unit every MachineConfig of ours carries, word for word.
+/// The boot unit and script every MachineConfig of ours carries, word for word.
 const BOOT_UNIT: &str = "deploy/boot/metadata-gate-boot.service";
+const BOOT_SCRIPT: &str = "deploy/boot/metadata-gate-boot.sh";
+/// The DaemonSet whose image the boot step runs on a node's first boot.
+const DAEMONSET: &str = "deploy/base/daemonset.yaml";
 
 /// A MachineConfig (machineconfiguration.openshift.io/v1, which k8s-openapi does not know):
-/// a role label, an Ignition 3 config, and the boot unit identical to [`BOOT_UNIT`].
+/// a role label, an Ignition 3 config, the boot unit identical to [`BOOT_UNIT`], the script
+/// identical to [`BOOT_SCRIPT`] and executable, and a boot.env naming the DaemonSet's image.
 fn machineconfig(v: &Value) -> std::result::Result<(), Vec<String>> {
+    use base64::Engine as _;
     let mut errs = Vec::new();
     if v.pointer("/metadata/labels/machineconfiguration.openshift.io~1role")
         .and_then(Value::as_str)
@@ -333,7 +338,46 @@ fn machineconfig(v: &Value) -> std::result::Result<(), Vec<String>> {
             }
         }
     }
+    let files = v.pointer("/spec/config/storage/files").and_then(Value::as_array);
+    let file = |path: &str| files.and_then(|f| f.iter().find(|f| f["path"] == path));
+    let source =
+        |f: &Value| f.pointer("/contents/source").and_then(Value::as_str).map(str::to_owned);
+    let script = std::fs::read(root().join(BOOT_SCRIPT)).unwrap_or_default();
+    match file("/usr/local/bin/metadata-gate-boot") {
+        None => errs.push("storage.files: /usr/local/bin/metadata-gate-boot is missing".into()),
+        Some(f) => {
+            if f["mode"] != 0o755 {
+                errs.push("/usr/local/bin/metadata-gate-boot: mode must be 493 (0755)".into());
+            }
+            let b64 = source(f).and_then(|s| {
+                s.strip_prefix("data:text/plain;charset=utf-8;base64,").map(str::to_owned)
+            });
+            let got = b64.and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok());
+            if got.as_deref() != Some(script.as_slice()) {
+                errs.push(format!(
+                    "/usr/local/bin/metadata-gate-boot: contents differ from {BOOT_SCRIPT}"
+                ));
+            }
+        }
+    }
+    let image = daemonset_image().unwrap_or_default();
+    let env = file("/etc/metadata-gate/boot.env").and_then(source);
+    let want_env = format!("data:,METADATA_GATE_IMAGE={image}%0A");
+    if env.as_deref() != Some(want_env.as_str()) {
+        errs.push(format!(
+            "/etc/metadata-gate/boot.env: {env:?}, expected {want_env:?} (the image of {DAEMONSET})"
+        ));
+    }
     if errs.is_empty() { Ok(()) } else { Err(errs) }
+}
+
+/// The agent container's image in the base DaemonSet.
+fn daemonset_image() -> Option<String> {
+    let text = std::fs::read_to_string(root().join(DAEMONSET)).ok()?;
+    let ds: Value = serde_yaml::from_str(&text).ok()?;
+    let containers = ds.pointer("/spec/template/spec/containers")?.as_array()?;
+    let agent = containers.iter().find(|c| c["name"] == "agent")?;
+    agent["image"].as_str().map(str::to_owned)
 }
 
 // ---- SecurityContextConstraints ------------------------------------------------------------
