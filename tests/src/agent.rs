@@ -120,7 +120,18 @@ impl Agent {
         extra: &[&str],
         harness_flags: bool,
     ) -> Result<Agent> {
-        let pin_root = new_pin_root()?;
+        Self::start_on(bins, netns, new_pin_root()?, mode_args, mount, extra, harness_flags)
+    }
+
+    fn start_on(
+        bins: &Bins,
+        netns: &str,
+        pin_root: PathBuf,
+        mode_args: Vec<std::ffi::OsString>,
+        mount: bool,
+        extra: &[&str],
+        harness_flags: bool,
+    ) -> Result<Agent> {
         if mount {
             crate::sys::sh("mount", &["-t", "bpf", "bpffs", &pin_root.to_string_lossy()])?;
         }
@@ -328,6 +339,118 @@ impl Drop for Agent {
             }
         }
         remove_pin_root(&self.pin_root);
+    }
+}
+
+/// The boot script as shipped (deploy/boot/metadata-gate-boot.sh), built into the tests so
+/// that they run it in the kernel VMs too.
+const BOOT_SCRIPT: &str = include_str!("../../deploy/boot/metadata-gate-boot.sh");
+
+/// A node right after the boot step (`deploy/boot/metadata-gate-boot.sh`, as systemd runs it
+/// before the kubelet): a pinned gate, no agent. Its pins are removed on drop, unless an
+/// agent took them over ([`BootStep::into_agent`]).
+pub struct BootStep {
+    bins: Bins,
+    netns: String,
+    pin_root: Option<PathBuf>,
+    pub pin_dir: PathBuf,
+    files: Vec<PathBuf>,
+    /// The script's output and exit status.
+    pub output: Output,
+    /// podman's arguments, where the script ran the agent's image (no kept binary).
+    pub podman_args: Option<String>,
+}
+
+/// How the boot step is asked to run.
+pub struct BootSettings<'a> {
+    pub state_dir: &'a Path,
+    pub cgroup_root: &'a Path,
+    /// `METADATA_GATE_POLICY` (installed policy file), if any.
+    pub policy: Option<&'a Path>,
+    /// `METADATA_GATE_PLATFORM`.
+    pub platform: Option<&'a str>,
+    /// `METADATA_GATE_BOOT_FAIL_OPEN=true`.
+    pub fail_open: bool,
+}
+
+impl BootStep {
+    /// Run the boot script in `netns` (the node's). `METADATA_GATE_IMAGE` names an image whose
+    /// `podman run` a stand-in performs with this build's binary: where the state dir keeps
+    /// no binary (a first boot), the script's podman path is the one exercised.
+    pub fn run(bins: &Bins, netns: &str, s: &BootSettings<'_>) -> Result<BootStep> {
+        let pin_root = new_pin_root()?;
+        let tmp = std::env::temp_dir();
+        let script = tmp.join(unique("mg-boot.sh"));
+        let podman = tmp.join(unique("mg-podman"));
+        let args_file = PathBuf::from(format!("{}.args", podman.display()));
+        fs::write(&script, BOOT_SCRIPT)?;
+        // Stands in for podman: records its arguments and runs the image's entrypoint (this
+        // build's gate-agent) with the arguments after the image, as podman would.
+        fs::write(
+            &podman,
+            "#!/bin/sh\necho \"$@\" > \"$0.args\"\n\
+             while [ \"$#\" -gt 0 ] && [ \"$1\" != \"$MG_TEST_IMAGE\" ]; do shift; done\n\
+             shift\nexec \"$MG_TEST_AGENT\" \"$@\"\n",
+        )?;
+        use std::os::unix::fs::PermissionsExt as _;
+        fs::set_permissions(&podman, fs::Permissions::from_mode(0o755))?;
+        let mut cmd = Command::new("bash");
+        cmd.arg(&script)
+            .env("METADATA_GATE_STATE_DIR", s.state_dir)
+            .env("METADATA_GATE_PIN_DIR", pin_root.join("gate"))
+            .env("METADATA_GATE_CGROUP_ROOT", s.cgroup_root)
+            .env("METADATA_GATE_POLICY", s.policy.unwrap_or(Path::new("/nonexistent/policy.yaml")))
+            .env("METADATA_GATE_IMAGE", "registry.example/metadata-gate:test")
+            .env("METADATA_GATE_PODMAN", &podman)
+            .env("MG_TEST_IMAGE", "registry.example/metadata-gate:test")
+            .env("MG_TEST_AGENT", &bins.agent);
+        if let Some(p) = s.platform {
+            cmd.env("METADATA_GATE_PLATFORM", p);
+        }
+        if s.fail_open {
+            cmd.env("METADATA_GATE_BOOT_FAIL_OPEN", "true");
+        }
+        let output = command_to_end(cmd, netns, Duration::from_secs(60));
+        let podman_args = fs::read_to_string(&args_file).ok();
+        let mut step = BootStep {
+            bins: bins.clone(),
+            netns: netns.to_owned(),
+            pin_dir: pin_root.join("gate"),
+            pin_root: Some(pin_root),
+            files: vec![script, podman, args_file],
+            output: Output {
+                status: std::process::ExitStatus::default(),
+                stdout: vec![],
+                stderr: vec![],
+            },
+            podman_args,
+        };
+        // On an error, the step is dropped: its pins are removed.
+        step.output = output?;
+        Ok(step)
+    }
+
+    /// Start the agent (cluster-mode `flags`) on this gate: it adopts it, and owns the pins.
+    pub fn into_agent(mut self, flags: &[&str]) -> Result<Agent> {
+        let root = self.pin_root.take().context("pins already handed over")?;
+        let mode = flags.iter().map(Into::into).collect();
+        Agent::start_on(&self.bins, &self.netns, root, mode, false, &[], true)
+    }
+}
+
+impl Drop for BootStep {
+    fn drop(&mut self) {
+        for f in &self.files {
+            let _ = fs::remove_file(f);
+        }
+        let Some(root) = self.pin_root.take() else { return };
+        if let Ok(mut cmd) = agent_command(&self.bins.agent) {
+            cmd.arg("cleanup").arg("--pin-dir").arg(&self.pin_dir);
+            if exec_in_netns(&mut cmd, &self.netns).is_ok() {
+                let _ = cmd.output();
+            }
+        }
+        remove_pin_root(&root);
     }
 }
 

@@ -92,6 +92,7 @@ pub(crate) const MATRIX: &[(&str, &[&str])] = &[
     ("bypass::pod_af_packet_frames_to_its_gateway_are_refused",                        K6_12),
     ("bypass::a_route_that_makes_a_pod_veth_an_uplink_opens_nothing",                 K6_12),
     ("resilience::after_a_reboot_the_boot_step_closes_the_gate_before_the_agent_runs", K6_12),
+    ("bypass::boot::a_first_boot_is_closed_before_the_agent_runs",                     K5_10),
     ("lifecycle::cleanup_opens_the_gate_and_status_says_so",                           K6_12),
     // Natively only (`cargo xtask test`, this machine's kernel).
     ("bypass::forwarding_loop_inside_a_pod_is_refused",                                HOST),
@@ -125,6 +126,8 @@ pub(crate) const MATRIX: &[(&str, &[&str])] = &[
     ("resilience::a_quiet_workloads_denial_is_logged_while_others_hammer",             HOST),
     ("resilience::a_recreated_root_is_taken_over_live_and_by_a_restart",               HOST),
     ("resilience::one_agent_per_gate_and_cleanup_refuses_under_a_running_agent",       HOST),
+    ("resilience::a_torn_kept_state_falls_back_to_the_installed_policy",               HOST),
+    ("resilience::a_boot_step_that_cannot_close_fails_visibly",                        HOST),
     ("resilience::policy_flips_under_a_connect_hammer_never_open_the_gate",            HOST),
     ("terminate::audit_mode_terminates_nothing",                                       HOST),
     ("terminate::cluster_mode_sees_pod_network_namespaces",                            HOST),

@@ -148,25 +148,27 @@ impl Cluster {
 
     /// Start the agent in cluster mode against the double, with `extra` flags.
     pub(super) fn start_with(&mut self, extra: &[&str]) {
-        let kubeconfig = self.kubeconfig("s3cret");
-        let root = self.kubepods().to_string_lossy().into_owned();
-        let kc = kubeconfig.to_string_lossy().into_owned();
-        let mut flags = vec![
-            "--kubeconfig",
-            &kc,
-            "--node-name",
-            NODE,
-            "--namespace",
-            NS,
-            "--cgroup-root",
-            &root,
-        ];
-        flags.extend_from_slice(extra);
+        let (flags, kubeconfig) = self.flags(extra);
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
         self.env.agent = Some(
             Agent::start_cluster(&self.env.bins, &self.env.net.node_path(), &flags)
                 .expect("agent ready in cluster mode"),
         );
         let _ = std::fs::remove_file(kubeconfig);
+    }
+
+    /// The cluster-mode flags against the double, with `extra`, and the kubeconfig written
+    /// for them (remove it once the agent is up).
+    pub(super) fn flags(&self, extra: &[&str]) -> (Vec<String>, PathBuf) {
+        let kubeconfig = self.kubeconfig("s3cret");
+        let root = self.kubepods().to_string_lossy().into_owned();
+        let kc = kubeconfig.to_string_lossy().into_owned();
+        let mut flags: Vec<String> =
+            ["--kubeconfig", &kc, "--node-name", NODE, "--namespace", NS, "--cgroup-root", &root]
+                .map(str::to_owned)
+                .into();
+        flags.extend(extra.iter().map(|s| s.to_string()));
+        (flags, kubeconfig)
     }
 
     fn refused(&self, cgroup: &str, cmd: &str, addr: &str, port: &str) {

@@ -162,6 +162,24 @@ impl Env {
     }
 }
 
+/// A directory removed on drop.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    /// A new empty one, uniquely named after `name`.
+    fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(integration_tests::sys::unique(name));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 fn cg_policy_path(cg: &CgroupTree) -> PathBuf {
     let name = cg.base.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     std::env::temp_dir().join(format!("{name}-policy.yaml"))

@@ -3,9 +3,15 @@
 //! (never taken for applied), and policy flips under load never let a connect() through.
 use std::time::{Duration, Instant};
 
-use integration_tests::{bpfmap::JunkV4, cgroups::remove_tree, net::IMDS_V4, probe::token};
+use integration_tests::{
+    agent::{BootSettings, BootStep},
+    bpfmap::JunkV4,
+    cgroups::remove_tree,
+    net::IMDS_V4,
+    probe::token,
+};
 
-use super::{Env, metric, policy, status};
+use super::{Env, TempDir, metric, policy, status};
 
 /// Wait up to `timeout` for `pred`, polling.
 fn eventually(timeout: Duration, mut pred: impl FnMut() -> bool) -> bool {
@@ -230,15 +236,6 @@ fn policy_flips_under_a_connect_hammer_never_open_the_gate() {
     eprintln!("{flips} policy flips under 3 connect() hammers in {took:?}: none got through");
 }
 
-/// A directory removed on drop.
-struct TempDir(std::path::PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 #[test]
 fn after_a_reboot_the_boot_step_closes_the_gate_before_the_agent_runs() {
     privileged!(after_a_reboot_the_boot_step_closes_the_gate_before_the_agent_runs);
@@ -323,4 +320,96 @@ fn a_quiet_workloads_denial_is_logged_while_others_hammer() {
     // Every refused connect() is counted, the quiet one included.
     assert!(counted >= refused + 1.0, "{counted} denials counted, {refused} + 1 refused");
     eprintln!("{HAMMERS} hammers: {refused} connect()s refused, {counted} counted, 0 events lost");
+}
+
+/// After a reboot whose power loss tore the kept state (a truncated policy, a corrupt allow
+/// set), the boot step closes the gate with the installed policy (here the one shipped for
+/// AWS), not with nothing: every gated workload, the allowed one included, is refused until
+/// the agent runs; the agent reports what the boot step found.
+#[test]
+fn a_torn_kept_state_falls_back_to_the_installed_policy() {
+    privileged!(a_torn_kept_state_falls_back_to_the_installed_policy);
+    let mut env = Env::new("enforce");
+    let state = TempDir::new("mg-state");
+    let state_arg = state.0.to_string_lossy().into_owned();
+    env.start_agent_with(&["--state-dir", &state_arg]);
+    env.assert_served("gated/cloud-agent", "tcp", IMDS_V4, "80");
+    let pin = env.agent().pin_dir.to_string_lossy().into_owned();
+    env.agent.as_mut().expect("agent").stop();
+    let out = env.cleanup(&pin);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Without a gate the path is open.
+    env.assert_served("gated/pod-a", "tcp", IMDS_V4, "80");
+    let kept = std::fs::read(state.0.join("policy.yaml")).expect("kept policy");
+    std::fs::write(state.0.join("policy.yaml"), &kept[..kept.len() / 2]).expect("tear it");
+    std::fs::write(state.0.join("allow.json"), b"[{\"path\": \"gated/cloud").expect("tear it");
+    let root = env.cg.gated();
+    let settings = BootSettings {
+        state_dir: &state.0,
+        cgroup_root: &root,
+        policy: None,
+        platform: Some("AWS"),
+        fail_open: false,
+    };
+    let boot = BootStep::run(&env.bins, &env.net.node_path(), &settings).expect("boot step ran");
+    let stderr = String::from_utf8_lossy(&boot.output.stderr).into_owned();
+    assert!(boot.output.status.success(), "{stderr}");
+    assert!(boot.podman_args.is_none(), "the kept binary ran, not the image: {stderr}");
+    env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
+    env.assert_refused("gated/cloud-agent", "tcp", IMDS_V4, "80", "connect");
+    let st = boot_status(&env, &boot.pin_dir.to_string_lossy(), &state_arg);
+    assert_eq!(st["boot"]["closed"], true, "{st}");
+    assert!(st["boot"]["policy"].as_str().is_some_and(|p| p.contains("shipped for AWS")), "{st}");
+    let problems = st["boot"]["problems"].to_string();
+    assert!(problems.contains("kept policy"), "the torn policy is reported: {problems}");
+}
+
+/// A boot step that cannot close the gate (no kept state, no installed policy, a platform
+/// nothing is shipped for) fails, which holds the kubelet; the operator's explicit opt-out
+/// lets it start anyway. Either way the agent, when it runs, says so: log, status and
+/// `metadata_gate_boot_step_failed` (the alert).
+#[test]
+fn a_boot_step_that_cannot_close_fails_visibly() {
+    privileged!(a_boot_step_that_cannot_close_fails_visibly);
+    let mut env = Env::new("enforce");
+    let state = TempDir::new("mg-state");
+    let root = env.cg.gated();
+    for fail_open in [false, true] {
+        let settings = BootSettings {
+            state_dir: &state.0,
+            cgroup_root: &root,
+            policy: None,
+            platform: Some("Mars"),
+            fail_open,
+        };
+        let boot = BootStep::run(&env.bins, &env.net.node_path(), &settings).expect("ran");
+        let stderr = String::from_utf8_lossy(&boot.output.stderr).into_owned();
+        assert_eq!(boot.output.status.success(), fail_open, "fail_open={fail_open}: {stderr}");
+        assert!(stderr.contains("no policy is shipped for platform \"Mars\""), "{stderr}");
+        assert!(stderr.contains("NOT closed"), "{stderr}");
+        // No gate: the path is open, as the failure says.
+        env.assert_served("gated/pod-a", "tcp", IMDS_V4, "80");
+    }
+    let state_arg = state.0.to_string_lossy().into_owned();
+    env.start_agent_with(&["--state-dir", &state_arg]);
+    let (_, body) = env.agent().http_get("/metrics").expect("metrics");
+    assert_eq!(metric(&body, "metadata_gate_boot_step_failed"), Some(1.0), "{body}");
+    assert!(
+        env.agent()
+            .find(|v| v["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("could not close the gate on this boot")))
+            .is_some(),
+        "the agent did not log the failed boot step"
+    );
+    let st = boot_status(&env, &env.agent().pin_dir.to_string_lossy(), &state_arg);
+    assert_eq!(st["boot"]["closed"], false, "{st}");
+    env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
+}
+
+/// `gate-agent status --json` with the state dir where the boot step records its outcome.
+fn boot_status(env: &Env, pin: &str, state: &str) -> serde_json::Value {
+    let args = ["status", "--json", "--pin-dir", pin, "--state-dir", state];
+    let out = env.gate_agent(&args, Duration::from_secs(10)).expect("status");
+    serde_json::from_slice(&out.stdout).expect("status JSON")
 }
