@@ -92,7 +92,7 @@ pub(crate) const MATRIX: &[(&str, &[&str])] = &[
     ("bypass::pod_af_packet_frames_to_its_gateway_are_refused",                        K6_12),
     ("bypass::a_route_that_makes_a_pod_veth_an_uplink_opens_nothing",                 K6_12),
     ("resilience::after_a_reboot_the_boot_step_closes_the_gate_before_the_agent_runs", K6_12),
-    ("bypass::boot::a_first_boot_is_closed_before_the_agent_runs",                     K5_10),
+    ("bypass::boot::a_first_boot_is_closed_before_the_agent_runs",                     HOST),
     ("lifecycle::cleanup_opens_the_gate_and_status_says_so",                           K6_12),
     // Natively only (`cargo xtask test`, this machine's kernel).
     ("bypass::forwarding_loop_inside_a_pod_is_refused",                                HOST),

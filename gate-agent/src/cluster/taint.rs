@@ -1,7 +1,8 @@
-//! New nodes: a node registers with the taint `metadata-gate.io/not-ready:NoSchedule` (the
-//! kubelet's `--register-with-taints`, or an OpenShift MachineSet's taints), so nothing but
-//! tolerating pods — the agent among them — is scheduled before the gate is closed. The
-//! agent removes the taint from its own Node once it is ready.
+//! New nodes: a node carries the taint `metadata-gate.io/not-ready` (`NoSchedule` from the
+//! kubelet's `--register-with-taints`; `NoExecute` where it lands after the node joined, as
+//! an OpenShift MachineSet's taints do), so nothing but tolerating pods — the agent among
+//! them — runs before the agent is ready (tolerate-all DaemonSets are the boot step's). The
+//! agent removes the taint, whatever its effect, from its own Node once it is ready.
 //!
 //! `spec.taints` is replaced as a whole by a patch, so the patch carries the resourceVersion
 //! it was computed from: a taint another controller added meanwhile makes it fail with 409

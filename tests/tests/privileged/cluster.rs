@@ -326,8 +326,9 @@ fn host_network_only_scope_gates_only_host_network_pods() {
     c.env.assert_served(&c.ccm, "tcp", IMDS_V4, "80");
 }
 
-/// New nodes carry `metadata-gate.io/not-ready:NoSchedule` until the gate is closed on them:
-/// the agent removes it from its own Node once ready, and only it.
+/// New nodes carry `metadata-gate.io/not-ready` (`NoSchedule`, or `NoExecute` where it is
+/// applied after the Node joined) until the gate is closed on them: the agent removes it, in
+/// either effect, from its own Node once ready, and only it.
 #[test]
 fn a_new_nodes_not_ready_taint_is_removed_once_the_gate_is_closed() {
     privileged!(a_new_nodes_not_ready_taint_is_removed_once_the_gate_is_closed);
@@ -336,6 +337,7 @@ fn a_new_nodes_not_ready_taint_is_removed_once_the_gate_is_closed() {
     node["spec"]["taints"] = json!([
         {"key": "metadata-gate.io/not-ready", "effect": "NoSchedule"},
         {"key": "example.com/other", "value": "x", "effect": "NoSchedule"},
+        {"key": "metadata-gate.io/not-ready", "effect": "NoExecute"},
     ]);
     c.api.put(NODES, node);
     c.start();

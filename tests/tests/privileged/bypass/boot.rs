@@ -24,12 +24,15 @@ fn packet_paths(w: &World, gate: Gate) {
         w.frames(&w.pod_ns, &w.c.web, "eth0", ETH_P_IP, &[eth(w.gw, &udp80(POD_V4, to, t))]);
     };
     let list: [Attempt<'_>; 2] = [
-        ("first boot: host network: AF_PACKET UDP on the uplink", &host),
-        ("first boot: pod network: AF_PACKET frame the node forwards", &pod),
+        ("host network: AF_PACKET UDP on the uplink", &host),
+        ("pod network: AF_PACKET frame the node forwards", &pod),
     ];
     w.attempts(gate, true, &list);
 }
 
+/// A new node's first boot, then a reboot: each time the boot step closes every path before
+/// the agent runs, for a tolerate-all host-network DaemonSet, a NET_RAW host-network pod and
+/// a NET_RAW pod-network pod.
 #[test]
 fn a_first_boot_is_closed_before_the_agent_runs() {
     privileged!(a_first_boot_is_closed_before_the_agent_runs);
@@ -96,4 +99,23 @@ fn a_first_boot_is_closed_before_the_agent_runs() {
     env.assert_served(&w.c.ccm, "tcp", IMDS_V4, "80");
     env.assert_refused(TOLERATE_ALL, "tcp", IMDS_V4, "80", "connect");
     packet_paths(&w, Gate::Cluster);
+
+    // The node reboots: bpffs is emptied (the agent stops, its pins go), the state dir stays.
+    let pin = w.c.env.agent().pin_dir.to_string_lossy().into_owned();
+    w.c.env.agent.as_mut().expect("agent").stop();
+    let out = w.c.env.cleanup(&pin);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    w.c.env.agent = None;
+    packet_paths(&w, Gate::None);
+    // The boot step now runs the binary the agent kept, with the policy and allow set it kept:
+    // the allowed CCM is served at once, every other path is closed, the frames included.
+    let boot = BootStep::run(&w.c.env.bins, &w.node, &settings).expect("boot step ran");
+    let stderr = String::from_utf8_lossy(&boot.output.stderr).into_owned();
+    assert!(boot.output.status.success(), "boot step: {stderr}");
+    assert!(boot.podman_args.is_none(), "a reboot runs the kept binary: {stderr}");
+    let env = &w.c.env;
+    env.assert_served(&w.c.ccm, "tcp", IMDS_V4, "80");
+    env.assert_refused(TOLERATE_ALL, "tcp", IMDS_V4, "80", "connect");
+    env.assert_refused(&w.rogue, "tcp", IMDS_V4, "80", "connect");
+    packet_paths(&w, Gate::Boot);
 }
