@@ -11,6 +11,8 @@
 //!   past tc, and reading the node's traffic), for the LSM and cgroup/setsockopt programs.
 //! * [`compile`] (host only): turns a list of endpoints into the table entries that make
 //!   [`verdict::match_endpoint`] agree with a plain reading of the policy.
+//! * [`http`] (host only): what the metadata proxy may serve: path rules and request targets,
+//!   read strictly, judged without I/O.
 //! * [`user`] (feature `user`): typed views of the ABI for user space: one vocabulary for
 //!   hooks, verdicts, modes and attach points, the allow set, and `aya::Pod` glue.
 #![cfg_attr(target_arch = "bpf", no_std)]
@@ -18,6 +20,8 @@
 pub mod abi;
 #[cfg(not(target_arch = "bpf"))]
 pub mod compile;
+#[cfg(not(target_arch = "bpf"))]
+pub mod http;
 pub mod packet;
 pub mod sockets;
 #[cfg(feature = "user")]

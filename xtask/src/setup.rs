@@ -59,6 +59,10 @@ pub(crate) fn ensure() -> Result<()> {
     if output(Command::new("nsenter").arg("--version")).is_none() {
         debs.push("util-linux");
     }
+    // `cargo xtask manifests` verifies the boot unit with systemd-analyze.
+    if output(Command::new("systemd-analyze").arg("--version")).is_none() {
+        debs.push("systemd");
+    }
     // The benchmark's comparison variants and its chart's font.
     if output(Command::new("nft").arg("--version")).is_none() {
         debs.push("nftables");

@@ -124,6 +124,7 @@ pub(crate) fn run() -> Result<()> {
             problems.extend(check_object(o));
         }
     }
+    problems.extend(verify_boot_unit()?);
     if !problems.is_empty() {
         bail!("{} problem(s) in deploy/:\n  {}", problems.len(), problems.join("\n  "));
     }
@@ -369,6 +370,37 @@ fn machineconfig(v: &Value) -> std::result::Result<(), Vec<String>> {
         ));
     }
     if errs.is_empty() { Ok(()) } else { Err(errs) }
+}
+
+/// `systemd-analyze verify` of the boot unit, installed with its script under a scratch root
+/// as the MachineConfigs install them: every warning is a problem (systemd only warns about
+/// a misspelt setting and goes on without it).
+fn verify_boot_unit() -> Result<Vec<String>> {
+    if output(Command::new("systemd-analyze").arg("--version")).is_none() {
+        bail!(
+            "systemd-analyze not found: the manifest check verifies the boot unit with it (Debian package systemd)"
+        );
+    }
+    let scratch = std::env::temp_dir().join(format!("mg-unit-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    let (bin, units) = (scratch.join("usr/local/bin"), scratch.join("etc/systemd/system"));
+    std::fs::create_dir_all(&bin)?;
+    std::fs::create_dir_all(&units)?;
+    std::fs::copy(root().join(BOOT_SCRIPT), bin.join("metadata-gate-boot"))?;
+    std::fs::copy(root().join(BOOT_UNIT), units.join("metadata-gate-boot.service"))?;
+    let mut cmd = Command::new("systemd-analyze");
+    cmd.arg("verify")
+        .arg(format!("--root={}", scratch.display()))
+        .arg("metadata-gate-boot.service");
+    let out = cmd.output().with_context(|| format!("starting {}", show(&cmd)));
+    let _ = std::fs::remove_dir_all(&scratch);
+    let out = out?;
+    let said = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+    Ok(if out.status.success() && said.is_empty() {
+        Vec::new()
+    } else {
+        vec![format!("{BOOT_UNIT}: systemd-analyze verify ({}): {said}", out.status)]
+    })
 }
 
 /// The agent container's image in the base DaemonSet.
