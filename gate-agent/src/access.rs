@@ -1,5 +1,5 @@
 //! Who touches the protected endpoints: the kernel counts every allowed, denied and audited
-//! access per cgroup and endpoint (the ACCESS map, with the last time); this room turns that
+//! access per cgroup and endpoint (the ACCESS map, with the last time); this module turns that
 //! tally into increments for metrics and log summaries ([`Harvest`]), into per-workload
 //! records with who the workload is ([`records`]), and into allow entries written from that
 //! evidence ([`suggest`]) — the audit → report → suggest → enforce rollout.

@@ -156,11 +156,6 @@ pub trait Tables {
     }
 }
 
-/// "No endpoint" while combining lookups. A plain sentinel rather than `Option`: the payload
-/// of a `None` is undefined, and the BPF verifier refuses code that copies undefined
-/// registers around.
-const NO_ENDPOINT: u32 = u32::MAX;
-
 /// The policy endpoint `dst` falls under, if any: the lowest-indexed endpoint whose CIDR
 /// contains the address and whose ports and protocols admit the destination.
 #[inline(always)]
@@ -174,10 +169,13 @@ pub fn match_endpoint<T: Tables>(t: &T, generation: u32, dst: &Dst) -> Option<u3
         t.prefix_v4(generation, dst.addr.v4_octets())
     }?;
     let lookup = |port: u16, proto: u8| {
-        t.port_rule(&PortRuleKey::new(generation, pv.set_id, port, proto)).unwrap_or(NO_ENDPOINT)
+        t.port_rule(&PortRuleKey::new(generation, pv.set_id, port, proto)).unwrap_or(ENDPOINT_NONE)
     };
     let has_port = dst.port != PORT_ANY;
-    let mut best = NO_ENDPOINT;
+    // [`ENDPOINT_NONE`] (the highest index) while combining lookups: a plain sentinel rather
+    // than `Option`, whose `None` payload is undefined and which the BPF verifier refuses to
+    // see copied around.
+    let mut best = ENDPOINT_NONE;
     if pv.kinds & KIND_PORT_PROTO != 0 && has_port {
         best = best.min(lookup(dst.port, dst.proto));
     }
@@ -190,7 +188,7 @@ pub fn match_endpoint<T: Tables>(t: &T, generation: u32, dst: &Dst) -> Option<u3
     if pv.kinds & KIND_ANYPORT_ANYPROTO != 0 {
         best = best.min(lookup(PORT_ANY, PROTO_ANY));
     }
-    if best == NO_ENDPOINT { None } else { Some(best) }
+    if best == ENDPOINT_NONE { None } else { Some(best) }
 }
 
 /// The policy endpoint whose CIDR covers `addr`, whatever its ports and protocols: the

@@ -6,7 +6,7 @@
 //! A policy flows downhill: the engine parses it ([`Policy`], compiled once into its image),
 //! turns it into a loader [`Install`] with the mode's allow set, and the loader writes it.
 //!
-//! Rooms: this module brings the gate up and applies policies; `heal` retries failed applies
+//! Parts: this module brings the gate up and applies policies; `heal` retries failed applies
 //! and repairs what went missing.
 use std::{
     sync::{

@@ -11,7 +11,7 @@
 //! * **ABI change**: a new `v<N>` dir is set up fresh next to the old one; only once the new
 //!   gate is attached and ready is the old version unpinned (see [`Gate::retire_other_versions`]).
 //!
-//! Rooms: [`generations`] writes a policy image into the inactive generation and flips;
+//! Parts: [`generations`] writes a policy image into the inactive generation and flips;
 //! [`attach`] attaches (or swaps) the cgroup programs; [`lsm`] the node-wide LSM programs;
 //! [`tc`] the interface programs;
 //! [`maps`] opens the maps typed; [`pins`] is the bpffs layout; [`sys`] the raw bpf(2) calls

@@ -2,7 +2,7 @@
 //! Ethernet header) on interfaces: attaching it where a [`TcPlan`] says,
 //! swapping it in place on upgrade, re-attaching what someone removed, and detaching it from
 //! interfaces the plan no longer names. Which interfaces those are is decided above, by
-//! [`crate::node`]; this room only makes the kernel match the plan.
+//! [`crate::node`]; this module only makes the kernel match the plan.
 //!
 //! * **tcx** (kernel 6.6+): links pinned under `links/tc-<dir>-<ifindex>` like the cgroup links,
 //!   so they outlive the agent and are swapped in place (BPF_LINK_UPDATE) on upgrade. New

@@ -34,7 +34,7 @@
 //! AF_PACKET sockets that predate the gate cannot be destroyed; [`packet_sockets_before_gate`]
 //! names their holders instead (see `packet`).
 //!
-//! Four rooms: this module decides ([`Judge`]) and reports ([`Report`], the log lines of
+//! Four parts: this module decides ([`Judge`]) and reports ([`Report`], the log lines of
 //! [`after_policy_change`]); `scan` finds the namespaces and sockets to judge; `diag` is the
 //! NETLINK_SOCK_DIAG client that dumps and destroys them; `packet` finds packet sockets.
 use std::{fmt, io, net::SocketAddr, path::PathBuf};

@@ -1,7 +1,7 @@
 //! `cargo xtask manifests`: render every Kustomize target under deploy/ with `kubectl
 //! kustomize` and check what comes out, without a cluster.
 //!
-//! (Longer than the other rooms: one rule per cross-object contract, each next to the others
+//! (Longer than the other modules: one rule per cross-object contract, each next to the others
 //! it interacts with; the Prometheus objects' checks live in [`monitoring`], [`crd`] and
 //! [`promql`].)
 //!

@@ -59,7 +59,7 @@
 //! [`PodCgroups`] puts the prefix in ([`localize`](PodCgroups::localize)) and takes it out
 //! ([`canonical`](PodCgroups::canonical)).
 //!
-//! # Rooms
+//! # Modules
 //!
 //! - `pod`: [`PodInfo`] / [`ContainerInfo`] from the API Pod, container ids, [`IdentityError`];
 //! - `qos`: the [`QosClass`], computed from the resources when the status has none;

@@ -1,6 +1,6 @@
 //! From the document as written ([`schema`](super::schema)) to a valid [`Policy`], or the first
 //! error with its field path and reason. The document and its top-level fields here; the
-//! endpoints and the allow entries in rooms of their own.
+//! endpoints and the allow entries in modules of their own.
 use std::collections::HashMap;
 
 use gate_common::abi::MAX_ENDPOINTS;
