@@ -24,7 +24,7 @@ use gate_common::user::AllowSet;
 use crate::{
     cgroup::GatedRoot,
     cli::BootArgs,
-    cluster::identity::Scope,
+    config::Scope,
     engine,
     loader::Layout,
     node::NodeLevel,

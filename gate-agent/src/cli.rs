@@ -5,8 +5,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::{
-    cluster::identity::Scope,
-    config::{AgentConfig, ClusterConfig, GateConfig, RunMode},
+    config::{AgentConfig, ClusterConfig, GateConfig, RunMode, Scope},
     loader::{EgressProgram, TcMode},
     node::NodeConfig,
     server::Listen,

@@ -2,7 +2,7 @@
 //! [`AgentConfig`] from the flags and nothing below `main` sees clap.
 use std::{path::PathBuf, time::Duration};
 
-use crate::{cluster::identity::Scope, loader::EgressProgram, node::NodeConfig, server::Listen};
+use crate::{loader::EgressProgram, node::NodeConfig, server::Listen};
 
 /// Everything `run` needs.
 #[derive(Clone, Debug)]
@@ -57,4 +57,16 @@ pub(crate) struct ClusterConfig {
     pub scope: Scope,
     /// `--cgroup-root`; else the kubepods cgroup.
     pub cgroup_root: Option<PathBuf>,
+}
+
+/// Which pods the gate applies to (the agent's scope option).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Scope {
+    /// Every pod is gated; only allow entries let pods through. The default.
+    #[default]
+    AllPods,
+    /// Only host-network pods are gated: every pod-network pod's pod-level cgroup is put on the
+    /// allow set (see [`crate::cluster::identity::ungated_cgroups`]), for clusters whose pod network already keeps pods
+    /// from the metadata service.
+    HostNetworkOnly,
 }

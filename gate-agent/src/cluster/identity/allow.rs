@@ -19,17 +19,7 @@ use crate::policy::{AllowSelector, PodSelector, Policy};
 /// the largest index an ALLOWED value holds.
 pub const UNGATED_ENTRY: u32 = gate_common::abi::ALLOW_ENTRY_MASK;
 
-/// Which pods the gate applies to (the agent's scope option).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Scope {
-    /// Every pod is gated; only allow entries let pods through. The default.
-    #[default]
-    AllPods,
-    /// Only host-network pods are gated: every pod-network pod's pod-level cgroup is put on the
-    /// allow set (see [`ungated_cgroups`]), for clusters whose pod network already keeps pods
-    /// from the metadata service.
-    HostNetworkOnly,
-}
+pub use crate::config::Scope;
 
 impl Scope {
     /// The option's spelling (`all-pods` / `host-network-only`).
