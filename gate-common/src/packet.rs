@@ -6,7 +6,7 @@
 //! * IPv6 extension headers are walked for at most [`MAX_V6_EXT_HEADERS`] headers. A chain
 //!   longer than that, a header or transport header that cannot be read, ESP, or any fragment
 //!   leaves the transport unknown: the packet is then [`Parsed::complete`] `false` and is
-//!   judged on its destination address alone ([`crate::verdict::packet_endpoint`]): a
+//!   judged on its destination address alone ([`endpoint`]): a
 //!   protected address is refused whatever its port rules say.
 //! * The same for IPv4 when the transport header cannot be read, and for fragments (the
 //!   ports of a fragmented datagram are not trustworthy until it is reassembled).
@@ -20,8 +20,8 @@
 //!   bytes of the fixed header and the PREFILTER map: what surely concerns no protected
 //!   endpoint passes without another look.
 use crate::{
-    abi::{PORT_ANY, PROTO_TCP, PROTO_UDP, Prefilter},
-    verdict::{Addr, Dst},
+    abi::{ENDPOINT_NONE, PORT_ANY, PROTO_TCP, PROTO_UDP, Prefilter},
+    verdict::{Addr, Dst, Tables, match_address, match_endpoint},
 };
 
 pub const ETH_HLEN: usize = 14;
@@ -390,6 +390,30 @@ pub fn parse_ip<P: Packet + ?Sized>(p: &P, l3: usize) -> Parsed {
         parse_ipv6(p, l3)
     } else {
         Parsed::UNREADABLE
+    }
+}
+
+/// The endpoint a readable packet is bound for: by its full destination when the transport
+/// was read, else by its address alone (fail closed). (An unreadable one is the caller's to
+/// refuse.)
+#[inline(always)]
+pub fn endpoint<T: Tables>(t: &T, generation: u32, p: &Parsed) -> Option<u32> {
+    if p.complete {
+        match_endpoint(t, generation, &p.dst)
+    } else {
+        match_address(t, generation, &p.dst.addr)
+    }
+}
+
+/// The endpoint a packet is judged against: `Some(endpoint)` — [`ENDPOINT_NONE`] when where
+/// it goes cannot be known (its header unreadable, a source route naming further
+/// destinations, or no live generation to judge by), which is decided as if it were bound
+/// for a protected endpoint — or `None`: bound for no protected endpoint, it passes.
+#[inline(always)]
+pub fn subject<T: Tables>(t: &T, generation: Option<u32>, p: &Parsed) -> Option<u32> {
+    match generation {
+        Some(g) if p.judgeable() => endpoint(t, g, p),
+        _ => Some(ENDPOINT_NONE),
     }
 }
 

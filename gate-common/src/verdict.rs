@@ -206,38 +206,6 @@ pub fn match_address<T: Tables>(t: &T, generation: u32, addr: &Addr) -> Option<u
     Some(pv.endpoint)
 }
 
-/// The endpoint a readable packet is bound for: by its full destination when the transport
-/// was read, else by its address alone (fail closed). (An unreadable one is the caller's to
-/// refuse.)
-#[inline(always)]
-pub fn packet_endpoint<T: Tables>(
-    t: &T,
-    generation: u32,
-    p: &crate::packet::Parsed,
-) -> Option<u32> {
-    if p.complete {
-        match_endpoint(t, generation, &p.dst)
-    } else {
-        match_address(t, generation, &p.dst.addr)
-    }
-}
-
-/// The endpoint a packet is judged against: `Some(endpoint)` — [`ENDPOINT_NONE`] when where
-/// it goes cannot be known (its header unreadable, a source route naming further
-/// destinations, or no live generation to judge by), which is decided as if it were bound
-/// for a protected endpoint — or `None`: bound for no protected endpoint, it passes.
-#[inline(always)]
-pub fn packet_subject<T: Tables>(
-    t: &T,
-    generation: Option<u32>,
-    p: &crate::packet::Parsed,
-) -> Option<u32> {
-    match generation {
-        Some(g) if p.judgeable() => packet_endpoint(t, g, p),
-        _ => Some(ENDPOINT_NONE),
-    }
-}
-
 /// Whether `filter` says that no protected prefix can contain `addr` (the packet programs'
 /// first test: then the packet passes without another look).
 #[inline(always)]
@@ -387,21 +355,6 @@ mod tests {
             (allow_entry(allow_value(5, GRANTS_ALL)), GRANTS_ALL & ALLOW_ENTRY_MASK),
             (5, 0)
         );
-    }
-
-    #[test]
-    fn packet_subject_fails_closed() {
-        use crate::packet::Parsed;
-        let t = Allow(HashMap::new());
-        let dst = Dst { addr: Addr::v4([10, 0, 0, 1]), port: 80, proto: 6 };
-        let p = Parsed::complete(dst);
-        // Nothing protected in the tables: the packet passes.
-        assert_eq!(packet_subject(&t, Some(0), &p), None);
-        // No generation, an unreadable packet, a source route: judged as if protected.
-        assert_eq!(packet_subject(&t, None, &p), Some(ENDPOINT_NONE));
-        assert_eq!(packet_subject(&t, Some(0), &Parsed::UNREADABLE), Some(ENDPOINT_NONE));
-        let routed = Parsed { routed: true, ..p };
-        assert_eq!(packet_subject(&t, Some(0), &routed), Some(ENDPOINT_NONE));
     }
 
     #[test]

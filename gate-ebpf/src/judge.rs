@@ -8,9 +8,9 @@ use gate_common::{
         EVENT_WINDOW_NS, RECENT_DENIALS, STAT_EVENTS_LOST, VERDICT_ALLOWED, VERDICT_DENIED,
         VERDICT_UNMATCHED, grant_needed, stat_slot,
     },
-    packet::Parsed,
+    packet::{self, Parsed},
     sockets::AF_PACKET,
-    verdict::{Addr, Dst, cgroup_allowed, decide, packet_subject, surely_unprotected},
+    verdict::{Addr, Dst, cgroup_allowed, decide, surely_unprotected},
 };
 
 use crate::maps::{
@@ -245,7 +245,7 @@ pub(crate) fn gate(
     ancestor: impl FnMut(u32) -> u64,
 ) -> bool {
     let generation = live_generation();
-    let Some(endpoint) = packet_subject(&KernelTables, generation, p) else {
+    let Some(endpoint) = packet::subject(&KernelTables, generation, p) else {
         count(caller.hook, VERDICT_UNMATCHED);
         return true;
     };

@@ -57,7 +57,7 @@ use gate_common::{
         parse_ip, parse_ipv4, parse_ipv6,
     },
     sockets,
-    verdict::{Addr, Dst, packet_subject},
+    verdict::{Addr, Dst},
 };
 
 use crate::{
@@ -328,7 +328,7 @@ fn tc_verdict(ctx: &TcContext, parsed: &Parsed, hook: u32) -> i32 {
         return TC_NEXT;
     }
     let generation = live_generation();
-    let Some(endpoint) = packet_subject(&KernelTables, generation, parsed) else {
+    let Some(endpoint) = packet::subject(&KernelTables, generation, parsed) else {
         return TC_NEXT;
     };
     let meta = generation.and_then(|g| POLICY_META.get(g));

@@ -6,7 +6,7 @@ use super::*;
 use crate::{
     abi::{PROTO_TCP, PROTO_UDP},
     compile::{EndpointSpec, HostTables, Net, compile},
-    verdict::packet_subject,
+    verdict::{Addr, Dst},
 };
 
 const IMDS: [u8; 4] = [169, 254, 169, 254];
@@ -285,7 +285,7 @@ fn fast_path_passes_only_what_the_full_path_passes() {
     {
         let h = ipv4(dst, PROTO_UDP, opts, 0, &dgram);
         if passes_fast_v4(&filter, h[0], h[16], h[19]) {
-            assert_eq!(packet_subject(&t, Some(0), &v4(&h).unwrap()), None, "{dst:?}");
+            assert_eq!(subject(&t, Some(0), &v4(&h).unwrap()), None, "{dst:?}");
         }
     }
 }
@@ -309,7 +309,7 @@ proptest! {
             h[0] = b0;
             if passes_fast_v6(&filter, h[0], h[6], h[24], h[39]) {
                 let p = parse_ipv6(&h[..], 0);
-                prop_assert_eq!(packet_subject(&t, Some(0), &p), None);
+                prop_assert_eq!(subject(&t, Some(0), &p), None);
             }
         } else {
             let mut d = [dst[0], dst[1], dst[2], dst[3]];
@@ -318,7 +318,7 @@ proptest! {
             h[0] = b0;
             if passes_fast_v4(&filter, h[0], h[16], h[19]) {
                 let p = parse_ipv4(&h[..], 0);
-                prop_assert_eq!(packet_subject(&t, Some(0), &p), None);
+                prop_assert_eq!(subject(&t, Some(0), &p), None);
             }
         }
     }
@@ -426,7 +426,7 @@ proptest! {
                         prop_assert_eq!(p.dst.port, s.port);
                     }
                 }
-                let hit = packet_subject(&t, Some(0), &p).is_some();
+                let hit = subject(&t, Some(0), &p).is_some();
                 if truth_protected {
                     prop_assert!(hit, "protected frame judged unprotected: {:?}", p);
                 }
@@ -467,4 +467,18 @@ proptest! {
             prop_assert!(c == CARRIES_IPV4 || c == CARRIES_IPV6);
         }
     }
+}
+
+#[test]
+fn packet_subject_fails_closed() {
+    let t = HostTables::default();
+    let dst = Dst { addr: Addr::v4([10, 0, 0, 1]), port: 80, proto: 6 };
+    let p = Parsed::complete(dst);
+    // Nothing protected in the tables: the packet passes.
+    assert_eq!(subject(&t, Some(0), &p), None);
+    // No generation, an unreadable packet, a source route: judged as if protected.
+    assert_eq!(subject(&t, None, &p), Some(ENDPOINT_NONE));
+    assert_eq!(subject(&t, Some(0), &Parsed::UNREADABLE), Some(ENDPOINT_NONE));
+    let routed = Parsed { routed: true, ..p };
+    assert_eq!(subject(&t, Some(0), &routed), Some(ENDPOINT_NONE));
 }
