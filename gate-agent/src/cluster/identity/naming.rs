@@ -7,10 +7,28 @@ use std::{
     path::{Component, Path, PathBuf},
 };
 
-use super::{
-    pod::{check_uid, is_container_id},
-    qos::QosClass,
-};
+use super::qos::QosClass;
+
+/// Length of a container id (CRI-O, containerd and docker ids are 64 lower-case hex digits).
+pub(super) const CONTAINER_ID_LEN: usize = 64;
+
+/// A uid must be usable as a part of a cgroup name and survive the systemd escaping of `-` to
+/// `_` both ways: ASCII letters, digits and `-` only (API uids are RFC 4122 UUIDs, static pod
+/// uids hex digests).
+pub(super) fn check_uid(uid: &str) -> Result<(), String> {
+    if uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+        Ok(())
+    } else {
+        Err(format!(
+            "{uid:?} cannot name a cgroup (only ASCII letters, digits and '-' are expected)"
+        ))
+    }
+}
+
+/// Whether `s` is a container id: 64 lower-case hex digits.
+pub(super) fn is_container_id(s: &str) -> bool {
+    s.len() == CONTAINER_ID_LEN && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
 
 /// The kubelet's cgroup driver (`cgroupDriver` in its configuration).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

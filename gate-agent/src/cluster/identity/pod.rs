@@ -6,15 +6,15 @@ use std::{collections::BTreeMap, path::PathBuf};
 use k8s_openapi::api::core::v1::Pod;
 
 use super::{
-    naming::{CgroupDriver, Runtime, container_cgroup, pod_cgroup},
+    naming::{
+        CONTAINER_ID_LEN, CgroupDriver, Runtime, check_uid, container_cgroup, is_container_id,
+        pod_cgroup,
+    },
     qos::{QosClass, compute_qos},
 };
 
 /// Annotation of a mirror pod holding the uid the kubelet gave the static pod.
 pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
-
-/// Length of a container id (CRI-O, containerd and docker ids are 64 lower-case hex digits).
-const CONTAINER_ID_LEN: usize = 64;
 
 /// A pod that cannot be mapped to its cgroups.
 ///
@@ -235,24 +235,6 @@ fn owner_of(pod: &Pod) -> Option<(String, String)> {
 
 fn non_empty(s: &Option<String>) -> Option<&str> {
     s.as_deref().filter(|s| !s.is_empty())
-}
-
-/// A uid must be usable as a part of a cgroup name and survive the systemd escaping of `-` to
-/// `_` both ways: ASCII letters, digits and `-` only (API uids are RFC 4122 UUIDs, static pod
-/// uids hex digests).
-pub(super) fn check_uid(uid: &str) -> Result<(), String> {
-    if uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
-        Ok(())
-    } else {
-        Err(format!(
-            "{uid:?} cannot name a cgroup (only ASCII letters, digits and '-' are expected)"
-        ))
-    }
-}
-
-/// Whether `s` is a container id: 64 lower-case hex digits.
-pub(super) fn is_container_id(s: &str) -> bool {
-    s.len() == CONTAINER_ID_LEN && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// Parse a `containerID` of a container status: `<runtime>://<64 hex digits>`.
