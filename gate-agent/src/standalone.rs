@@ -16,7 +16,7 @@ use crate::{
     engine::{AllowSource, Engine},
     events::CgroupNames,
     policy::{AllowSelector, Policy},
-    watch::PolicyWatch,
+    policy_file::PolicyWatch,
 };
 
 /// Standalone allow set: cgroups under the root that match the policy's globs.

@@ -36,7 +36,8 @@
 //!
 //! Four parts: this module decides ([`Judge`]) and reports ([`Report`], the log lines of
 //! [`after_policy_change`]); `scan` finds the namespaces and sockets to judge; `diag` is the
-//! NETLINK_SOCK_DIAG client that dumps and destroys them; `packet` finds packet sockets.
+//! NETLINK_SOCK_DIAG client that dumps and destroys them; `pregate_sockets` finds packet
+//! sockets opened before the gate.
 use std::{fmt, io, net::SocketAddr, path::PathBuf};
 
 use gate_common::{
@@ -49,7 +50,7 @@ use gate_common::{
 use crate::{cgroup::GatedRoot, netns::NetnsError, policy::Policy};
 
 mod diag;
-mod packet;
+mod pregate_sockets;
 mod scan;
 
 pub(crate) use diag::WireError;
@@ -284,7 +285,7 @@ pub(crate) async fn packet_sockets_before_gate(
     policy: &Policy,
     allow: AllowSet,
 ) -> Option<usize> {
-    let holders = judged(root, policy, allow, packet::packet_holders).await;
+    let holders = judged(root, policy, allow, pregate_sockets::packet_holders).await;
     let holders = match holders {
         Ok(h) => h,
         Err(e) => {
