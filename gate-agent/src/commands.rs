@@ -94,7 +94,7 @@ fn report(pin_dir: &std::path::Path, state_dir: &std::path::Path, json: bool) ->
         },
         Ok(records) => {
             let now = crate::inspect::now_unix_ms();
-            print!("{}", crate::access::render_table(&records, now));
+            print!("{}", crate::inspect::report::render_table(&records, now));
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -167,7 +167,7 @@ pub fn main() -> ExitCode {
         Command::Suggest { pin_dir, state_dir } => {
             match crate::inspect::report(&pin_dir, Some(&state_dir)) {
                 Ok(records) => {
-                    print!("{}", crate::access::suggest(&records));
+                    print!("{}", crate::inspect::suggest::suggest(&records));
                     ExitCode::SUCCESS
                 }
                 Err(e) => {

@@ -1,5 +1,8 @@
 use super::*;
-use crate::policy::Policy;
+use crate::{
+    inspect::{report::render_table, suggest::suggest},
+    policy::Policy,
+};
 
 fn stats(allowed: u64, denied: u64, audited: u64, last_ns: u64) -> AccessStats {
     AccessStats { allowed, denied, audited, last_ns, ..AccessStats::default() }
@@ -95,5 +98,4 @@ fn known_identities_prefer_pods_and_are_bounded() {
     k.learn(1, pod("driver", true));
     k.learn(1, Identity::cgroup("kubepods.slice/x"));
     assert_eq!(k.0[&1].namespace.as_deref(), Some("kube-system"));
-    assert_eq!(entry_name("Kube-System/My_Pod"), "kube-system-my-pod");
 }

@@ -3,6 +3,8 @@
 //! one workload and destination, and why). They read bpffs, and the agent's state dir where
 //! it names workloads; they work with or without a running agent.
 pub(crate) mod explain;
+pub(crate) mod report;
+pub(crate) mod suggest;
 
 use std::{
     path::{Path, PathBuf},
