@@ -107,14 +107,14 @@ pub(crate) fn run(args: BootArgs) -> Result<()> {
         at: 0,
     };
     let result = close(args, &state, &mut record);
+    for p in &record.problems {
+        tracing::warn!(problem = %p, "kept state");
+    }
     match &result {
         Ok(()) => record.closed = true,
         Err(e) => record.problems.push(format!("{e:#}")),
     }
     record.at = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    for p in &record.problems[..record.problems.len() - usize::from(result.is_err())] {
-        tracing::warn!(problem = %p, "kept state");
-    }
     if let Err(e) = state.save_boot(&record) {
         tracing::warn!(dir = %state.dir().display(), error = %e, "recording the boot step's outcome");
     }
@@ -124,7 +124,7 @@ pub(crate) fn run(args: BootArgs) -> Result<()> {
 fn close(args: BootArgs, state: &StateDir, record: &mut BootRecord) -> Result<()> {
     let installed = Installed::from_args(args.policy, args.platform);
     let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
-    let kept_source = args.state_dir.join("policy.yaml").display().to_string();
+    let kept_source = state.policy_path().display().to_string();
     let (policy, source, kept) = choose(
         state.load_policy(),
         &kept_source,

@@ -87,8 +87,12 @@ impl StateDir {
         self.write(POLICY, text.as_bytes(), 0o644)
     }
 
+    pub(crate) fn policy_path(&self) -> PathBuf {
+        self.0.join(POLICY)
+    }
+
     pub(crate) fn load_policy(&self) -> io::Result<String> {
-        fs::read_to_string(self.0.join(POLICY))
+        fs::read_to_string(self.policy_path())
     }
 
     pub(crate) fn save_allow(&self, allowed: &[AllowedPath]) -> io::Result<()> {

@@ -42,7 +42,7 @@ impl Detected {
     /// The per-platform ConfigMap name: `metadata-gate-policy-<platform lowercase>`, with
     /// `External/oci` as `external-oci`.
     pub fn configmap_name(&self) -> String {
-        format!("metadata-gate-policy-{}", self.platform.to_lowercase().replace('/', "-"))
+        format!("metadata-gate-policy-{}", crate::policy::shipped::stem(&self.platform))
     }
 }
 

@@ -38,10 +38,16 @@ struct ConfigMap {
     data: BTreeMap<String, String>,
 }
 
+/// A platform's name in the policy ConfigMap's name and file (`metadata-gate-policy-<stem>`,
+/// `deploy/policies/<stem>.yaml`): lowercased, `External/oci` as `external-oci`.
+pub fn stem(platform: &str) -> String {
+    platform.to_lowercase().replace('/', "-")
+}
+
 /// The policy text shipped for `platform` (as `run --platform` names it: `AWS`,
 /// `External/oci`; case does not matter).
 pub fn policy_for(platform: &str) -> Result<String, ShippedError> {
-    let stem = platform.to_lowercase().replace('/', "-");
+    let stem = stem(platform);
     let (_, yaml) = SHIPPED.iter().find(|(s, _)| *s == stem).ok_or_else(|| {
         let known: Vec<_> = SHIPPED.iter().map(|(s, _)| *s).collect();
         ShippedError::Unknown(platform.to_owned(), known.join(", "))

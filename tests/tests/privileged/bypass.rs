@@ -357,7 +357,7 @@ impl World {
             }
         }
         // The boot step leaves no agent to count denials.
-        if self.c.env.agent.is_none() {
+        if gate == Gate::Boot {
             for (what, _, _) in &sent {
                 eprintln!("bypass: {what}: {gate:?}: refused");
             }
