@@ -40,7 +40,7 @@ pub(crate) struct Cfg {
     pub drop_timeout_ms: u64,
     /// Policy changes (each way) and new cgroups for the latency scenario.
     pub changes: usize,
-    /// The release build of gate-agent and bench-probe.
+    /// gate-agent and bench-probe: the release build, the debug one for `--quick`.
     pub bins: Bins,
     /// The CPU the rate scenarios' workloads and sinks share (the last this process may use).
     pub cpu: usize,
@@ -83,7 +83,9 @@ pub(crate) fn run_bench(opts: Options) -> Result<()> {
             bail!("{tool} is missing: `cargo xtask setup` installs it");
         }
     }
-    let bins = crate::bins::build(true)?;
+    // A smoke run judges no number, so it takes the debug build the tests already made: CI
+    // then compiles no release profile at all.
+    let bins = crate::bins::build(!quick)?;
     sweep_stale();
     let cpu = integration_tests::sys::last_allowed_cpu()?;
     let mut cfg = if quick {
