@@ -11,14 +11,30 @@ pub(crate) fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), Into::into)
 }
 
-/// Build gate-agent (with its eBPF object) and the workloads (`probe`, `bench-probe`), in the
-/// debug or the release profile, and say where they are.
-pub(crate) fn build(release: bool) -> Result<Bins> {
+/// The cargo profile binaries are built in (Cargo.toml).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Profile {
+    /// Release speed with debug assertions and overflow checks: what tests run.
+    Checked,
+    /// What users run, and what the full benchmark measures.
+    Release,
+}
+
+impl Profile {
+    fn name(self) -> &'static str {
+        match self {
+            Profile::Checked => "checked",
+            Profile::Release => "release",
+        }
+    }
+}
+
+/// Build gate-agent (with its eBPF object) and the workloads (`probe`, `bench-probe`) in
+/// `profile`, and say where they are.
+pub(crate) fn build(profile: Profile) -> Result<Bins> {
     let mut cmd = Command::new("cargo");
     cmd.args(["build", "-q", "-p", "gate-agent", "-p", "integration-tests", "--bins"]);
-    if release {
-        cmd.arg("--release");
-    }
+    cmd.args(["--profile", profile.name()]);
     run(&mut cmd)?;
-    Ok(Bins::in_dir(&target_dir().join(if release { "release" } else { "debug" })))
+    Ok(Bins::in_dir(&target_dir().join(profile.name())))
 }

@@ -170,7 +170,7 @@ pub(crate) fn run(opts: &Options) -> Result<()> {
         // virtme-ng runs the guest as the calling user; the tests need root there.
         bail!("test-kernels needs root (the guest runs as the calling user)");
     }
-    let bins = crate::bins::build(false)?;
+    let bins = crate::bins::build(crate::bins::Profile::Checked)?;
     let suite_bin = privileged_test_binary()?;
     let all_tests = list_tests(&suite_bin)?;
     let vng = vng()?;

@@ -52,7 +52,7 @@ pub(crate) fn run(file: &Path, platform: Option<&str>) -> Result<()> {
     if let Some(why) = missing_privileges() {
         bail!("the policy test {why}: run it as root (sudo -E cargo xtask policy-test FILE)");
     }
-    let bins = crate::bins::build(false)?;
+    let bins = crate::bins::build(crate::bins::Profile::Checked)?;
 
     // What the agent's own `check` makes of the file: endpoints, neighbours, warnings.
     let mut cmd = std::process::Command::new(&bins.agent);

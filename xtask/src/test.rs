@@ -20,7 +20,7 @@ pub(crate) fn run(filter: Option<&str>) -> Result<()> {
     ]))?;
     util::run(Command::new("cargo").args(["test", "-p", "integration-tests", "--lib"]))?;
     crate::manifests::run()?;
-    let bins = crate::bins::build(false)?;
+    let bins = crate::bins::build(crate::bins::Profile::Checked)?;
     if !is_root() {
         if in_ci() {
             bail!("the privileged kernel tests need root, and CI=true forbids skipping them");

@@ -23,7 +23,7 @@ use integration_tests::{
     sys::{missing_privileges, sweep_stale},
 };
 
-use crate::bins::target_dir;
+use crate::bins::{Profile, target_dir};
 pub(crate) use report::Report;
 
 /// How long and how often: `--quick` is a smoke run, never judged on its numbers.
@@ -40,7 +40,7 @@ pub(crate) struct Cfg {
     pub drop_timeout_ms: u64,
     /// Policy changes (each way) and new cgroups for the latency scenario.
     pub changes: usize,
-    /// gate-agent and bench-probe: the release build, the debug one for `--quick`.
+    /// gate-agent and bench-probe: the release build, the tests' for `--quick`.
     pub bins: Bins,
     /// The CPU the rate scenarios' workloads and sinks share (the last this process may use).
     pub cpu: usize,
@@ -83,9 +83,8 @@ pub(crate) fn run_bench(opts: Options) -> Result<()> {
             bail!("{tool} is missing: `cargo xtask setup` installs it");
         }
     }
-    // A smoke run judges no number, so it takes the debug build the tests already made: CI
-    // then compiles no release profile at all.
-    let bins = crate::bins::build(!quick)?;
+    // A smoke run judges no number, so it takes the build the tests already made.
+    let bins = crate::bins::build(if quick { Profile::Checked } else { Profile::Release })?;
     sweep_stale();
     let cpu = integration_tests::sys::last_allowed_cpu()?;
     let mut cfg = if quick {
