@@ -116,6 +116,19 @@ impl PathRule {
         &self.path
     }
 
+    /// Whether some path is covered by both rules (`check` asks it of a listed rule and a
+    /// sensitive one: `/latest/meta-data/` reaches `/latest/meta-data/iam/`, and so does
+    /// `/latest/meta-data/iam/info`).
+    pub fn overlaps(&self, other: &PathRule) -> bool {
+        match (self.is_prefix(), other.is_prefix()) {
+            (false, _) => other.matches(&self.path),
+            (true, false) => self.matches(&other.path),
+            (true, true) => {
+                self.path.starts_with(&other.path) || other.path.starts_with(&self.path)
+            }
+        }
+    }
+
     /// Whether it covers `path` (a checked [`Target`]'s path): the same path; or, for a
     /// prefix rule, the directory itself (with or without its `/`) or anything below it.
     pub fn matches(&self, path: &str) -> bool {
@@ -141,6 +154,11 @@ pub struct Target<'a> {
 
 /// A byte a query parameter name or value may hold: unreserved characters and a few
 /// delimiters metadata APIs use in values (`2021-02-01`, `json`, `text`); no `%`.
+/// Whether `name` may be listed as a query parameter: what [`Target::parse`] accepts as one.
+pub fn is_parameter_name(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(query_byte)
+}
+
 fn query_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b':' | b',')
 }
@@ -188,12 +206,19 @@ impl Methods {
     /// The bit of a method by name (case-sensitive, as HTTP methods are); `None` for methods
     /// a metadata client never needs (POST, CONNECT, …).
     pub fn parse(name: &str) -> Option<Methods> {
-        Some(match name {
-            "GET" => Methods::GET,
-            "HEAD" => Methods::HEAD,
-            "PUT" => Methods::PUT,
-            _ => return None,
-        })
+        Methods::NAMES.into_iter().find(|(n, _)| *n == name).map(|(_, m)| m)
+    }
+
+    /// Every method an entry may list, by name, in the order they are printed.
+    pub const NAMES: [(&'static str, Methods); 3] =
+        [("GET", Methods::GET), ("HEAD", Methods::HEAD), ("PUT", Methods::PUT)];
+
+    /// No method at all (an empty set to build on with [`Methods::union`]).
+    pub const NONE: Methods = Methods(0);
+
+    /// The names of the methods in the set.
+    pub fn names(self) -> impl Iterator<Item = &'static str> {
+        Methods::NAMES.into_iter().filter(move |(_, m)| self.contains(*m)).map(|(n, _)| n)
     }
 
     pub fn union(self, other: Methods) -> Methods {
@@ -280,6 +305,36 @@ mod tests {
     }
 
     #[test]
+    fn overlaps_is_symmetric_and_whole_segment() {
+        let cases = [
+            ("/latest/meta-data/", "/latest/meta-data/iam/", true),
+            ("/latest/meta-data/iam/info", "/latest/meta-data/iam/", true),
+            ("/latest/meta-data/iam", "/latest/meta-data/iam/", true),
+            ("/latest/meta-data/placement/", "/latest/meta-data/iam/", false),
+            ("/latest/meta-data/iamX", "/latest/meta-data/iam/", false),
+            ("/latest/user-data", "/latest/user-data", true),
+            ("/latest/user-data", "/latest/user-data/x", false),
+            ("/", "/latest/user-data", true),
+        ];
+        for (a, b, want) in cases {
+            assert_eq!(rule(a).overlaps(&rule(b)), want, "{a} ~ {b}");
+            assert_eq!(rule(b).overlaps(&rule(a)), want, "{b} ~ {a}");
+        }
+    }
+
+    #[test]
+    fn method_names_round_trip() {
+        let all = Methods::READ.union(Methods::PUT);
+        assert_eq!(all.names().collect::<Vec<_>>(), ["GET", "HEAD", "PUT"]);
+        assert_eq!(Methods::NONE.names().count(), 0);
+        for (n, m) in Methods::NAMES {
+            assert_eq!(Methods::parse(n), Some(m));
+        }
+        assert_eq!(Methods::parse("get"), None);
+        assert_eq!(Methods::parse("POST"), None);
+    }
+
+    #[test]
     fn ambiguous_targets_are_refused() {
         let refused = [
             ("", PathError::NotOriginForm),
@@ -356,6 +411,14 @@ mod tests {
     }
 
     /// Paths built from segments an attacker would try.
+    /// Valid rules and paths over a few names, half of them prefixes: they meet often.
+    fn clean() -> impl Strategy<Value = String> {
+        let names =
+            prop::sample::select(vec!["latest", "meta-data", "iam", "placement", "placementX"]);
+        (proptest::collection::vec(names, 1..4), any::<bool>())
+            .prop_map(|(s, dir)| format!("/{}{}", s.join("/"), if dir { "/" } else { "" }))
+    }
+
     fn segments() -> impl Strategy<Value = String> {
         proptest::collection::vec(
             prop_oneof![
@@ -388,6 +451,27 @@ mod tests {
                 prop_assert!(!p.contains("//") && !p.contains('%') && !p.contains('\\'));
                 prop_assert!(p.bytes().all(|b| (0x21..0x7f).contains(&b)));
                 prop_assert!(p.split('/').all(|s| s != "." && s != ".."));
+            }
+        }
+
+        /// `check` never misses a reach: a path both rules match means they overlap.
+        #[test]
+        fn a_path_both_rules_match_means_they_overlap(
+            a in clean(), b in clean(), p in clean(), nest in any::<bool>()
+        ) {
+            // Nested rules and a path below both half of the time: random ones rarely nest.
+            let (b, p) = if nest {
+                let b = format!("{}{}", a, &b[1..]);
+                let p = format!("{}{}", b, &p[1..]);
+                (b, p)
+            } else {
+                (b, p)
+            };
+            if let (Ok(a), Ok(b), Ok(t)) = (PathRule::parse(&a), PathRule::parse(&b), Target::parse(&p))
+                && a.matches(t.path)
+                && b.matches(t.path)
+            {
+                prop_assert!(a.overlaps(&b) && b.overlaps(&a), "{a} {b} {}", t.path);
             }
         }
 

@@ -440,6 +440,15 @@ impl Engine {
             took_us = started.elapsed().as_micros() as u64,
             "policy applied"
         );
+        // Fail closed, and say so: no proxy serves paths yet, so a narrowed entry is refused.
+        for name in candidate.paths_not_served() {
+            tracing::warn!(
+                policy = %source,
+                entry = %name,
+                "served paths are not served by this version (the metadata proxy is not built \
+                 in yet): the workloads of this entry are refused the metadata service"
+            );
+        }
         self.policy = candidate;
         self.metrics.reload("success");
         self.keep_state(false);

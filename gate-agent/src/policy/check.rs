@@ -17,6 +17,7 @@ use std::path::Path;
 use ipnet::IpNet;
 
 use super::platforms::{self, PlatformFacts, Service};
+use super::profiles;
 use super::{AllowSelector, Endpoint, Mode, PLATFORMS, Policy, PolicyError};
 
 /// Prefix of the policy ConfigMaps' names (`metadata-gate-policy-aws`).
@@ -178,6 +179,32 @@ pub fn check(policy: Policy, platform: Option<&str>, configmap_platform: Option<
                     .to_owned(),
             );
         }
+    }
+    let blocks = policy.allow.iter().enumerate().filter_map(|(i, a)| {
+        a.paths.as_ref().map(|p| (format!("allow[{i}]"), p, format!("the workloads of {}", a.name)))
+    });
+    let served = policy
+        .served
+        .as_ref()
+        .map(|p| ("served".to_owned(), p, "gated workloads no entry selects".to_owned()));
+    for (at, p, whose) in blocks.chain(served) {
+        for rule in &p.access.paths {
+            for s in profiles::reached(&platform, rule) {
+                warn(
+                    &format!("{at}.paths"),
+                    format!(
+                        "{rule} reaches {} ({}): list the exact paths the component needs                          (docs/platforms.md has the safe ones)",
+                        s.path, s.reveals
+                    ),
+                );
+            }
+        }
+        warn(
+            &format!("{at}.paths"),
+            format!(
+                "this version validates served paths but does not serve them yet (the metadata                  proxy is not built in): {whose} are refused the metadata service"
+            ),
+        );
     }
     Checked { policy, platform, warnings }
 }

@@ -29,12 +29,14 @@ use std::sync::Arc;
 
 use gate_common::abi::{GRANT_CAPTURE, GRANT_METADATA, PROTO_TCP, PROTO_UDP, allow_value};
 use gate_common::compile::{self, EndpointSpec, Image, Net};
+use gate_common::http::Access;
 use gate_common::user::PolicyHash;
 use globset::GlobMatcher;
 use ipnet::IpNet;
 
 pub mod check;
 pub mod platforms;
+pub mod profiles;
 mod schema;
 pub mod shipped;
 mod validate;
@@ -243,8 +245,26 @@ pub struct AllowEntry {
     pub name: String,
     pub selector: AllowSelector,
     /// What the entry grants (`GRANT_*` bits): `grants: [metadata, capture]`, default
-    /// `[metadata]`.
+    /// `[metadata]`, or nothing where the entry lists `paths`.
     pub grants: u32,
+    /// The paths its workloads may read through the metadata proxy, instead of the whole
+    /// metadata service.
+    pub paths: Option<ServedPaths>,
+}
+
+/// Paths served through the metadata proxy: those of an allow entry, or those of `served`
+/// (every gated workload no entry selects).
+///
+/// The proxy that serves them is not in this version: until it is, a workload whose access
+/// is narrowed to paths is refused the metadata service, as it will be while the proxy is
+/// down (fail closed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServedPaths {
+    /// `profile` as written: a platform's safe profile ([`profiles`]), already expanded into
+    /// `access`.
+    pub profile: Option<String>,
+    /// Paths (the profile's and those listed), methods and query parameters.
+    pub access: Access,
 }
 
 /// The grants an allow entry may list, by name.
@@ -263,6 +283,8 @@ pub struct Policy {
     pub endpoints: Vec<Endpoint>,
     /// Allow entries; the index is the entry number on the allow set.
     pub allow: Vec<AllowEntry>,
+    /// Paths served to every gated workload that no allow entry selects.
+    pub served: Option<ServedPaths>,
     /// The endpoints compiled to table entries, once, when the policy was read: the loader
     /// and the connection terminator use this very image.
     image: Arc<Image>,
@@ -331,6 +353,7 @@ impl Policy {
         mode: Mode,
         endpoints: Vec<Endpoint>,
         allow: Vec<AllowEntry>,
+        served: Option<ServedPaths>,
     ) -> Result<Policy, PolicyError> {
         let image = compile::compile(&endpoint_specs(&endpoints))
             .map_err(|e| PolicyError::new(source, "endpoints", e.to_string()))?;
@@ -340,6 +363,7 @@ impl Policy {
             mode,
             endpoints,
             allow,
+            served,
             image: Arc::new(image),
             hash: PolicyHash::default(),
             text: Arc::from(""),
@@ -379,6 +403,13 @@ impl Policy {
         allow_value(u32::try_from(entry).unwrap_or(u32::MAX), grants)
     }
 
+    /// The access blocks that list paths (allow entries by name, `served`), which this
+    /// version does not serve: their workloads are refused the metadata service.
+    pub fn paths_not_served(&self) -> Vec<String> {
+        let entries = self.allow.iter().filter(|a| a.paths.is_some()).map(|a| a.name.clone());
+        entries.chain(self.served.as_ref().map(|_| "served".to_owned())).collect()
+    }
+
     pub fn cgroup_entries(&self) -> impl Iterator<Item = (usize, &AllowEntry)> {
         self.allow
             .iter()
@@ -411,12 +442,28 @@ impl Policy {
             }
             out.push(';');
         }
+        // Paths only where there are any, so that the hashes of policies without them stay.
+        fn paths(out: &mut String, p: &ServedPaths) {
+            let _ = write!(out, "paths={};", p.access.paths.len());
+            for r in &p.access.paths {
+                s(out, r.as_str());
+            }
+            let _ =
+                write!(out, "methods={};", p.access.methods.names().collect::<Vec<_>>().join(","));
+            let _ = write!(out, "query={};", p.access.query.len());
+            for q in &p.access.query {
+                s(out, q);
+            }
+        }
         let _ = write!(out, "allow={};", self.allow.len());
         for a in &self.allow {
             s(&mut out, &a.name);
             // Only when not the default, so that the hashes of policies without `grants` stay.
             if a.grants != GRANT_METADATA {
                 let _ = write!(out, "grants={};", a.grants);
+            }
+            if let Some(p) = &a.paths {
+                paths(&mut out, p);
             }
             match &a.selector {
                 AllowSelector::Cgroup(g) => {
@@ -453,6 +500,10 @@ impl Policy {
                     let _ = write!(out, "hostNetwork={:?};", p.host_network);
                 }
             }
+        }
+        if let Some(p) = &self.served {
+            out.push_str("served;");
+            paths(&mut out, p);
         }
         out
     }

@@ -22,6 +22,18 @@ pub(super) struct RawPolicy {
     pub endpoints: Vec<RawEndpoint>,
     #[serde(default)]
     pub allow: Vec<RawAllow>,
+    /// Paths served to every gated workload that no allow entry selects.
+    pub served: Option<RawServed>,
+}
+
+/// `served`: the same access fields as an allow entry, for every gated workload.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawServed {
+    pub profile: Option<String>,
+    pub paths: Option<Vec<String>>,
+    pub methods: Option<Vec<String>>,
+    pub query_parameters: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -44,6 +56,10 @@ pub(super) struct RawAllow {
     pub containers: Option<Vec<String>>,
     pub host_network: Option<bool>,
     pub grants: Option<Vec<String>>,
+    pub profile: Option<String>,
+    pub paths: Option<Vec<String>>,
+    pub methods: Option<Vec<String>>,
+    pub query_parameters: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -635,3 +635,93 @@ fn grants_default_to_metadata_and_are_checked() {
         "listed twice",
     );
 }
+
+// ---- served paths ----------------------------------------------------------------------------
+
+#[test]
+fn an_entry_narrowed_to_paths_grants_no_metadata() {
+    let p = parse(&with_allow(
+        "  - name: ebs-csi\n    cgroup: csi\n    paths: [/latest/meta-data/instance-id, \
+         /latest/meta-data/placement/]\n",
+    ))
+    .unwrap();
+    let a = &p.allow[0];
+    assert_eq!(a.grants, 0, "an entry with paths reaches the metadata service only by them");
+    let paths = a.paths.as_ref().expect("paths kept");
+    assert_eq!(paths.access.methods, gate_common::http::Methods::READ);
+    assert!(paths.access.judge("GET", "/latest/meta-data/placement/region").is_ok());
+    assert!(paths.access.judge("GET", "/latest/meta-data/placementX").is_err());
+    assert!(paths.access.judge("PUT", "/latest/meta-data/instance-id").is_err());
+    assert_eq!(p.paths_not_served(), ["ebs-csi"]);
+    // With capture: the grant is kept, metadata is not added.
+    let p = parse(&with_allow(
+        "  - {name: ids, cgroup: ids, grants: [capture], paths: [/latest/meta-data/instance-id]}\n",
+    ))
+    .unwrap();
+    assert_eq!(p.allow[0].grants, gate_common::abi::GRANT_CAPTURE);
+}
+
+#[test]
+fn the_safe_profile_expands_with_its_methods_and_listed_additions() {
+    let p = parse(&with_allow(
+        "  - {name: nth, cgroup: nth, profile: safe, paths: [/latest/meta-data/spot/instance-action]}\n",
+    ))
+    .unwrap();
+    let access = &p.allow[0].paths.as_ref().unwrap().access;
+    assert!(access.judge("PUT", "/latest/api/token").is_ok(), "the profile's token request");
+    assert!(access.judge("GET", "/latest/meta-data/placement/region").is_ok());
+    assert!(access.judge("GET", "/latest/meta-data/spot/instance-action").is_ok());
+    assert!(access.judge("GET", "/latest/meta-data/iam/security-credentials/").is_err());
+    let served = parse(&with_endpoints(
+        "  - {name: imds, cidr: 169.254.169.254/32}\nserved: {profile: safe}\n",
+    ))
+    .unwrap();
+    assert!(served.served.is_some());
+    assert_eq!(served.paths_not_served(), ["served"]);
+}
+
+#[test]
+fn bad_access_fields_are_named() {
+    let e = |item: &str, field: &str, phrase: &str| {
+        assert_err(&with_allow(&format!("  - {{name: a, cgroup: a, {item}}}\n")), field, phrase);
+    };
+    e("paths: [latest/meta-data]", "allow[0].paths[0]", "must start with /");
+    e("paths: [/latest/../iam/]", "allow[0].paths[0]", ". and .. segments");
+    e("paths: [/latest//x]", "allow[0].paths[0]", "empty segment");
+    e("paths: [/latest/%2e%2e/iam]", "allow[0].paths[0]", "percent-encoding");
+    e("paths: ['/latest?x=1']", "allow[0].paths[0]", "list query parameters apart");
+    e("paths: [/a, /a]", "allow[0].paths[1]", "listed twice");
+    e("paths: []", "allow[0].paths", "serves nothing");
+    e("methods: [GET]", "allow[0].paths", "missing");
+    e("paths: [/a], methods: [POST]", "allow[0].methods[0]", "never served");
+    e("paths: [/a], methods: [GET, GET]", "allow[0].methods[1]", "listed twice");
+    e("paths: [/a], methods: []", "allow[0].methods", "allows no request");
+    e(
+        "paths: [/a], queryParameters: ['a b']",
+        "allow[0].queryParameters[0]",
+        "not a query parameter",
+    );
+    e("paths: [/a], queryParameters: [v, v]", "allow[0].queryParameters[1]", "listed twice");
+    e("profile: strict", "allow[0].profile", "unknown profile");
+    e("paths: [/a], grants: [metadata]", "allow[0].grants[0]", "keep one of them");
+    assert_err(
+        "platform: BareMetal\nallowNoEndpoints: true\nserved: {profile: safe}\n",
+        "served.profile",
+        "no safe profile for platform BareMetal",
+    );
+}
+
+#[test]
+fn paths_change_the_hash_and_their_absence_keeps_it() {
+    let plain = parse(&with_allow("  - {name: a, cgroup: a}\n")).unwrap();
+    let narrowed = parse(&with_allow("  - {name: a, cgroup: a, paths: [/a]}\n")).unwrap();
+    let other = parse(&with_allow("  - {name: a, cgroup: a, paths: [/b]}\n")).unwrap();
+    let put =
+        parse(&with_allow("  - {name: a, cgroup: a, paths: [/a], methods: [PUT]}\n")).unwrap();
+    let hashes = [plain.hash(), narrowed.hash(), other.hash(), put.hash()];
+    for (i, a) in hashes.iter().enumerate() {
+        for b in &hashes[i + 1..] {
+            assert_ne!(a, b);
+        }
+    }
+}

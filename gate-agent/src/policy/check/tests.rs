@@ -203,3 +203,24 @@ fn configmaps_are_read_and_named() {
     assert_eq!(e.source, plain.display().to_string(), "a plain policy is reported as before");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn paths_that_reach_credentials_are_named_and_unserved_paths_said() {
+    let text = "platform: AWS\nendpoints:\n  - {name: v4, cidr: 169.254.169.254/32, ports: [80], protocols: [TCP]}\n  - {name: v6, cidr: fd00:ec2::254/128, ports: [80]}\nallow:\n  - {name: ccm, namespace: ns, hostNetwork: true, podSelector: {matchLabels: {a: b}}, paths: [/latest/meta-data/, /latest/meta-data/placement/region]}\nserved: {profile: safe}\n";
+    let w = warnings(text, None);
+    let on = |field: &str, phrase: &str| {
+        w.iter().filter(|(f, r)| f == field && r.contains(phrase)).count()
+    };
+    // The prefix reaches the instance profile, the identity credentials, the keys and tags.
+    assert_eq!(
+        on("allow[0].paths", "/latest/meta-data/ reaches /latest/meta-data/iam/"),
+        1,
+        "{w:?}"
+    );
+    assert_eq!(on("allow[0].paths", "reaches"), 4, "{w:?}");
+    // The safe profile reaches nothing sensitive.
+    assert_eq!(on("served.paths", "reaches"), 0, "{w:?}");
+    // Both blocks are said not to be served yet.
+    assert_eq!(on("allow[0].paths", "does not serve them yet"), 1, "{w:?}");
+    assert_eq!(on("served.paths", "gated workloads no entry selects are refused"), 1, "{w:?}");
+}

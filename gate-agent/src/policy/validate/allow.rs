@@ -4,6 +4,7 @@ use std::collections::HashMap;
 
 use globset::GlobBuilder;
 
+use super::access::{RawAccess, served_paths};
 use super::{Ctx, Result};
 use gate_common::abi::GRANT_METADATA;
 
@@ -15,6 +16,7 @@ use crate::policy::{
 pub(super) fn allow_entry(
     cx: &Ctx,
     at: &str,
+    platform: &str,
     raw: RawAllow,
     names: &mut HashMap<String, String>,
 ) -> Result<AllowEntry> {
@@ -74,13 +76,21 @@ pub(super) fn allow_entry(
             });
         }
     };
-    let grants = grants(cx, &format!("{at}.grants"), raw.grants)?;
-    Ok(AllowEntry { name, selector, grants })
+    let access = RawAccess {
+        profile: raw.profile,
+        paths: raw.paths,
+        methods: raw.methods,
+        query_parameters: raw.query_parameters,
+    };
+    let paths = if access.is_set() { Some(served_paths(cx, at, platform, access)?) } else { None };
+    let grants = grants(cx, &format!("{at}.grants"), raw.grants, paths.is_some())?;
+    Ok(AllowEntry { name, selector, grants, paths })
 }
 
-/// `grants`: names from [`GRANTS`], at least one, each once; absent: `[metadata]`.
-fn grants(cx: &Ctx, at: &str, raw: Option<Vec<String>>) -> Result<u32> {
-    let Some(list) = raw else { return Ok(GRANT_METADATA) };
+/// `grants`: names from [`GRANTS`], at least one, each once; absent: `[metadata]`, or nothing
+/// for an entry narrowed to paths (which cannot also have the whole metadata service).
+fn grants(cx: &Ctx, at: &str, raw: Option<Vec<String>>, narrowed: bool) -> Result<u32> {
+    let Some(list) = raw else { return Ok(if narrowed { 0 } else { GRANT_METADATA }) };
     if list.is_empty() {
         return Err(
             cx.err(at, "grants nothing; list `metadata`, `capture` or both, or remove the entry")
@@ -97,6 +107,12 @@ fn grants(cx: &Ctx, at: &str, raw: Option<Vec<String>>) -> Result<u32> {
         };
         if bits & bit != 0 {
             return Err(cx.err(format!("{at}[{i}]"), format!("{name:?} is listed twice")));
+        }
+        if narrowed && bit == GRANT_METADATA {
+            return Err(cx.err(
+                format!("{at}[{i}]"),
+                "`metadata` grants the whole metadata service and `paths` narrows it to some                  paths: keep one of them",
+            ));
         }
         bits |= bit;
     }

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use gate_common::abi::MAX_ENDPOINTS;
 
+mod access;
 mod allow;
 mod endpoints;
 
@@ -170,10 +171,23 @@ pub(super) fn validate(source: &str, raw: RawPolicy) -> Result<Policy> {
         .allow
         .into_iter()
         .enumerate()
-        .map(|(i, a)| allow_entry(&cx, &format!("allow[{i}]"), a, &mut names))
+        .map(|(i, a)| allow_entry(&cx, &format!("allow[{i}]"), &platform, a, &mut names))
         .collect::<Result<Vec<_>>>()?;
 
-    Policy::new(source, platform, mode, endpoints, allow)
+    let served = match raw.served {
+        None => None,
+        Some(s) => {
+            let raw = access::RawAccess {
+                profile: s.profile,
+                paths: s.paths,
+                methods: s.methods,
+                query_parameters: s.query_parameters,
+            };
+            Some(access::served_paths(&cx, "served", &platform, raw)?)
+        }
+    };
+
+    Policy::new(source, platform, mode, endpoints, allow, served)
 }
 
 fn platform(cx: &Ctx, platform: Option<String>) -> Result<String> {

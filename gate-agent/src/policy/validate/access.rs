@@ -1,0 +1,137 @@
+//! Served paths: `paths`, `methods`, `queryParameters` and `profile`, of an allow entry or of
+//! `served`.
+use gate_common::http::{Access, Methods, PathRule, is_parameter_name};
+
+use super::{Ctx, Result};
+use crate::policy::{ServedPaths, profiles};
+
+/// The access fields as written, wherever they stand.
+pub(super) struct RawAccess {
+    pub profile: Option<String>,
+    pub paths: Option<Vec<String>>,
+    pub methods: Option<Vec<String>>,
+    pub query_parameters: Option<Vec<String>>,
+}
+
+impl RawAccess {
+    /// Whether any access field is set: the entry is then narrowed to served paths.
+    pub(super) fn is_set(&self) -> bool {
+        self.profile.is_some()
+            || self.paths.is_some()
+            || self.methods.is_some()
+            || self.query_parameters.is_some()
+    }
+}
+
+/// Validate the access fields at `at` (`allow[2]`, `served`) for a policy of `platform`.
+pub(super) fn served_paths(
+    cx: &Ctx,
+    at: &str,
+    platform: &str,
+    raw: RawAccess,
+) -> Result<ServedPaths> {
+    let mut paths: Vec<PathRule> = Vec::new();
+    let mut methods = Methods::NONE;
+    let mut query: Vec<String> = Vec::new();
+
+    if let Some(name) = &raw.profile {
+        let field = format!("{at}.profile");
+        if name != profiles::SAFE {
+            return Err(cx.err(
+                field,
+                format!("unknown profile {name:?}; the one profile is {:?}", profiles::SAFE),
+            ));
+        }
+        let Some(profile) = profiles::safe(platform) else {
+            return Err(cx.err(
+                field,
+                format!(
+                    "there is no safe profile for platform {platform}; list the paths \
+                     (docs/platforms.md names the ones of each platform that has a profile)"
+                ),
+            ));
+        };
+        paths = profile.paths;
+        methods = profile.methods;
+        query = profile.query;
+    }
+
+    if let Some(list) = raw.paths {
+        if list.is_empty() {
+            return Err(cx.err(
+                format!("{at}.paths"),
+                "an empty list serves nothing; list paths, or remove the field",
+            ));
+        }
+        for (i, p) in list.iter().enumerate() {
+            let field = format!("{at}.paths[{i}]");
+            let rule = PathRule::parse(p).map_err(|e| cx.err(&field, format!("{p:?}: {e}")))?;
+            if let Some(j) = list[..i].iter().position(|q| q == p) {
+                return Err(cx.err(field, format!("{p:?} is listed twice (also paths[{j}])")));
+            }
+            if !paths.contains(&rule) {
+                paths.push(rule);
+            }
+        }
+    }
+    if paths.is_empty() {
+        return Err(cx.err(
+            format!("{at}.paths"),
+            "missing: `methods` and `queryParameters` narrow the paths an entry is served; list \
+             them in `paths`, or name `profile: safe`",
+        ));
+    }
+
+    match raw.methods {
+        None if raw.profile.is_none() => methods = Methods::READ,
+        None => {}
+        Some(list) => {
+            if list.is_empty() {
+                return Err(cx.err(
+                    format!("{at}.methods"),
+                    "an empty list allows no request; omit the field to mean GET and HEAD",
+                ));
+            }
+            for (i, m) in list.iter().enumerate() {
+                let field = format!("{at}.methods[{i}]");
+                let Some(bit) = Methods::parse(m) else {
+                    let known: Vec<&str> = Methods::NAMES.iter().map(|(n, _)| *n).collect();
+                    return Err(cx.err(
+                        field,
+                        format!(
+                            "method {m:?} is never served; one of {} (PUT: the token request \
+                             of IMDSv2 and its kind)",
+                            known.join(", ")
+                        ),
+                    ));
+                };
+                if list[..i].contains(m) {
+                    return Err(cx.err(field, format!("{m:?} is listed twice")));
+                }
+                methods = methods.union(bit);
+            }
+        }
+    }
+
+    if let Some(list) = raw.query_parameters {
+        for (i, q) in list.iter().enumerate() {
+            let field = format!("{at}.queryParameters[{i}]");
+            if !is_parameter_name(q) {
+                return Err(cx.err(
+                    field,
+                    format!(
+                        "{q:?} is not a query parameter name: letters, digits and - . _ ~ : , only"
+                    ),
+                ));
+            }
+            if list[..i].contains(q) {
+                return Err(cx.err(field, format!("{q:?} is listed twice")));
+            }
+            if !query.contains(q) {
+                query.push(q.clone());
+            }
+        }
+    }
+
+    Ok(ServedPaths { profile: raw.profile, access: Access { paths, methods, query } })
+}
