@@ -894,7 +894,8 @@ fn check_runbook_in(root: &std::path::Path, alert: &str, url: Option<&Value>) ->
     }
     let file = format!("{RUNBOOK_DIR}/{alert}.md");
     match std::fs::read_to_string(root.join(&file)) {
-        Err(_) => problems.push(format!("no runbook {file}: write it (Meaning, Impact, Diagnosis, Mitigation)")),
+        Err(_) => problems
+            .push(format!("no runbook {file}: write it (Meaning, Impact, Diagnosis, Mitigation)")),
         Ok(text) => {
             if text.lines().next().map(str::trim) != Some(&format!("# {alert}")) {
                 problems.push(format!("{file}: its first line must be the title \"# {alert}\""));
@@ -1031,8 +1032,12 @@ mod tests {
         refused(
             &[(
                 RULES,
-                "severity: critical\n          annotations:\n            summary: \"{{ $value }} node(s)",
-                "severity: page\n          annotations:\n            sumary: \"{{ $value }} node(s)",
+                "severity: critical\n          annotations:\n            runbook_url: \
+                 https://metadata-gate.invalid/blob/main/docs/runbooks/MetadataGateAgentMissing.md\n            \
+                 summary: \"{{ $value }} node(s)",
+                "severity: page\n          annotations:\n            runbook_url: \
+                 https://metadata-gate.invalid/blob/main/docs/runbooks/MetadataGateAgentMissing.md\n            \
+                 sumary: \"{{ $value }} node(s)",
             )],
             &["labels.severity Some(\"page\")", "annotations.summary is missing"],
         );
@@ -1043,7 +1048,10 @@ mod tests {
     fn every_alert_has_a_runbook_that_exists() {
         // No runbook_url.
         let url = "            runbook_url: https://metadata-gate.invalid/blob/main/docs/runbooks/MetadataGateEventsLost.md\n";
-        refused(&[(RULES, url, "")], &["(MetadataGateEventsLost): annotations.runbook_url is missing"]);
+        refused(
+            &[(RULES, url, "")],
+            &["(MetadataGateEventsLost): annotations.runbook_url is missing"],
+        );
         // A URL elsewhere.
         refused(
             &[(RULES, url, &url.replace("metadata-gate.invalid", "example.com"))],
