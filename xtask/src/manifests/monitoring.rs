@@ -19,7 +19,9 @@
 //! - every PrometheusRule expression reads (see [`super::promql`]), names only metrics the
 //!   agent exports ([`families`], the agent's own catalog) or that kube-state-metrics and
 //!   Prometheus export ([`EXTERNAL`]), only their labels, and only namespaces, DaemonSets and
-//!   scrape jobs of the render; every alert has a severity, a summary and a description.
+//!   scrape jobs of the render; every alert has a severity, a summary and a description,
+//!   and a `runbook_url` that names its runbook, docs/runbooks/<Alert>.md, which exists and
+//!   has the four sections of openshift/runbooks (Meaning, Impact, Diagnosis, Mitigation).
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
@@ -66,6 +68,16 @@ const SCRAPE_LABELS: &[&str] =
 /// Labels the scrape of an exporter such as kube-state-metrics adds to its own.
 const EXPORTER_LABELS: &[&str] = &["job", "instance"];
 const SEVERITIES: &[&str] = &["critical", "warning", "info"];
+/// Where the alerts' `runbook_url`s point: this repository's docs/runbooks/, by a URL that
+/// names the file. The repository has no public address yet, so the host is a reserved
+/// placeholder (RFC 2606 `.invalid`: it resolves nowhere, and never to someone else's page);
+/// once published, change it here and in components/monitoring/prometheusrule.yaml (this
+/// check holds the two together). docs/runbooks/README.md says the same.
+pub(super) const RUNBOOK_BASE: &str = "https://metadata-gate.invalid/blob/main/docs/runbooks/";
+/// The runbooks' directory, relative to the workspace root.
+const RUNBOOK_DIR: &str = "docs/runbooks";
+/// The sections every runbook has, in the openshift/runbooks shape.
+const RUNBOOK_SECTIONS: &[&str] = &["## Meaning", "## Impact", "## Diagnosis", "## Mitigation"];
 /// The annotation that has OpenShift's service CA sign a certificate into a secret.
 const SERVING_CERT: &str = "service.beta.openshift.io/serving-cert-secret-name";
 
@@ -761,6 +773,7 @@ fn check_rule(
                 problems.push(format!("annotations.{a} is missing"));
             }
         }
+        problems.extend(check_runbook(a, rule.pointer("/annotations/runbook_url")));
     }
     let expr = match rule.get("expr") {
         Some(Value::String(s)) => s.clone(),
@@ -855,6 +868,42 @@ fn check_rule(
                 problems.push(format!(
                     "annotations.{k}: $labels.{l} is a label its result does not carry"
                 ));
+            }
+        }
+    }
+    problems
+}
+
+/// An alert's `runbook_url` is [`RUNBOOK_BASE`] + `<alert>.md`, and that runbook exists under
+/// [`RUNBOOK_DIR`], titled with the alert's name, with every section of [`RUNBOOK_SECTIONS`].
+fn check_runbook(alert: &str, url: Option<&Value>) -> Vec<String> {
+    check_runbook_in(&crate::util::root(), alert, url)
+}
+
+/// [`check_runbook`] with the runbooks under `root`.
+fn check_runbook_in(root: &std::path::Path, alert: &str, url: Option<&Value>) -> Vec<String> {
+    let mut problems = Vec::new();
+    let want = format!("{RUNBOOK_BASE}{alert}.md");
+    match url.and_then(Value::as_str) {
+        None => problems.push(format!("annotations.runbook_url is missing: give {want}")),
+        Some(u) if u != want => problems.push(format!(
+            "annotations.runbook_url {u:?}: the runbook of {alert} is {want} (the URL names \
+             {RUNBOOK_DIR}/{alert}.md of this repository)"
+        )),
+        Some(_) => {}
+    }
+    let file = format!("{RUNBOOK_DIR}/{alert}.md");
+    match std::fs::read_to_string(root.join(&file)) {
+        Err(_) => problems
+            .push(format!("no runbook {file}: write it (Meaning, Impact, Diagnosis, Mitigation)")),
+        Ok(text) => {
+            if text.lines().next().map(str::trim) != Some(&format!("# {alert}")) {
+                problems.push(format!("{file}: its first line must be the title \"# {alert}\""));
+            }
+            for section in RUNBOOK_SECTIONS {
+                if !text.lines().any(|l| l.trim_end() == *section) {
+                    problems.push(format!("{file}: section \"{section}\" is missing"));
+                }
             }
         }
     }
@@ -983,12 +1032,58 @@ mod tests {
         refused(
             &[(
                 RULES,
-                "severity: critical\n          annotations:\n            summary: \"{{ $value }} node(s)",
-                "severity: page\n          annotations:\n            sumary: \"{{ $value }} node(s)",
+                "severity: critical\n          annotations:\n            runbook_url: \
+                 https://metadata-gate.invalid/blob/main/docs/runbooks/MetadataGateAgentMissing.md\n            \
+                 summary: \"{{ $value }} node(s)",
+                "severity: page\n          annotations:\n            runbook_url: \
+                 https://metadata-gate.invalid/blob/main/docs/runbooks/MetadataGateAgentMissing.md\n            \
+                 sumary: \"{{ $value }} node(s)",
             )],
             &["labels.severity Some(\"page\")", "annotations.summary is missing"],
         );
         refused(&[(RULES, "rate(metadata", "rate((metadata")], &["expr does not read: unbalanced"]);
+    }
+
+    #[test]
+    fn every_alert_has_a_runbook_that_exists() {
+        // No runbook_url.
+        let url = "            runbook_url: https://metadata-gate.invalid/blob/main/docs/runbooks/MetadataGateEventsLost.md\n";
+        refused(
+            &[(RULES, url, "")],
+            &["(MetadataGateEventsLost): annotations.runbook_url is missing"],
+        );
+        // A URL elsewhere.
+        refused(
+            &[(RULES, url, &url.replace("metadata-gate.invalid", "example.com"))],
+            &["the runbook of MetadataGateEventsLost is https://metadata-gate.invalid/"],
+        );
+        // An alert whose runbook was never written: its URL names no file.
+        refused(
+            &[(RULES, "alert: MetadataGateEventsLost", "alert: MetadataGateEventsGone")],
+            &[
+                "the runbook of MetadataGateEventsGone is",
+                "no runbook docs/runbooks/MetadataGateEventsGone.md",
+            ],
+        );
+    }
+
+    #[test]
+    fn a_runbook_has_its_title_and_the_four_sections() {
+        let dir = std::env::temp_dir().join(format!("xtask-runbooks-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join(RUNBOOK_DIR)).expect("temp dir");
+        let url = Value::String(format!("{RUNBOOK_BASE}MetadataGateX.md"));
+        let write = |text: &str| {
+            std::fs::write(dir.join(RUNBOOK_DIR).join("MetadataGateX.md"), text).expect("write")
+        };
+        write("# MetadataGateX\n\n## Meaning\n\n## Impact\n\n## Diagnosis\n\n## Mitigation\n");
+        assert_eq!(check_runbook_in(&dir, "MetadataGateX", Some(&url)), Vec::<String>::new());
+        write("# Something else\n\n## Meaning\n\n## Impact\n\n### Diagnosis\n");
+        let found = check_runbook_in(&dir, "MetadataGateX", Some(&url));
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(found.len(), 3, "{found:#?}");
+        assert!(found[0].contains("the title \"# MetadataGateX\""), "{found:#?}");
+        assert!(found[1].contains("\"## Diagnosis\" is missing"), "{found:#?}");
+        assert!(found[2].contains("\"## Mitigation\" is missing"), "{found:#?}");
     }
 
     #[test]
