@@ -32,6 +32,9 @@ pub const CONFIGMAPS: Coll = ("/api/v1", "configmaps");
 pub const NODES: Coll = ("/api/v1", "nodes");
 pub const INFRASTRUCTURES: Coll = ("/apis/config.openshift.io/v1", "infrastructures");
 pub const EVENTS: Coll = ("/apis/events.k8s.io/v1", "events");
+/// Core (v1) Events, which `kubectl get events` reads.
+pub const CORE_EVENTS: Coll = ("/api/v1", "events");
+pub const DAEMONSETS: Coll = ("/apis/apps/v1", "daemonsets");
 
 #[derive(Clone, Debug)]
 struct Change {
@@ -55,6 +58,75 @@ struct State {
     token: Option<String>,
     /// Request lines served, for assertions.
     requests: Vec<String>,
+    /// (namespace, pod, container) → what `kubectl logs` prints.
+    logs: BTreeMap<(String, String, String), String>,
+}
+
+/// The resources discovery announces (`kubectl` asks before anything else): group-version
+/// prefix, resource, kind, namespaced.
+const RESOURCES: &[(&str, &str, &str, bool)] = &[
+    ("/api/v1", "pods", "Pod", true),
+    ("/api/v1", "configmaps", "ConfigMap", true),
+    ("/api/v1", "events", "Event", true),
+    ("/api/v1", "nodes", "Node", false),
+    ("/api/v1", "namespaces", "Namespace", false),
+    ("/apis/apps/v1", "daemonsets", "DaemonSet", true),
+    ("/apis/config.openshift.io/v1", "infrastructures", "Infrastructure", false),
+    ("/apis/events.k8s.io/v1", "events", "Event", true),
+];
+
+/// The discovery documents: `/api`, `/apis` and each group-version's resource list (the
+/// legacy, unaggregated form, which clients fall back to).
+fn discovery(path: &str) -> Option<Value> {
+    let path = path.trim_end_matches('/');
+    let gv_of =
+        |prefix: &str| prefix.trim_start_matches("/apis/").trim_start_matches("/api/").to_owned();
+    match path {
+        "/api" => Some(
+            json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}),
+        ),
+        "/apis" => {
+            let mut groups: Vec<Value> = Vec::new();
+            for (prefix, ..) in RESOURCES.iter().filter(|r| r.0.starts_with("/apis/")) {
+                let gv = gv_of(prefix);
+                let (group, version) = gv.split_once('/').unwrap_or((&gv, ""));
+                if groups.iter().any(|g| g["name"] == group) {
+                    continue;
+                }
+                let v = json!({"groupVersion": gv, "version": version});
+                groups.push(json!({"name": group, "versions": [v], "preferredVersion": v}));
+            }
+            Some(json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}))
+        }
+        _ => {
+            let resources: Vec<Value> = RESOURCES
+                .iter()
+                .filter(|r| r.0 == path)
+                .map(|(_, name, kind, namespaced)| {
+                    json!({"name": name, "singularName": kind.to_lowercase(), "namespaced": namespaced,
+                           "kind": kind, "verbs": ["get", "list", "watch", "create", "patch"]})
+                })
+                .collect();
+            (!resources.is_empty()).then(|| {
+                json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv_of(path),
+                       "resources": resources})
+            })
+        }
+    }
+}
+
+/// Whether an object's labels satisfy a `labelSelector` of `k=v`, `k==v` and `k!=v` terms.
+fn labels_match(selector: &str, obj: &Value) -> bool {
+    selector.split(',').filter(|t| !t.is_empty()).all(|term| {
+        let label = |k: &str| obj["metadata"]["labels"][k.trim()].as_str().map(str::to_owned);
+        if let Some((k, v)) = term.split_once("!=") {
+            label(k).as_deref() != Some(v.trim())
+        } else if let Some((k, v)) = term.split_once('=') {
+            label(k).as_deref() == Some(v.trim_start_matches('=').trim())
+        } else {
+            label(term).is_some()
+        }
+    })
 }
 
 fn key(c: Coll) -> String {
@@ -112,6 +184,14 @@ impl KubeApi {
         let r = f(&mut st);
         cv.notify_all();
         r
+    }
+
+    /// The log of a pod's container, served at `pods/NAME/log?container=C` (there is no
+    /// previous instance: `previous=true` gets 400, as from a real API server).
+    pub fn set_log(&self, ns: &str, pod: &str, container: &str, text: &str) {
+        self.with(|st| {
+            st.logs.insert((ns.into(), pod.into(), container.into()), text.into());
+        });
     }
 
     /// Create or replace an object (ADDED or MODIFIED). Sets metadata.resourceVersion.
@@ -320,6 +400,50 @@ fn serve(
             return respond(&mut conn, 401, &status(401, "Unauthorized", "Unauthorized"));
         }
     }
+    if method == "GET"
+        && let Some(doc) = discovery(path)
+    {
+        return respond(&mut conn, 200, &doc);
+    }
+    if method == "GET"
+        && let Some(pod_path) = path.strip_suffix("/log")
+        && let Some((c, ns, Some(pod))) = route(pod_path)
+        && c == key(PODS)
+    {
+        let container = q.get("container").cloned().unwrap_or_default();
+        let st = lock.lock().unwrap_or_else(|e| e.into_inner());
+        let log = st.logs.get(&(ns, pod.clone(), container.clone())).cloned();
+        drop(st);
+        return match log {
+            Some(_) if q.get("previous").is_some_and(|v| v == "true") => respond(
+                &mut conn,
+                400,
+                &status(
+                    400,
+                    "BadRequest",
+                    &format!(
+                        "previous terminated container \"{container}\" in pod \"{pod}\" not found"
+                    ),
+                ),
+            ),
+            Some(text) => {
+                write!(
+                    conn,
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+                    text.len()
+                )
+            }
+            None => respond(
+                &mut conn,
+                400,
+                &status(
+                    400,
+                    "BadRequest",
+                    &format!("container {container} is not valid for pod {pod}"),
+                ),
+            ),
+        };
+    }
     let Some((coll, ns, name)) = route(path) else {
         return respond(
             &mut conn,
@@ -489,16 +613,23 @@ fn serve(
         }
         ("GET", None) => {
             let selector = q.get("fieldSelector").cloned().unwrap_or_default();
+            let labels = q.get("labelSelector").cloned().unwrap_or_default();
             let st = lock.lock().unwrap_or_else(|e| e.into_inner());
             let items: Vec<Value> = st
                 .objects
                 .iter()
-                .filter(|(k, o)| in_scope(k) && fields_match(&selector, o))
+                .filter(|(k, o)| {
+                    in_scope(k) && fields_match(&selector, o) && labels_match(&labels, o)
+                })
                 .map(|(_, o)| o.clone())
                 .collect();
             let rv = st.rv;
             drop(st);
-            let kind = coll.rsplit('/').next().unwrap_or_default();
+            let resource = coll.rsplit('/').next().unwrap_or_default();
+            let kind = RESOURCES
+                .iter()
+                .find(|r| coll == format!("{}/{}", r.0, r.1))
+                .map_or(resource, |r| r.2);
             respond(
                 &mut conn,
                 200,
@@ -565,6 +696,27 @@ pub fn infrastructure(platform: &str) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn discovery_and_label_selectors() {
+        assert_eq!(discovery("/api").unwrap()["versions"], json!(["v1"]));
+        let groups = discovery("/apis").unwrap();
+        let names: Vec<&str> = groups["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|g| g["name"].as_str())
+            .collect();
+        assert_eq!(names, ["apps", "config.openshift.io", "events.k8s.io"]);
+        let apps = discovery("/apis/apps/v1").unwrap();
+        assert_eq!(apps["groupVersion"], "apps/v1");
+        assert_eq!(apps["resources"][0]["kind"], "DaemonSet");
+        assert!(discovery("/apis/apps/v2").is_none());
+        assert!(discovery("/api/v1/pods").is_none());
+        let o = json!({"metadata": {"labels": {"a": "1", "b": "2"}}});
+        assert!(labels_match("", &o) && labels_match("a=1,b==2", &o) && labels_match("a,c!=3", &o));
+        assert!(!labels_match("a=2", &o) && !labels_match("c", &o) && !labels_match("b!=2", &o));
+    }
 
     #[test]
     fn routes_and_selectors() {

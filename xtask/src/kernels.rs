@@ -118,6 +118,7 @@ pub(crate) const MATRIX: &[(&str, &[&str])] = &[
     ("enforcement::protected_address_on_unprotected_port_stays_open",                  HOST),
     ("inspect::audit_then_report_then_suggest_then_enforce_from_evidence",             HOST),
     ("inspect::explain_decides_against_the_live_maps_and_says_why",                    HOST),
+    ("inspect::must_gather_collects_every_nodes_gate_and_the_clusters_objects",        HOST),
     ("lifecycle::denial_logs_are_rate_limited_per_workload_and_metrics_count_all",     HOST),
     ("lifecycle::gate_stays_closed_after_the_agent_stops_until_cleanup",               HOST),
     ("lifecycle::metrics_apart_from_the_probes",                                       HOST),
