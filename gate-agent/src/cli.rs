@@ -100,7 +100,8 @@ pub(crate) enum Command {
     /// Validate policy files; exit 1 with the field and reason of every problem. Also warn (on
     /// stderr, exit status unchanged) about a valid policy that protects nothing, protects a
     /// service its platform's workloads need (DNS, NTP, the EKS Pod Identity agent), leaves
-    /// part of the metadata service open, or allows a namespace wholesale
+    /// part of the metadata service open, allows a namespace wholesale, or lists served paths
+    /// that reach credentials, tokens, user data or keys
     Check {
         /// The platform to check against, as `run --platform` names it (AWS, GCP, Azure,
         /// External/oci, ...); default: the ConfigMap's name, else the policy's `platform`

@@ -109,6 +109,7 @@ pub(crate) const MATRIX: &[(&str, &[&str])] = &[
     ("cluster::cluster_mode_without_the_crd_uses_the_provider_id_and_a_bad_token_is_named", HOST),
     ("cluster::host_network_only_scope_gates_only_host_network_pods",                  HOST),
     ("enforcement::audit_mode_counts_and_logs_but_blocks_nothing",                     HOST),
+    ("enforcement::an_entry_narrowed_to_paths_is_refused_until_a_proxy_serves_them",   HOST),
     ("enforcement::bad_policy_is_refused_and_attaches_nothing",                        HOST),
     ("enforcement::each_denial_is_one_structured_log_event",                           HOST),
     ("enforcement::harness_without_agent_serves_everything",                           HOST),

@@ -296,6 +296,7 @@ impl Engine {
             metrics = %http.metrics,
             "ready"
         );
+        warn_paths_not_served(policy);
         if let Ok(g) = engine.gate.lock() {
             g.retire_other_versions();
         }
@@ -440,15 +441,7 @@ impl Engine {
             took_us = started.elapsed().as_micros() as u64,
             "policy applied"
         );
-        // Fail closed, and say so: no proxy serves paths yet, so a narrowed entry is refused.
-        for name in candidate.paths_not_served() {
-            tracing::warn!(
-                policy = %source,
-                entry = %name,
-                "served paths are not served by this version (the metadata proxy is not built \
-                 in yet): the workloads of this entry are refused the metadata service"
-            );
-        }
+        warn_paths_not_served(&candidate);
         self.policy = candidate;
         self.metrics.reload("success");
         self.keep_state(false);
@@ -494,5 +487,19 @@ struct AbortOnDrop(tokio::task::JoinHandle<()>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+/// Fail closed, and say so: no proxy serves paths yet, so an entry narrowed to paths (and
+/// `served`) is refused the metadata service; one warning per such entry, at start and at
+/// every policy change.
+fn warn_paths_not_served(policy: &crate::policy::Policy) {
+    for name in policy.paths_not_served() {
+        tracing::warn!(
+            policy = %policy.source,
+            entry = %name,
+            "served paths are not served by this version (the metadata proxy is not built in \
+             yet): the workloads of this entry are refused the metadata service"
+        );
     }
 }

@@ -291,3 +291,33 @@ fn bad_policy_is_refused_and_attaches_nothing() {
     integration_tests::agent::remove_pin_root(&pin_root);
     let _ = std::fs::remove_file(&bad);
 }
+
+/// An entry narrowed to served paths, and `served` itself, open nothing while no metadata
+/// proxy serves them: the narrowed workload is refused as if it had no entry (as it will be
+/// while the proxy is down), an ordinary entry beside it is still served, and the agent says
+/// which entries it refuses.
+#[test]
+fn an_entry_narrowed_to_paths_is_refused_until_a_proxy_serves_them() {
+    privileged!(an_entry_narrowed_to_paths_is_refused_until_a_proxy_serves_them);
+    let mut env = Env::new("enforce");
+    env.cg.create("gated/csi-node").expect("cgroup");
+    // Without the gate both reach the service: the refusal below is the gate's.
+    env.assert_served("gated/csi-node", "tcp", IMDS_V4, "80");
+    env.assert_served("gated/cloud-agent", "tcp", IMDS_V4, "80");
+    let narrowed = policy("enforce")
+        + "  - {name: csi-node, cgroup: \"csi-node\", profile: safe, paths: [/latest/meta-data/instance-id]}\n\
+           served: {profile: safe}\n";
+    std::fs::write(&env.policy_file, narrowed).expect("policy file");
+    env.start_agent();
+    env.assert_refused("gated/csi-node", "tcp", IMDS_V4, "80", "connect");
+    env.assert_refused("gated/csi-node", "tcp", IMDS_V6, "80", "connect");
+    env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
+    env.assert_served("gated/cloud-agent", "tcp", IMDS_V4, "80");
+    for entry in ["csi-node", "served"] {
+        let said = env.agent().find(|v| {
+            v["entry"] == entry
+                && v["message"].as_str().is_some_and(|m| m.contains("not served by this version"))
+        });
+        assert!(said.is_some(), "no warning for {entry}: {:#?}", env.agent().logs());
+    }
+}
