@@ -56,6 +56,7 @@ pub(crate) fn install<'a>(
         platform: &policy.platform,
         allow,
         node_flags,
+        served: policy.served.is_some(),
     }
 }
 

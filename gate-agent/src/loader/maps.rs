@@ -2,13 +2,15 @@
 //! (`gate-agent status`, which must work while no agent runs).
 use aya::{
     Ebpf,
-    maps::{Array, HashMap, IterableMap as _, LpmTrie, Map, MapData, MapError, PerCpuArray},
+    maps::{
+        Array, HashMap, IterableMap as _, LpmTrie, Map, MapData, MapError, PerCpuArray, SkStorage,
+    },
 };
 use gate_common::abi::{
     AccessKey, AccessStats, AllowKey, CONFIG_ACTIVE_GEN, CONFIG_RECENT_CURSOR, DenyEvent,
-    EndpointCounters, EndpointName, EpNameKey, GateInfo, MAX_ENDPOINTS, NUM_HOOKS, NUM_VERDICTS,
-    PolicyMeta, PortRuleKey, Prefilter, PrefixV4, PrefixV6, PrefixValue, RECENT_DENIALS,
-    STAT_EVENTS_LOST, TcClsact, fixed_str_value, names, stat_slot,
+    EndpointCounters, EndpointName, EpNameKey, GateInfo, HandshakeKey, MAX_ENDPOINTS, NUM_HOOKS,
+    NUM_VERDICTS, PolicyMeta, PortRuleKey, Prefilter, PrefixV4, PrefixV6, PrefixValue, ProxyConfig,
+    ProxyRecord, RECENT_DENIALS, STAT_EVENTS_LOST, TcClsact, fixed_str_value, names, stat_slot,
 };
 
 use super::{LoaderError, map_err, pins::Layout};
@@ -30,6 +32,11 @@ pub(crate) struct Maps {
     pub access: HashMap<MapData, AccessKey, AccessStats>,
     pub clsact: HashMap<MapData, u64, TcClsact>,
     pub prefilter: Array<MapData, Prefilter>,
+    pub proxy: Array<MapData, ProxyConfig>,
+    /// Untyped: aya's typed socket storage gives no access to its map for pinning
+    /// ([`Maps::records`] types it).
+    pub records: Map,
+    pub pending: HashMap<MapData, HandshakeKey, ProxyRecord>,
 }
 
 /// Counters read back from the kernel.
@@ -58,8 +65,17 @@ where
     T::try_from(map).map_err(map_err(name))
 }
 
+fn take_raw(ebpf: &mut Ebpf, name: &'static str) -> Result<Map, LoaderError> {
+    ebpf.take_map(name).ok_or(LoaderError::MissingMap(name))
+}
+
+fn from_pin_raw(layout: &Layout, name: &'static str) -> Result<Map, LoaderError> {
+    let data = MapData::from_pin(layout.map(name)).map_err(map_err(name))?;
+    Map::from_map_data(data).map_err(map_err(name))
+}
+
 macro_rules! open_all {
-    ($f:ident, $src:expr) => {
+    ($f:ident, $raw:ident, $src:expr) => {
         Ok(Maps {
             config: $f($src, names::CONFIG)?,
             meta: $f($src, names::POLICY_META)?,
@@ -77,6 +93,9 @@ macro_rules! open_all {
             access: $f($src, names::ACCESS)?,
             clsact: $f($src, names::TC_CLSACT)?,
             prefilter: $f($src, names::PREFILTER)?,
+            proxy: $f($src, names::PROXY)?,
+            records: $raw($src, names::SK_RECORDS)?,
+            pending: $f($src, names::PENDING)?,
         })
     };
 }
@@ -101,16 +120,27 @@ impl Maps {
             names::ACCESS => self.access.map(),
             names::TC_CLSACT => self.clsact.map(),
             names::PREFILTER => self.prefilter.map(),
+            names::PROXY => self.proxy.map(),
+            names::SK_RECORDS => match &self.records {
+                Map::SkStorage(data) => data,
+                _ => return None,
+            },
+            names::PENDING => self.pending.map(),
             _ => return None,
         })
     }
 
     pub(crate) fn take(ebpf: &mut Ebpf) -> Result<Maps, LoaderError> {
-        open_all!(take, ebpf)
+        open_all!(take, take_raw, ebpf)
     }
 
     pub(crate) fn from_pins(layout: &Layout) -> Result<Maps, LoaderError> {
-        open_all!(from_pin, layout)
+        open_all!(from_pin, from_pin_raw, layout)
+    }
+
+    /// The proxied connections' records, by socket.
+    pub(crate) fn records(&self) -> Result<SkStorage<&MapData, ProxyRecord>, LoaderError> {
+        SkStorage::try_from(&self.records).map_err(map_err(names::SK_RECORDS))
     }
 
     /// The live generation (0 or 1).

@@ -27,7 +27,9 @@ use std::fmt::{self, Write as _};
 use std::path::Path;
 use std::sync::Arc;
 
-use gate_common::abi::{GRANT_CAPTURE, GRANT_METADATA, PROTO_TCP, PROTO_UDP, allow_value};
+use gate_common::abi::{
+    GRANT_CAPTURE, GRANT_METADATA, GRANT_PROXY, PROTO_TCP, PROTO_UDP, allow_value,
+};
 use gate_common::compile::{self, EndpointSpec, Image, Net};
 use gate_common::http::Access;
 use gate_common::user::PolicyHash;
@@ -398,8 +400,12 @@ impl Policy {
     /// The allow entries that select cgroups by glob (standalone mode), with their index.
     /// The ALLOWED value of allow entry `entry` (its index and grants); an index past the
     /// entries grants nothing.
+    /// An entry narrowed to paths also grants the way through the metadata proxy.
     pub fn allow_value(&self, entry: usize) -> u32 {
-        let grants = self.allow.get(entry).map_or(0, |e| e.grants);
+        let grants = self
+            .allow
+            .get(entry)
+            .map_or(0, |e| if e.paths.is_some() { e.grants | GRANT_PROXY } else { e.grants });
         allow_value(u32::try_from(entry).unwrap_or(u32::MAX), grants)
     }
 

@@ -2,7 +2,8 @@
 //! become structs in exactly one way ([`read_pod`]).
 use crate::abi::{
     AccessKey, AccessStats, AllowKey, DenyEvent, EndpointCounters, EndpointName, EpNameKey,
-    GateInfo, PolicyMeta, PortRuleKey, Prefilter, PrefixV4, PrefixV6, PrefixValue, TcClsact,
+    GateInfo, HandshakeKey, PolicyMeta, PortRuleKey, Prefilter, PrefixV4, PrefixV6, PrefixValue,
+    ProxyConfig, ProxyRecord, TcClsact,
 };
 
 // SAFETY: all are #[repr(C)], Copy, with explicit padding and no invalid bit patterns.
@@ -69,3 +70,9 @@ mod tests {
         assert_eq!(read_pod::<AllowKey>(&b[..b.len() - 1]), None);
     }
 }
+// SAFETY: as above.
+unsafe impl aya::Pod for ProxyConfig {}
+// SAFETY: as above.
+unsafe impl aya::Pod for ProxyRecord {}
+// SAFETY: as above.
+unsafe impl aya::Pod for HandshakeKey {}
