@@ -166,7 +166,10 @@ pub const fn stat_slot(hook: u32, verdict: u32) -> u32 {
 }
 /// STATS slot counting events the ring buffer had no room for.
 pub const STAT_EVENTS_LOST: u32 = NUM_HOOKS * NUM_VERDICTS;
-pub const NUM_STATS: u32 = STAT_EVENTS_LOST + 1;
+/// STATS slot counting proxied handshakes whose record found no room in PENDING (the proxy
+/// refuses those connections: no record).
+pub const STAT_PENDING_LOST: u32 = STAT_EVENTS_LOST + 1;
+pub const NUM_STATS: u32 = STAT_PENDING_LOST + 1;
 
 pub const CONFIG_ACTIVE_GEN: u32 = 0;
 /// Next RECENT slot to write (wraps; the slot is `cursor % RECENT_DENIALS`).

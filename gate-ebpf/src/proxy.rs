@@ -14,9 +14,14 @@ use aya_ebpf::{
     helpers::{bpf_get_current_cgroup_id, bpf_ktime_get_ns, generated::bpf_sk_storage_get},
     programs::{SockAddrContext, SockOpsContext},
 };
-use gate_common::abi::{HandshakeKey, PROXY_V4, PROXY_V6, ProxyConfig, ProxyRecord};
+use gate_common::abi::{
+    HandshakeKey, PROXY_V4, PROXY_V6, ProxyConfig, ProxyRecord, STAT_PENDING_LOST,
+};
 
-use crate::maps::{PENDING, PROXY, SK_RECORDS};
+use crate::{
+    judge::bump,
+    maps::{PENDING, PROXY, SK_RECORDS},
+};
 
 /// The proxy's settings, if it has a port.
 #[inline(always)]
@@ -153,8 +158,11 @@ pub(crate) fn handshake(ctx: &SockOpsContext) {
         }
         let key = HandshakeKey { client_isn: ours, server_isn: theirs };
         // SAFETY: non-null storage of this socket. A full map or a key already taken (a
-        // collision of two 32-bit pairs) leaves the proxy without a record: refused there.
-        let _ = PENDING.insert(&key, unsafe { &*rec }, u64::from(BPF_NOEXIST));
+        // collision of two 32-bit pairs) leaves the proxy without a record: refused there,
+        // and counted.
+        if PENDING.insert(&key, unsafe { &*rec }, u64::from(BPF_NOEXIST)).is_err() {
+            bump(STAT_PENDING_LOST);
+        }
         return;
     }
     if ctx.local_port() != u32::from(cfg.port) {

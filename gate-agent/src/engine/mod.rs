@@ -20,6 +20,7 @@ use anyhow::{Context as _, Result};
 use gate_common::user::{AllowSet, TerminateState};
 
 mod heal;
+mod proxy;
 
 use crate::{
     cgroup::GatedRoot,
@@ -193,6 +194,8 @@ pub(crate) struct Engine {
     /// A valid policy whose apply failed: retried with backoff by [`Engine::sync`].
     retry: Option<Retry>,
     server: server::Server,
+    /// The metadata proxy, where `--proxy-address` asks for one.
+    proxy: Option<proxy::ProxyHandle>,
 }
 
 impl Engine {
@@ -235,6 +238,7 @@ impl Engine {
                 }
             });
         }
+        let proxy = proxy::start(cfg.proxy.as_ref(), &gate, &root, &policy, &agent_metrics)?;
         let node_watch = AbortOnDrop(tokio::spawn(node::watch(
             node.clone(),
             gate.clone(),
@@ -257,6 +261,7 @@ impl Engine {
             last_refused: false,
             retry: None,
             server,
+            proxy,
         };
         // The gate is attached: connections opened before it are cut before we report ready.
         engine.terminate_established(allow_set.clone()).await;
@@ -297,7 +302,7 @@ impl Engine {
             metrics = %http.metrics,
             "ready"
         );
-        warn_paths_not_served(policy);
+        warn_paths_not_served(policy, engine.proxy.is_some());
         if let Ok(g) = engine.gate.lock() {
             g.retire_other_versions();
         }
@@ -442,7 +447,10 @@ impl Engine {
             took_us = started.elapsed().as_micros() as u64,
             "policy applied"
         );
-        warn_paths_not_served(&candidate);
+        if let Some(p) = &self.proxy {
+            p.follow(&candidate);
+        }
+        warn_paths_not_served(&candidate, self.proxy.is_some());
         self.policy = candidate;
         self.metrics.reload("success");
         self.keep_state(false);
@@ -491,16 +499,19 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Fail closed, and say so: no proxy serves paths yet, so an entry narrowed to paths (and
-/// `served`) is refused the metadata service; one warning per such entry, at start and at
-/// every policy change.
-fn warn_paths_not_served(policy: &crate::policy::Policy) {
+/// Fail closed, and say so: without the metadata proxy (`--proxy-address`), an entry
+/// narrowed to paths (and `served`) is refused the metadata service; one warning per such
+/// entry, at start and at every policy change.
+fn warn_paths_not_served(policy: &crate::policy::Policy, proxy: bool) {
+    if proxy {
+        return;
+    }
     for name in policy.paths_not_served() {
         tracing::warn!(
             policy = %policy.source,
             entry = %name,
-            "served paths are not served by this version (the metadata proxy is not built in \
-             yet): the workloads of this entry are refused the metadata service"
+            "served paths are not served: the metadata proxy is off (no --proxy-address), \
+             so the workloads of this entry are refused the metadata service"
         );
     }
 }

@@ -2,15 +2,14 @@
 //! (`gate-agent status`, which must work while no agent runs).
 use aya::{
     Ebpf,
-    maps::{
-        Array, HashMap, IterableMap as _, LpmTrie, Map, MapData, MapError, PerCpuArray, SkStorage,
-    },
+    maps::{Array, HashMap, IterableMap as _, LpmTrie, Map, MapData, MapError, PerCpuArray},
 };
 use gate_common::abi::{
     AccessKey, AccessStats, AllowKey, CONFIG_ACTIVE_GEN, CONFIG_RECENT_CURSOR, DenyEvent,
     EndpointCounters, EndpointName, EpNameKey, GateInfo, HandshakeKey, MAX_ENDPOINTS, NUM_HOOKS,
     NUM_VERDICTS, PolicyMeta, PortRuleKey, Prefilter, PrefixV4, PrefixV6, PrefixValue, ProxyConfig,
-    ProxyRecord, RECENT_DENIALS, STAT_EVENTS_LOST, TcClsact, fixed_str_value, names, stat_slot,
+    ProxyRecord, RECENT_DENIALS, STAT_EVENTS_LOST, STAT_PENDING_LOST, TcClsact, fixed_str_value,
+    names, stat_slot,
 };
 
 use super::{LoaderError, map_err, pins::Layout};
@@ -33,8 +32,8 @@ pub(crate) struct Maps {
     pub clsact: HashMap<MapData, u64, TcClsact>,
     pub prefilter: Array<MapData, Prefilter>,
     pub proxy: Array<MapData, ProxyConfig>,
-    /// Untyped: aya's typed socket storage gives no access to its map for pinning
-    /// ([`Maps::records`] types it).
+    /// Untyped: aya's typed socket storage gives no access to its map for pinning (the
+    /// proxy reads it through its own handle, `loader::RecordReader`).
     pub records: Map,
     pub pending: HashMap<MapData, HandshakeKey, ProxyRecord>,
 }
@@ -45,6 +44,8 @@ pub(crate) struct Stats {
     /// `[hook][verdict]` summed over CPUs.
     pub decisions: Vec<Vec<u64>>,
     pub events_lost: u64,
+    /// Proxied handshakes whose record found no room (STAT_PENDING_LOST).
+    pub pending_lost: u64,
     pub endpoints: Vec<EndpointCounters>,
 }
 
@@ -138,11 +139,6 @@ impl Maps {
         open_all!(from_pin, from_pin_raw, layout)
     }
 
-    /// The proxied connections' records, by socket.
-    pub(crate) fn records(&self) -> Result<SkStorage<&MapData, ProxyRecord>, LoaderError> {
-        SkStorage::try_from(&self.records).map_err(map_err(names::SK_RECORDS))
-    }
-
     /// The live generation (0 or 1).
     pub(crate) fn active(&self) -> Result<u32, LoaderError> {
         Ok(self.config.get(&CONFIG_ACTIVE_GEN, 0).map_err(map_err(names::CONFIG))? & 1)
@@ -186,7 +182,12 @@ impl Maps {
         for i in 0..endpoints.min(MAX_ENDPOINTS) {
             eps.push(self.ep_counters.get(&i, 0).map_err(map_err(names::EP_COUNTERS))?);
         }
-        Ok(Stats { decisions, events_lost: read(STAT_EVENTS_LOST)?, endpoints: eps })
+        Ok(Stats {
+            decisions,
+            events_lost: read(STAT_EVENTS_LOST)?,
+            pending_lost: read(STAT_PENDING_LOST)?,
+            endpoints: eps,
+        })
     }
 
     /// The last denials, oldest first.

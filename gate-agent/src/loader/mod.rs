@@ -22,6 +22,7 @@ pub(crate) mod lock;
 mod lsm;
 mod maps;
 pub(crate) mod pins;
+mod proxy;
 mod sys;
 mod tc;
 
@@ -40,6 +41,7 @@ pub(crate) use generations::Install;
 pub(crate) use lsm::{LsmState, bpf_lsm_active};
 pub(crate) use maps::{Maps, Stats};
 pub(crate) use pins::{Layout, cleanup};
+pub(crate) use proxy::RecordReader;
 pub(crate) use sys::{LinkInfo, LinkTarget};
 pub(crate) use tc::{Framing, TcMode, TcPlan, TcReport, TcTarget};
 

@@ -409,8 +409,9 @@ impl Policy {
         allow_value(u32::try_from(entry).unwrap_or(u32::MAX), grants)
     }
 
-    /// The access blocks that list paths (allow entries by name, `served`), which this
-    /// version does not serve: their workloads are refused the metadata service.
+    /// The access blocks that list paths (allow entries by name, `served`): served only
+    /// through the metadata proxy; without it their workloads are refused the metadata
+    /// service.
     pub fn paths_not_served(&self) -> Vec<String> {
         let entries = self.allow.iter().filter(|a| a.paths.is_some()).map(|a| a.name.clone());
         entries.chain(self.served.as_ref().map(|_| "served".to_owned())).collect()
