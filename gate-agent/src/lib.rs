@@ -18,9 +18,21 @@ mod netns;
 mod node;
 pub mod policy;
 mod policy_file;
+// Not wired into the engine yet (that comes with the kernel side, which redirects connections
+// to it): until then only its tests use it.
+#[cfg_attr(not(test), allow(dead_code, unused_imports))]
+mod proxy;
 mod ratelimit;
 mod server;
 mod standalone;
 mod state;
 mod status;
 mod terminate;
+
+/// The metadata proxy's fuzz target (fuzz/): one connection's bytes, the first choosing the
+/// caller. Built only with the `fuzzing` feature.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub fn fuzz_proxy_connection(data: &[u8]) {
+    proxy::fuzzing::one_connection(data);
+}

@@ -123,6 +123,18 @@ pub(crate) const BOOT_STEP_FAILED: Family = Family {
     help: "1 when the boot step recorded on this boot that it could not close the gate before the kubelet started (see `gate-agent status` and the boot unit's journal)",
     labels: &[],
 };
+pub(crate) const PROXY_REQUESTS: Family = Family {
+    name: "metadata_gate_proxy_requests",
+    kind: Kind::Counter,
+    help: "Requests the metadata proxy decided, by verdict (served, refused: 403, failed: 502 from the metadata service) and reason",
+    labels: &["verdict", "reason"],
+};
+pub(crate) const PROXY_CONNECTIONS_REFUSED: Family = Family {
+    name: "metadata_gate_proxy_connections_refused",
+    kind: Kind::Counter,
+    help: "Connections to the metadata proxy closed or answered 503 before a request was judged, by reason (no_record: the kernel recorded no caller; busy, busy_node: the workload's or the proxy's connection bound; no_table, generation: no policy, or not the kernel's; timeout; malformed)",
+    labels: &["reason"],
+};
 
 /// Every family the agent exports.
 pub(crate) const ALL: &[Family] = &[
@@ -141,4 +153,6 @@ pub(crate) const ALL: &[Family] = &[
     LSM_ENFORCING,
     NODE_ATTACH_FAILURES,
     BOOT_STEP_FAILED,
+    PROXY_REQUESTS,
+    PROXY_CONNECTIONS_REFUSED,
 ];

@@ -27,7 +27,8 @@ use crate::{
 use families::{
     BOOT_STEP_FAILED, DECISIONS, ENDPOINT_DECISIONS, EVENTS_LOST, Kind, LSM_ENFORCING,
     MAP_CAPACITY, MAP_ENTRIES, NODE_ATTACH_FAILURES, POLICY_GENERATION, POLICY_REJECTED,
-    POLICY_RELOADS, PREGATE_PACKET_SOCKETS, REPAIRS, WORKLOAD_ACCESSES, WORKLOAD_DENIALS,
+    POLICY_RELOADS, PREGATE_PACKET_SOCKETS, PROXY_CONNECTIONS_REFUSED, PROXY_REQUESTS, REPAIRS,
+    WORKLOAD_ACCESSES, WORKLOAD_DENIALS,
 };
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -51,6 +52,8 @@ pub(crate) struct AgentMetrics {
     pub node_attach_failures: Gauge,
     /// 1 when the boot step's record of this boot says it could not close the gate.
     pub boot_step_failed: Gauge,
+    /// The metadata proxy's counters.
+    pub proxy: ProxyMetrics,
 }
 
 /// Every `result` of a reload.
@@ -70,6 +73,7 @@ impl Default for AgentMetrics {
             lsm_enforcing: Gauge::default(),
             node_attach_failures: Gauge::default(),
             boot_step_failed: Gauge::default(),
+            proxy: ProxyMetrics::default(),
         };
         for result in RELOAD_RESULTS {
             let _ = m.reloads.get_or_create(&ReloadLabels { result });
@@ -94,6 +98,65 @@ impl AgentMetrics {
 
     pub(crate) fn repaired(&self, what: &'static str) {
         self.repairs.get_or_create(&RepairLabels { what }).inc();
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ProxyRequestLabels {
+    /// `served`, `refused` or `failed`.
+    pub(crate) verdict: &'static str,
+    /// One of `proxy::REQUEST_OUTCOMES`.
+    pub(crate) reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ProxyRefusedLabels {
+    /// One of `proxy::ConnRefusal`'s labels.
+    pub(crate) reason: &'static str,
+}
+
+/// The metadata proxy's counters.
+#[derive(Clone, Debug)]
+pub(crate) struct ProxyMetrics {
+    pub(crate) requests: Family<ProxyRequestLabels, Counter>,
+    pub(crate) connections_refused: Family<ProxyRefusedLabels, Counter>,
+}
+
+impl Default for ProxyMetrics {
+    /// Every outcome starts at 0, as the reloads do.
+    fn default() -> Self {
+        let m =
+            ProxyMetrics { requests: Family::default(), connections_refused: Family::default() };
+        for (verdict, reason) in crate::proxy::REQUEST_OUTCOMES {
+            let _ = m.requests.get_or_create(&ProxyRequestLabels { verdict, reason });
+        }
+        for why in crate::proxy::ConnRefusal::ALL {
+            let _ =
+                m.connections_refused.get_or_create(&ProxyRefusedLabels { reason: why.label() });
+        }
+        m
+    }
+}
+
+impl ProxyMetrics {
+    pub(crate) fn request(&self, verdict: &'static str, reason: &'static str) {
+        self.requests.get_or_create(&ProxyRequestLabels { verdict, reason }).inc();
+    }
+
+    pub(crate) fn connection_refused(&self, why: crate::proxy::ConnRefusal) {
+        self.connections_refused.get_or_create(&ProxyRefusedLabels { reason: why.label() }).inc();
+    }
+
+    /// A request counter's value.
+    #[cfg(test)]
+    pub(crate) fn requests_of(&self, verdict: &'static str, reason: &'static str) -> u64 {
+        self.requests.get_or_create(&ProxyRequestLabels { verdict, reason }).get()
+    }
+
+    /// A connection refusal counter's value.
+    #[cfg(test)]
+    pub(crate) fn refused_of(&self, why: crate::proxy::ConnRefusal) -> u64 {
+        self.connections_refused.get_or_create(&ProxyRefusedLabels { reason: why.label() }).get()
     }
 }
 
@@ -249,6 +312,12 @@ fn register_agent(r: &mut Registry, agent: &AgentMetrics) {
         agent.node_attach_failures.clone(),
     );
     r.register(BOOT_STEP_FAILED.name, BOOT_STEP_FAILED.help, agent.boot_step_failed.clone());
+    r.register(PROXY_REQUESTS.name, PROXY_REQUESTS.help, agent.proxy.requests.clone());
+    r.register(
+        PROXY_CONNECTIONS_REFUSED.name,
+        PROXY_CONNECTIONS_REFUSED.help,
+        agent.proxy.connections_refused.clone(),
+    );
 }
 
 #[cfg(test)]

@@ -1,0 +1,155 @@
+//! One connection, served: hyper reads one request (within the size and time limits),
+//! [`decide`] judges it, [`forward`] serves it, and every outcome is logged, counted and
+//! answered. Works on any byte stream, so that the fuzz target drives it in memory.
+use std::{convert::Infallible, sync::Arc};
+
+use http::{Request, Response, StatusCode, Uri, header};
+use hyper::{body::Incoming, service::service_fn};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    sync::watch,
+    time::timeout,
+};
+
+use super::{
+    Caller, Callers, Limits, MIN_BUF, ProxyError,
+    decide::{Decision, decide},
+    forward::{Body, Upstream, forward, text},
+    outcome::{ConnRefusal, DecisionLog, FAILED, Line, REFUSED, SERVED},
+    table::Table,
+};
+use crate::metrics::ProxyMetrics;
+
+/// What every connection shares.
+pub(crate) struct Shared {
+    /// The table of the policy in force; `None` until one is loaded.
+    pub(crate) tables: watch::Receiver<Option<Arc<Table>>>,
+    /// Asked for the kernel's generation at every request.
+    pub(crate) callers: Arc<dyn Callers>,
+    pub(crate) upstream: Arc<dyn Upstream>,
+    pub(crate) limits: Limits,
+    pub(crate) metrics: ProxyMetrics,
+    pub(crate) log: DecisionLog,
+}
+
+/// Serve one connection from `caller` on `io`: at most one request, within
+/// [`Limits::connection`].
+pub(crate) async fn serve_connection<IO>(io: IO, caller: Caller, shared: Arc<Shared>)
+where
+    IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let limits = shared.limits;
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        // One request per connection: the decision is never reused for a second one.
+        .keep_alive(false)
+        // A client that shuts its side down after the request (`nc -N`) still gets the answer.
+        .half_close(true)
+        .max_buf_size(limits.max_buf.max(MIN_BUF))
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read);
+    let svc_shared = Arc::clone(&shared);
+    let svc = service_fn(move |req| {
+        let shared = Arc::clone(&svc_shared);
+        async move { Ok::<_, Infallible>(respond(req, caller, &shared).await) }
+    });
+    let served = builder.serve_connection(TokioIo::new(io), svc);
+    let refusal = match timeout(limits.connection, served).await {
+        Ok(Ok(())) => None,
+        Err(_) => Some((ConnRefusal::Timeout, ProxyError::Timeout(limits.connection))),
+        Ok(Err(e)) if e.is_timeout() => Some((ConnRefusal::Timeout, ProxyError::Serve(e))),
+        Ok(Err(e)) if e.is_parse() || e.is_parse_too_large() => {
+            Some((ConnRefusal::Malformed, ProxyError::Serve(e)))
+        }
+        Ok(Err(e)) => {
+            // The client went away, or a response body was cut (longer than it said).
+            tracing::debug!(error = %e, cgroup_id = caller.cgroup_id, "metadata proxy connection");
+            None
+        }
+    };
+    if let Some((why, e)) = refusal {
+        shared.metrics.connection_refused(why);
+        shared.log.connection(Some(caller.cgroup_id), why, &e.to_string());
+    }
+}
+
+/// The answer to one request.
+async fn respond(req: Request<Incoming>, caller: Caller, shared: &Shared) -> Response<Body> {
+    let table = shared.tables.borrow().clone();
+    let live = shared.callers.live_generation();
+    let (head, body) = req.into_parts();
+    let body_empty = hyper::body::Body::is_end_stream(&body);
+    // Never read: no served request has a body, and hyper closes the connection after the
+    // response (keep-alive is off), so whatever follows is dropped unread.
+    drop(body);
+    let method = head.method.as_str();
+    let path = head.uri.path_and_query().map_or("", |pq| pq.as_str());
+    let decision = decide(&caller, table.as_deref(), live, &head, body_empty);
+    let hash = table.as_ref().map(|t| t.hash().to_string()).unwrap_or_default();
+    match decision {
+        Decision::Unavailable(u) => {
+            let why = match u {
+                super::decide::Unavailable::NoTable => ConnRefusal::NoTable,
+                super::decide::Unavailable::Generation { .. } => ConnRefusal::Generation,
+            };
+            shared.metrics.connection_refused(why);
+            let reason = u.to_string();
+            shared.log.request(
+                &caller,
+                Line { verdict: REFUSED, reason: &reason, method, path, entry: "-" },
+            );
+            let mut resp =
+                plain(StatusCode::SERVICE_UNAVAILABLE, format!("metadata-gate: {u}; retry\n"));
+            resp.headers_mut().insert(header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+            resp
+        }
+        Decision::Refused { who, why } => {
+            shared.metrics.request(REFUSED, why.label());
+            let (who, reason) = (who.to_string(), why.to_string());
+            shared.log.request(
+                &caller,
+                Line { verdict: REFUSED, reason: &reason, method, path, entry: &who },
+            );
+            let (m, p) = (super::outcome::shown(method), super::outcome::shown(path));
+            let text = format!("metadata-gate: {m} {p} refused: {reason} ({who}, policy {hash})\n");
+            plain(StatusCode::FORBIDDEN, text)
+        }
+        Decision::Serve { who, target } => {
+            let uri = Uri::from(target.clone());
+            let who = who.to_string();
+            let upstream = &*shared.upstream;
+            match forward(upstream, &shared.limits, caller.dst, &head.method, uri, &head.headers)
+                .await
+            {
+                Ok(resp) => {
+                    shared.metrics.request(SERVED, "ok");
+                    let line = Line { verdict: SERVED, reason: "ok", method, path, entry: &who };
+                    shared.log.request(&caller, line);
+                    resp
+                }
+                Err(e) => {
+                    let label = match e {
+                        ProxyError::UpstreamTimeout { .. } => "timeout",
+                        ProxyError::TooLarge { .. } => "too_large",
+                        _ => "upstream",
+                    };
+                    shared.metrics.request(FAILED, label);
+                    let reason = e.to_string();
+                    let line = Line { verdict: FAILED, reason: &reason, method, path, entry: &who };
+                    shared.log.request(&caller, line);
+                    let (m, p) = (super::outcome::shown(method), super::outcome::shown(path));
+                    plain(StatusCode::BAD_GATEWAY, format!("metadata-gate: {m} {p}: {reason}\n"))
+                }
+            }
+        }
+    }
+}
+
+/// A one-line text answer of the proxy's own.
+fn plain(status: StatusCode, body: String) -> Response<Body> {
+    let mut resp = Response::new(text(body));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(header::CONTENT_TYPE, http::HeaderValue::from_static("text/plain"));
+    resp
+}

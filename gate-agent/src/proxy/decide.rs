@@ -1,0 +1,250 @@
+//! The decision on one request, without I/O: whether the proxy's policy is the kernel's,
+//! whether the request's form passes ([`super::request`]), and whether the caller's access
+//! block serves its method and target (`gate_common::http`'s judge).
+use std::fmt;
+
+use gate_common::http::Refusal;
+use http::{request::Parts, uri::PathAndQuery};
+
+use super::{
+    Caller,
+    request::{self, Refused},
+    table::{Grant, NoGrant, Table},
+};
+
+/// What to do with a request.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Decision<'a> {
+    /// 503: the proxy cannot decide under the kernel's policy now.
+    Unavailable(Unavailable),
+    /// 403.
+    Refused { who: Who<'a>, why: Why },
+    /// Forward `target` (origin form, exactly what was judged).
+    Serve { who: Who<'a>, target: &'a PathAndQuery },
+}
+
+/// Why the proxy cannot decide now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unavailable {
+    NoTable,
+    /// The kernel decided the connection under `caller`, decides under `live` now, and the
+    /// proxy holds `table`: all three must agree, or the caller's entry index may name another
+    /// entry in the proxy's policy than in the kernel's.
+    Generation {
+        caller: u32,
+        live: Option<u32>,
+        table: u32,
+    },
+}
+
+impl fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unavailable::NoTable => f.write_str("no policy loaded yet"),
+            Unavailable::Generation { caller, live, table } => {
+                let live = live.map_or_else(|| "unreadable".to_owned(), |g| g.to_string());
+                write!(
+                    f,
+                    "policy changing (connection generation {caller}, kernel {live}, proxy {table})"
+                )
+            }
+        }
+    }
+}
+
+/// Whose access block decided: an allow entry's, `served`'s, or an index the policy does not
+/// have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Who<'a> {
+    Entry(&'a str),
+    Served,
+    Unknown(u32),
+}
+
+impl fmt::Display for Who<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Who::Entry(name) => write!(f, "entry {name}"),
+            Who::Served => f.write_str("served"),
+            Who::Unknown(i) => write!(f, "entry #{i}"),
+        }
+    }
+}
+
+/// Why a request is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Why {
+    Request(Refused),
+    Judge(Refusal),
+    /// The caller's entry (or `served`) lists no paths: nothing is served to it.
+    NoPaths,
+    /// The record names an entry the policy does not have.
+    UnknownEntry,
+}
+
+impl Why {
+    /// The `reason` label of the request metric.
+    pub(crate) fn label(&self) -> &'static str {
+        match self {
+            Why::Request(r) => r.label(),
+            Why::Judge(Refusal::Target(_)) => "target",
+            Why::Judge(Refusal::Method) => "method",
+            Why::Judge(Refusal::Path) => "path",
+            Why::Judge(Refusal::Parameter(_)) => "parameter",
+            Why::NoPaths => "no_paths",
+            Why::UnknownEntry => "unknown_entry",
+        }
+    }
+}
+
+impl fmt::Display for Why {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Why::Request(r) => r.fmt(f),
+            Why::Judge(r) => r.fmt(f),
+            Why::NoPaths => f.write_str("no paths are served to it"),
+            Why::UnknownEntry => f.write_str("its allow entry is not in the policy"),
+        }
+    }
+}
+
+/// Decide `head` (whose body is empty, or not) from `caller` under `table`, the kernel
+/// deciding under generation `live`.
+pub(crate) fn decide<'a>(
+    caller: &Caller,
+    table: Option<&'a Table>,
+    live: Option<u32>,
+    head: &'a Parts,
+    body_empty: bool,
+) -> Decision<'a> {
+    let Some(table) = table else {
+        return Decision::Unavailable(Unavailable::NoTable);
+    };
+    if caller.generation != table.generation() || live != Some(table.generation()) {
+        return Decision::Unavailable(Unavailable::Generation {
+            caller: caller.generation,
+            live,
+            table: table.generation(),
+        });
+    }
+    let (who, grant) = match table.grant(caller.entry) {
+        Ok(g @ Grant { who, .. }) if caller.entry.is_some() => (Who::Entry(who), Ok(g)),
+        Ok(g) => (Who::Served, Ok(g)),
+        Err(NoGrant::NoPaths { who }) if caller.entry.is_some() => {
+            (Who::Entry(who), Err(Why::NoPaths))
+        }
+        Err(NoGrant::NoPaths { .. }) => (Who::Served, Err(Why::NoPaths)),
+        Err(NoGrant::UnknownEntry(i)) => (Who::Unknown(i), Err(Why::UnknownEntry)),
+    };
+    let refused = |why| Decision::Refused { who, why };
+    let target = match request::check(&head.method, &head.uri, head.version, &head.headers) {
+        Ok(t) => t,
+        Err(r) => return refused(Why::Request(r)),
+    };
+    if !body_empty {
+        return refused(Why::Request(Refused::Body));
+    }
+    let grant = match grant {
+        Ok(g) => g,
+        Err(why) => return refused(why),
+    };
+    match grant.access.judge(head.method.as_str(), target.as_str()) {
+        Ok(()) => Decision::Serve { who, target },
+        Err(r) => refused(Why::Judge(r)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::Request;
+
+    use super::*;
+    use crate::policy::Policy;
+
+    const POLICY: &str = "platform: AWS
+endpoints:
+  - {name: imds, cidr: 169.254.169.254/32, ports: [80], protocols: [TCP]}
+allow:
+  - {name: plain, cgroup: plain}
+  - name: csi
+    cgroup: csi
+    paths: [/latest/meta-data/instance-id, /latest/meta-data/placement/]
+";
+
+    fn caller(generation: u32, entry: Option<u32>) -> Caller {
+        Caller { cgroup_id: 9, generation, entry, dst: "169.254.169.254:80".parse().expect("dst") }
+    }
+
+    fn head(method: &str, target: &str) -> Parts {
+        Request::builder().method(method).uri(target).body(()).expect("request").into_parts().0
+    }
+
+    #[test]
+    fn generations_must_agree() {
+        let table = Table::new(&Policy::parse("t", POLICY).expect("policy"), 4);
+        let h = head("GET", "/latest/meta-data/instance-id");
+        let d =
+            |c: u32, live: Option<u32>| decide(&caller(c, Some(1)), Some(&table), live, &h, true);
+        assert!(matches!(d(4, Some(4)), Decision::Serve { .. }));
+        for (c, live) in [(3, Some(4)), (4, Some(5)), (4, None), (5, Some(5))] {
+            assert_eq!(
+                d(c, live),
+                Decision::Unavailable(Unavailable::Generation { caller: c, live, table: 4 })
+            );
+        }
+        let none = decide(&caller(4, Some(1)), None, Some(4), &h, true);
+        assert_eq!(none, Decision::Unavailable(Unavailable::NoTable));
+    }
+
+    #[test]
+    fn who_and_why() {
+        let table = Table::new(&Policy::parse("t", POLICY).expect("policy"), 1);
+        let d = |entry, m, t, empty| {
+            let h = head(m, t);
+            match decide(&caller(1, entry), Some(&table), Some(1), &h, empty) {
+                Decision::Serve { who, target } => Ok((who.to_string(), target.to_string())),
+                Decision::Refused { who, why } => Err((who.to_string(), why.label())),
+                Decision::Unavailable(u) => Err((u.to_string(), "unavailable")),
+            }
+        };
+        let ok = |t: &str| Ok(("entry csi".to_owned(), t.to_owned()));
+        assert_eq!(
+            d(Some(1), "GET", "/latest/meta-data/placement/zone", true),
+            ok("/latest/meta-data/placement/zone")
+        );
+        let no = |who: &str, why| Err((who.to_owned(), why));
+        assert_eq!(
+            d(Some(1), "GET", "/latest/meta-data/placementX", true),
+            no("entry csi", "path")
+        );
+        assert_eq!(
+            d(Some(1), "PUT", "/latest/meta-data/instance-id", true),
+            no("entry csi", "method")
+        );
+        assert_eq!(
+            d(Some(1), "GET", "/latest/meta-data/placement/%2e%2e/iam", true),
+            no("entry csi", "target")
+        );
+        assert_eq!(
+            d(Some(1), "GET", "/latest/meta-data/instance-id?x=1", true),
+            no("entry csi", "parameter")
+        );
+        assert_eq!(
+            d(Some(1), "GET", "http://evil/latest/meta-data/instance-id", true),
+            no("entry csi", "form")
+        );
+        assert_eq!(
+            d(Some(1), "GET", "/latest/meta-data/instance-id", false),
+            no("entry csi", "framing")
+        );
+        assert_eq!(
+            d(Some(0), "GET", "/latest/meta-data/instance-id", true),
+            no("entry plain", "no_paths")
+        );
+        assert_eq!(d(None, "GET", "/latest/meta-data/instance-id", true), no("served", "no_paths"));
+        assert_eq!(
+            d(Some(2), "GET", "/latest/meta-data/instance-id", true),
+            no("entry #2", "unknown_entry")
+        );
+    }
+}

@@ -1,0 +1,116 @@
+//! A stand-in for the metadata service, for the tests and the fuzz target: it records every
+//! request it gets, byte for byte, and answers `200 i-0123456789abcdef0` (or what it is told
+//! to). Over TCP on loopback, or in memory as an [`Upstream`].
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+};
+
+use tokio::{
+    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
+    net::TcpListener,
+};
+
+use super::{Upstream, UpstreamIo, forward::Connecting};
+
+/// What the stand-in answers unless told otherwise.
+pub(crate) const BODY: &str = "i-0123456789abcdef0";
+
+/// Longest request head recorded (a request to the stand-in never has a body).
+const MAX_HEAD: usize = 64 * 1024;
+
+/// The requests the stand-in got, and what it answers.
+#[derive(Clone)]
+pub(crate) struct Recorder {
+    seen: Arc<Mutex<Vec<Vec<u8>>>>,
+    answer: Arc<Vec<u8>>,
+}
+
+impl Default for Recorder {
+    fn default() -> Self {
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{BODY}",
+            BODY.len()
+        );
+        Recorder::answering(answer.into_bytes())
+    }
+}
+
+impl Recorder {
+    /// A stand-in that answers `answer`, raw.
+    pub(crate) fn answering(answer: Vec<u8>) -> Recorder {
+        Recorder { seen: Arc::default(), answer: Arc::new(answer) }
+    }
+
+    /// Every request head received so far, raw.
+    pub(crate) fn requests(&self) -> Vec<Vec<u8>> {
+        self.seen.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Read one request head from `io` (to the blank line, end of stream or [`MAX_HEAD`]),
+    /// record it and answer.
+    pub(crate) async fn answer<IO: AsyncRead + AsyncWrite + Unpin>(&self, mut io: IO) {
+        let mut head = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_HEAD {
+            match io.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => head.extend_from_slice(&buf[..n]),
+            }
+        }
+        if head.is_empty() {
+            return;
+        }
+        if let Ok(mut seen) = self.seen.lock() {
+            seen.push(head);
+        }
+        let _ = io.write_all(&self.answer).await;
+        let _ = io.shutdown().await;
+    }
+
+    /// Listen on loopback and answer every connection; the address it listens on.
+    pub(crate) async fn listen(&self) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the stand-in");
+        let addr = listener.local_addr().expect("its address");
+        let me = self.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let me = me.clone();
+                tokio::spawn(async move { me.answer(stream).await });
+            }
+        });
+        addr
+    }
+}
+
+/// The stand-in as an [`Upstream`], in memory: whatever the destination, a pipe to it.
+pub(crate) struct InMemory(pub(crate) Recorder);
+
+impl Upstream for InMemory {
+    fn connect(&self, _dst: SocketAddr) -> Connecting {
+        let (near, far) = tokio::io::duplex(64 * 1024);
+        let recorder = self.0.clone();
+        tokio::spawn(async move { recorder.answer(far).await });
+        Box::pin(async move { Ok(Box::new(near) as Box<dyn UpstreamIo>) })
+    }
+}
+
+/// A recorded request's method and target, as its request line says.
+pub(crate) fn request_line(raw: &[u8]) -> Option<(String, String)> {
+    let line = raw.split(|&b| b == b'\n').next()?;
+    let line = std::str::from_utf8(line).ok()?.trim_end_matches('\r');
+    let mut parts = line.split(' ');
+    let (method, target) = (parts.next()?, parts.next()?);
+    Some((method.to_owned(), target.to_owned()))
+}
+
+/// A recorded request's header lines, as `(lowercase name, value)`.
+pub(crate) fn headers(raw: &[u8]) -> Vec<(String, String)> {
+    let text = String::from_utf8_lossy(raw);
+    text.split("\r\n")
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect()
+}

@@ -1,0 +1,127 @@
+//! Accepting connections: each one is asked its kernel record and given a slot before
+//! anything is read from it; without either it is closed at once, without a byte.
+use std::{future::Future, sync::Arc, time::Duration};
+
+use tokio::{
+    net::{TcpListener, TcpStream},
+    sync::watch,
+    task::JoinSet,
+};
+
+use super::{
+    Callers, Limits, ProxyError,
+    bounds::{Full, Slots},
+    conn::{Shared, serve_connection},
+    forward::{TcpUpstream, Upstream},
+    outcome::{ConnRefusal, DecisionLog},
+    table::Table,
+};
+use crate::metrics::ProxyMetrics;
+
+/// Pause after a failed `accept()` (out of file descriptors, say), so that the loop does not
+/// spin while the condition lasts.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The proxy: what its connections share, and their slots.
+pub(crate) struct Proxy {
+    shared: Arc<Shared>,
+    slots: Arc<Slots>,
+}
+
+impl Proxy {
+    pub(crate) fn new(
+        callers: Arc<dyn Callers>,
+        tables: watch::Receiver<Option<Arc<Table>>>,
+        upstream: Arc<dyn Upstream>,
+        limits: Limits,
+        metrics: ProxyMetrics,
+    ) -> Proxy {
+        let slots = Slots::new(limits.per_workload, limits.total);
+        let log = DecisionLog::default();
+        Proxy {
+            shared: Arc::new(Shared { tables, callers, upstream, limits, metrics, log }),
+            slots,
+        }
+    }
+
+    /// Serve on every listener until `shutdown` completes; then stop accepting and close the
+    /// connections still open.
+    pub(crate) async fn run(
+        &self,
+        listeners: Vec<TcpListener>,
+        shutdown: impl Future<Output = ()>,
+    ) {
+        let loops = futures::future::join_all(listeners.iter().map(|l| self.accept_loop(l)));
+        tokio::select! {
+            _ = loops => {}
+            () = shutdown => {}
+        }
+    }
+
+    async fn accept_loop(&self, listener: &TcpListener) {
+        // Dropped with the loop: its connections are aborted with it.
+        let mut conns = JoinSet::new();
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => self.admit(stream, &mut conns),
+                    Err(e) => {
+                        tracing::warn!(error = %ProxyError::Accept(e), "metadata proxy");
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    }
+                },
+                Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            }
+        }
+    }
+
+    /// Serve `stream` if the kernel recorded its caller and the caller has a slot; else close
+    /// it (dropping it) without a byte.
+    fn admit(&self, stream: TcpStream, conns: &mut JoinSet<()>) {
+        let refuse = |why: ConnRefusal, cgroup_id: Option<u64>, detail: &str| {
+            self.shared.metrics.connection_refused(why);
+            self.shared.log.connection(cgroup_id, why, detail);
+        };
+        let caller = match self.shared.callers.caller(&stream) {
+            Ok(Some(c)) => c,
+            Ok(None) => return refuse(ConnRefusal::NoRecord, None, "no record"),
+            Err(e) => return refuse(ConnRefusal::NoRecord, None, &e.to_string()),
+        };
+        let slot = match self.slots.acquire(caller.cgroup_id) {
+            Ok(s) => s,
+            Err(Full::Workload) => {
+                let detail = format!("{} connections open", self.shared.limits.per_workload);
+                return refuse(ConnRefusal::Busy, Some(caller.cgroup_id), &detail);
+            }
+            Err(Full::Node) => {
+                let detail = format!("{} connections open in all", self.shared.limits.total);
+                return refuse(ConnRefusal::BusyNode, Some(caller.cgroup_id), &detail);
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let shared = Arc::clone(&self.shared);
+        conns.spawn(async move {
+            serve_connection(stream, caller, shared).await;
+            drop(slot);
+        });
+    }
+
+    #[cfg(test)]
+    pub(crate) fn slots(&self) -> &Slots {
+        &self.slots
+    }
+}
+
+/// Serve the metadata proxy on `listeners` until `shutdown`: callers from `callers`, the policy
+/// from `tables`, requests forwarded over TCP.
+pub(crate) async fn serve(
+    listeners: Vec<TcpListener>,
+    callers: Arc<dyn Callers>,
+    tables: watch::Receiver<Option<Arc<Table>>>,
+    metrics: ProxyMetrics,
+    limits: Limits,
+    shutdown: impl Future<Output = ()>,
+) {
+    let proxy = Proxy::new(callers, tables, Arc::new(TcpUpstream), limits, metrics);
+    proxy.run(listeners, shutdown).await;
+}

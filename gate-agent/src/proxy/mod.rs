@@ -1,0 +1,139 @@
+//! The metadata proxy's HTTP side: it serves a workload whose access is narrowed to paths
+//! (an allow entry with `paths`, or `served`) the paths it may read, and refuses the rest.
+//!
+//! The kernel redirects such a workload's connections to the proxy and records, per
+//! connection, who opened it ([`Caller`]); the proxy learns the caller from that record only
+//! ([`Callers`]), never from the request. Per request it checks the form
+//! ([`request`]), judges the target with the caller's [`Access`](gate_common::http::Access)
+//! (`gate_common::http`) and, if served, forwards it to the address the workload asked for.
+//!
+//! Everything fails closed: no record, a busy workload, a table older or newer than the
+//! kernel's, a request that could mean two things, an upstream that misbehaves: the request
+//! is not forwarded. One request per connection, so that no decision outlives the request it
+//! was made for.
+//!
+//! Parts: [`listen`] accepts and bounds connections, [`conn`] serves one, [`decide`] judges a
+//! request, [`request`] checks its form, [`headers`] rewrites headers both ways, [`forward`]
+//! talks to the metadata service, [`table`] holds the policy's access blocks, [`outcome`]
+//! names what happened for logs and metrics.
+use std::{net::SocketAddr, time::Duration};
+
+mod bounds;
+mod conn;
+mod decide;
+mod forward;
+mod headers;
+mod listen;
+mod outcome;
+mod request;
+mod table;
+
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) mod fake;
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) mod fuzzing;
+#[cfg(test)]
+mod tests;
+
+// What the engine needs to run the proxy.
+pub(crate) use forward::{TcpUpstream, Upstream, UpstreamIo};
+pub(crate) use listen::{Proxy, serve};
+pub(crate) use outcome::{ConnRefusal, REQUEST_OUTCOMES};
+pub(crate) use table::Table;
+
+/// Who opened a connection to the proxy, as a kernel program recorded it at `connect()`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Caller {
+    /// The gated workload's cgroup.
+    pub(crate) cgroup_id: u64,
+    /// The policy generation the kernel decided under.
+    pub(crate) generation: u32,
+    /// The allow entry's index in the policy; `None`: `served` (no entry selects the workload).
+    pub(crate) entry: Option<u32>,
+    /// The address and port the workload asked for (the metadata service): where a served
+    /// request goes, whatever the request's `Host` says.
+    pub(crate) dst: SocketAddr,
+}
+
+/// Where the proxy learns who is calling: from the kernel, never from the wire.
+pub(crate) trait Callers: Send + Sync + 'static {
+    /// The record of an accepted connection; `Ok(None)`: no record (the connection is refused).
+    fn caller(&self, stream: &tokio::net::TcpStream) -> Result<Option<Caller>, ProxyError>;
+    /// The policy generation the kernel decides under now; `None`: unreadable (refused).
+    fn live_generation(&self) -> Option<u32>;
+}
+
+/// Bounds and timeouts. [`Limits::default`] holds the production values; tests shrink them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Limits {
+    /// Connections open at once per workload (cgroup): one workload cannot take them all.
+    pub(crate) per_workload: usize,
+    /// Connections open at once in all.
+    pub(crate) total: usize,
+    /// hyper's read buffer, which bounds the request line and headers (at least 8 KiB, hyper's
+    /// minimum; less is raised to it).
+    pub(crate) max_buf: usize,
+    /// Largest response body forwarded.
+    pub(crate) max_response: u64,
+    /// Time for the request line and headers to arrive.
+    pub(crate) header_read: Duration,
+    /// Time for a whole connection, response body included.
+    pub(crate) connection: Duration,
+    /// Time to connect to the metadata service.
+    pub(crate) connect: Duration,
+    /// Time from connecting to the metadata service to its response's headers.
+    pub(crate) upstream: Duration,
+}
+
+/// hyper refuses a smaller read buffer (it asserts).
+pub(crate) const MIN_BUF: usize = 8 * 1024;
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            per_workload: 16,
+            total: 1024,
+            max_buf: 16 * 1024,
+            max_response: 1024 * 1024,
+            header_read: Duration::from_secs(5),
+            connection: Duration::from_secs(30),
+            connect: Duration::from_secs(2),
+            upstream: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What can go wrong in the proxy. None of these reaches the metadata service: each one ends
+/// a connection or answers a request with an error status.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ProxyError {
+    /// The kernel's record of a connection could not be read (the connection is refused).
+    #[error("reading the kernel's record of a connection: {0}")]
+    Record(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A listener's `accept()` failed.
+    #[error("accepting a connection: {0}")]
+    Accept(#[source] std::io::Error),
+    /// The metadata service could not be reached.
+    #[error("connecting to {dst}: {source}")]
+    Connect { dst: SocketAddr, source: std::io::Error },
+    /// The metadata service did not answer within [`Limits::upstream`] (or did not accept the
+    /// connection within [`Limits::connect`]).
+    #[error("{dst} did not answer within {after:?}")]
+    UpstreamTimeout { dst: SocketAddr, after: Duration },
+    /// The exchange with the metadata service failed (handshake, request, response head).
+    #[error("talking to {dst}: {source}")]
+    Upstream { dst: SocketAddr, source: hyper::Error },
+    /// The metadata service answered with something the proxy does not pass on.
+    #[error("{dst} answered {status}, which the proxy does not pass on")]
+    UpstreamStatus { dst: SocketAddr, status: http::StatusCode },
+    /// The response body is longer than [`Limits::max_response`].
+    #[error("the response of {dst} is longer than {limit} bytes")]
+    TooLarge { dst: SocketAddr, limit: u64 },
+    /// Serving a connection failed (the client went away, sent what hyper could not parse, or
+    /// was too slow).
+    #[error("serving a connection: {0}")]
+    Serve(#[source] hyper::Error),
+    /// A connection was still open after [`Limits::connection`].
+    #[error("connection still open after {0:?}")]
+    Timeout(Duration),
+}

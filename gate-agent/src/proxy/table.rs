@@ -1,0 +1,115 @@
+//! What the proxy serves under one policy generation: each allow entry's access block, by the
+//! index the kernel reports, and `served`'s.
+use gate_common::{http::Access, user::PolicyHash};
+
+use crate::policy::Policy;
+
+/// The access blocks of one policy, as applied under one generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Table {
+    generation: u32,
+    hash: PolicyHash,
+    /// By allow entry index: its name, and its paths if it lists any.
+    entries: Vec<(String, Option<Access>)>,
+    served: Option<Access>,
+}
+
+/// The access block a caller gets, and the name its refusals give (the entry's, or `served`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Grant<'a> {
+    pub(crate) who: &'a str,
+    pub(crate) access: &'a Access,
+}
+
+/// Why a caller has no access block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NoGrant<'a> {
+    /// The entry (or `served`, when `who` is `served`) lists no paths.
+    NoPaths { who: &'a str },
+    /// The record names an entry index the policy does not have.
+    UnknownEntry(u32),
+}
+
+/// What refusals name for callers no entry selects.
+pub(crate) const SERVED: &str = "served";
+
+impl Table {
+    pub(crate) fn new(policy: &Policy, generation: u32) -> Table {
+        Table {
+            generation,
+            hash: policy.hash(),
+            entries: policy
+                .allow
+                .iter()
+                .map(|e| (e.name.clone(), e.paths.as_ref().map(|p| p.access.clone())))
+                .collect(),
+            served: policy.served.as_ref().map(|p| p.access.clone()),
+        }
+    }
+
+    pub(crate) fn generation(&self) -> u32 {
+        self.generation
+    }
+
+    pub(crate) fn hash(&self) -> PolicyHash {
+        self.hash
+    }
+
+    /// The access block of allow entry `entry`, or of `served` for `None`.
+    pub(crate) fn grant(&self, entry: Option<u32>) -> Result<Grant<'_>, NoGrant<'_>> {
+        let (who, access) = match entry {
+            None => (SERVED, self.served.as_ref()),
+            Some(i) => {
+                let Some((name, access)) =
+                    usize::try_from(i).ok().and_then(|i| self.entries.get(i))
+                else {
+                    return Err(NoGrant::UnknownEntry(i));
+                };
+                (name.as_str(), access.as_ref())
+            }
+        };
+        match access {
+            Some(access) => Ok(Grant { who, access }),
+            None => Err(NoGrant::NoPaths { who }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const POLICY: &str = "platform: AWS
+endpoints:
+  - {name: imds, cidr: 169.254.169.254/32, ports: [80], protocols: [TCP]}
+allow:
+  - {name: plain, cgroup: plain}
+  - name: csi
+    cgroup: csi
+    paths: [/latest/meta-data/instance-id, /latest/meta-data/placement/]
+served:
+  paths: [/latest/meta-data/placement/region]
+";
+
+    #[test]
+    fn entries_by_index_and_served() {
+        let policy = Policy::parse("t.yaml", POLICY).expect("policy");
+        let t = Table::new(&policy, 7);
+        assert_eq!(t.generation(), 7);
+        assert_eq!(t.hash(), policy.hash());
+        assert_eq!(t.grant(Some(0)), Err(NoGrant::NoPaths { who: "plain" }));
+        let csi = t.grant(Some(1)).expect("csi");
+        assert_eq!(csi.who, "csi");
+        assert!(csi.access.judge("GET", "/latest/meta-data/placement/zone").is_ok());
+        assert_eq!(t.grant(Some(2)), Err(NoGrant::UnknownEntry(2)));
+        assert_eq!(t.grant(Some(u32::MAX)), Err(NoGrant::UnknownEntry(u32::MAX)));
+        let served = t.grant(None).expect("served");
+        assert_eq!(served.who, SERVED);
+        assert!(served.access.judge("GET", "/latest/meta-data/placement/zone").is_err());
+        assert!(served.access.judge("GET", "/latest/meta-data/placement/region").is_ok());
+
+        let without = Policy::parse("t.yaml", POLICY.split("served:").next().expect("head"))
+            .expect("policy without served");
+        assert_eq!(Table::new(&without, 1).grant(None), Err(NoGrant::NoPaths { who: SERVED }));
+    }
+}

@@ -1,0 +1,210 @@
+//! Requests: what is served, what is refused, and what the metadata service sees of either.
+use super::*;
+use crate::proxy::fake::{self, BODY};
+
+#[tokio::test]
+async fn a_served_path_reaches_the_service_as_the_service_expects() {
+    let h = Harness::start().await;
+    let raw = "GET /latest/meta-data/placement/region HTTP/1.1\r\nHost: evil.example\r\n\
+               Connection: keep-alive, X-Secret\r\nX-Secret: s\r\nMetadata-Flavor: Google\r\n\
+               X-aws-ec2-metadata-token: AQAE\r\nAccept: */*\r\n\r\n";
+    let answer = h.send(Some(h.caller(7, CSI)), raw.as_bytes()).await;
+    assert_eq!(answer.status(), 200, "{answer:?}");
+    assert_eq!(answer.body(), BODY);
+    assert_eq!(answer.header("content-type").as_deref(), Some("text/plain"));
+    let seen = h.upstream.requests();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(h.seen(), ["GET /latest/meta-data/placement/region"]);
+    let headers = fake::headers(&seen[0]);
+    let get = |n: &str| {
+        headers.iter().filter(|(k, _)| k == n).map(|(_, v)| v.as_str()).collect::<Vec<_>>()
+    };
+    assert_eq!(get("host"), [h.upstream_addr.to_string().as_str()], "Host names the destination");
+    assert_eq!(get("metadata-flavor"), ["Google"]);
+    assert_eq!(get("x-aws-ec2-metadata-token"), ["AQAE"]);
+    assert_eq!(get("accept"), ["*/*"]);
+    for never in
+        ["x-forwarded-for", "x-forwarded-host", "forwarded", "via", "x-secret", "connection"]
+    {
+        assert!(get(never).is_empty(), "{never} forwarded: {headers:?}");
+    }
+    assert_eq!(h.metrics.requests_of("served", "ok"), 1);
+}
+
+#[tokio::test]
+async fn a_refused_path_is_403_naming_entry_and_policy_and_never_forwarded() {
+    let h = Harness::start().await;
+    let answer = h.get(CSI, "/latest/meta-data/iam/info").await;
+    assert_eq!(answer.status(), 403);
+    assert_eq!(answer.header("content-type").as_deref(), Some("text/plain"));
+    let hash = Policy::parse("test.yaml", POLICY).expect("policy").hash();
+    assert_eq!(
+        answer.body(),
+        format!(
+            "metadata-gate: GET /latest/meta-data/iam/info refused: path not allowed \
+             (entry aws-ebs-csi-driver-node, policy {hash})\n"
+        )
+    );
+    assert!(h.seen().is_empty());
+    assert_eq!(h.metrics.requests_of("refused", "path"), 1);
+}
+
+#[tokio::test]
+async fn prefixes_cover_whole_segments() {
+    let h = Harness::start().await;
+    assert_eq!(h.get(CSI, "/latest/meta-data/placementX").await.status(), 403);
+    assert_eq!(h.get(CSI, "/latest/meta-data/placementX/region").await.status(), 403);
+    assert_eq!(h.get(CSI, "/latest/meta-data/placement").await.status(), 200);
+    assert_eq!(h.get(CSI, "/latest/meta-data/placement/availability-zone").await.status(), 200);
+    assert_eq!(
+        h.seen(),
+        ["GET /latest/meta-data/placement", "GET /latest/meta-data/placement/availability-zone"]
+    );
+}
+
+/// Targets that another parser could read as a path the entry does not list.
+#[tokio::test]
+async fn ambiguous_targets_are_refused_unforwarded() {
+    let h = Harness::start().await;
+    let targets = [
+        ("/latest/meta-data/placement/%2f..%2fiam/info", "percent-encoding"),
+        ("/latest/meta-data/placement%2F..%2Fiam", "percent-encoding"),
+        ("/latest/meta-data/placement/./region", ". and .. segments"),
+        ("/latest/meta-data/placement/../iam/info", ". and .. segments"),
+        ("/latest//meta-data/placement/region", "empty segment"),
+        ("/latest/meta-data/placement\\..\\iam", "backslash"),
+    ];
+    for (t, why) in targets {
+        let answer = h.get(CSI, t).await;
+        assert_eq!(answer.status(), 403, "{t}: {answer:?}");
+        assert!(answer.body().contains(why), "{t}: {}", answer.body());
+    }
+    assert!(h.seen().is_empty(), "{:?}", h.seen());
+    assert_eq!(h.metrics.requests_of("refused", "target"), targets.len() as u64);
+}
+
+/// The request's form: tunnels, foreign targets, bodies, forwarding headers.
+#[tokio::test]
+async fn request_forms_are_refused_unforwarded() {
+    let h = Harness::start().await;
+    let path = "/latest/meta-data/instance-id";
+    let cases: Vec<(String, u16, &str)> = vec![
+        (
+            format!("GET http://evil.example{path} HTTP/1.1\r\nHost: evil.example\r\n\r\n"),
+            403,
+            "absolute-form",
+        ),
+        (format!("GET http://169.254.169.254{path} HTTP/1.1\r\n\r\n"), 403, "absolute-form"),
+        (
+            "CONNECT 169.254.169.254:80 HTTP/1.1\r\nHost: 169.254.169.254:80\r\n\r\n".into(),
+            403,
+            "CONNECT",
+        ),
+        ("OPTIONS * HTTP/1.1\r\n\r\n".into(), 403, "must start with /"),
+        (
+            format!(
+                "GET {path} HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n0\r\n\r\n"
+            ),
+            403,
+            "Transfer-Encoding",
+        ),
+        (
+            format!("GET {path} HTTP/1.1\r\nContent-Length: 4\r\nContent-Length: 4\r\n\r\nabcd"),
+            403,
+            "Content-Length",
+        ),
+        (format!("PUT {path} HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello"), 403, "Content-Length"),
+        (
+            format!("GET {path} HTTP/1.1\r\nX-Forwarded-For: 10.0.0.1\r\n\r\n"),
+            403,
+            "X-Forwarded-For",
+        ),
+        (format!("GET {path} HTTP/1.1\r\nVia: 1.1 squid\r\n\r\n"), 403, "via"),
+        (format!("GET {path} HTTP/1.1\r\nForwarded: for=10.0.0.1\r\n\r\n"), 403, "forwarded"),
+        (format!("GET {path} HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"), 403, "Host"),
+        (
+            format!("GET {path} HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"),
+            403,
+            "Upgrade",
+        ),
+        // Lengths that disagree: hyper refuses them before the proxy sees the request.
+        (
+            format!("GET {path} HTTP/1.1\r\nContent-Length: 0\r\nContent-Length: 4\r\n\r\nabcd"),
+            400,
+            "",
+        ),
+        (format!("GET {path} HTTP/2.0\r\n\r\n"), 400, ""),
+    ];
+    for (raw, status, why) in &cases {
+        let answer = h.send(Some(h.caller(7, CSI)), raw.as_bytes()).await;
+        assert_eq!(answer.status(), *status, "{raw:?}: {answer:?}");
+        assert!(
+            answer.body().to_lowercase().contains(&why.to_lowercase()),
+            "{raw:?}: {}",
+            answer.body()
+        );
+    }
+    assert!(h.seen().is_empty(), "{:?}", h.seen());
+}
+
+/// Headers larger than hyper's buffer: 431 from hyper, nothing forwarded.
+#[tokio::test]
+async fn oversized_headers_are_refused() {
+    let h = Harness::start().await;
+    let raw = format!(
+        "GET /latest/meta-data/instance-id HTTP/1.1\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(17 * 1024)
+    );
+    let answer = h.send(Some(h.caller(7, CSI)), raw.as_bytes()).await;
+    assert_eq!(answer.status(), 431, "{answer:?}");
+    assert!(h.seen().is_empty());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(h.metrics.refused_of(super::super::ConnRefusal::Malformed), 1);
+}
+
+/// `PUT` only where the entry lists it; and then with the token headers as sent.
+#[tokio::test]
+async fn put_needs_an_entry_that_lists_it() {
+    let h = Harness::start().await;
+    let put = "PUT /latest/api/token HTTP/1.1\r\nX-aws-ec2-metadata-token-ttl-seconds: 21600\r\n\
+               Content-Length: 0\r\n\r\n";
+    let refused = h.send(Some(h.caller(7, CSI)), put.as_bytes()).await;
+    assert_eq!(refused.status(), 403);
+    assert!(refused.body().contains("method not allowed"), "{}", refused.body());
+    assert!(h.seen().is_empty());
+    let served = h.send(Some(h.caller(8, TOKEN)), put.as_bytes()).await;
+    assert_eq!(served.status(), 200, "{served:?}");
+    assert_eq!(h.seen(), ["PUT /latest/api/token"]);
+    let headers = fake::headers(&h.upstream.requests()[0]);
+    assert!(headers.contains(&("x-aws-ec2-metadata-token-ttl-seconds".into(), "21600".into())));
+    // HEAD is not listed for this entry either.
+    let head = "HEAD /latest/meta-data/instance-id HTTP/1.1\r\n\r\n";
+    assert_eq!(h.send(Some(h.caller(8, TOKEN)), head.as_bytes()).await.status(), 403);
+}
+
+/// A workload no entry selects gets `served`'s paths, and only those.
+#[tokio::test]
+async fn served_callers_get_served_paths_only() {
+    let h = Harness::start().await;
+    let ok = h.get(SERVED, "/latest/meta-data/placement/region").await;
+    assert_eq!(ok.status(), 200);
+    let refused = h.get(SERVED, "/latest/meta-data/instance-id").await;
+    assert_eq!(refused.status(), 403);
+    assert!(refused.body().contains("(served, policy "), "{}", refused.body());
+    assert_eq!(h.get(SERVED, "/latest/meta-data/placement/zone").await.status(), 403);
+    assert_eq!(h.seen(), ["GET /latest/meta-data/placement/region"]);
+}
+
+/// An entry without paths is refused everything: the proxy serves only narrowed access.
+#[tokio::test]
+async fn entries_without_paths_are_refused() {
+    let h = Harness::start().await;
+    let answer = h.get(PLAIN, "/latest/meta-data/instance-id").await;
+    assert_eq!(answer.status(), 403);
+    assert!(answer.body().contains("no paths are served to it (entry plain"), "{}", answer.body());
+    let unknown = h.get(Some(17), "/latest/meta-data/instance-id").await;
+    assert_eq!(unknown.status(), 403);
+    assert!(h.seen().is_empty());
+    assert_eq!(h.metrics.requests_of("refused", "no_paths"), 1);
+    assert_eq!(h.metrics.requests_of("refused", "unknown_entry"), 1);
+}
