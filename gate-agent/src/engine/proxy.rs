@@ -5,6 +5,7 @@ use std::{
     net::{IpAddr, SocketAddr},
     path::PathBuf,
     sync::{Arc, Mutex},
+    time::Duration,
 };
 
 use anyhow::{Context as _, Result, bail};
@@ -26,6 +27,7 @@ pub(crate) struct ProxyHandle {
     tables: watch::Sender<Option<Arc<Table>>>,
     reader: Arc<RecordReader>,
     task: tokio::task::JoinHandle<()>,
+    sweeper: tokio::task::JoinHandle<()>,
 }
 
 impl ProxyHandle {
@@ -40,6 +42,7 @@ impl ProxyHandle {
 impl Drop for ProxyHandle {
     fn drop(&mut self) {
         self.task.abort();
+        self.sweeper.abort();
     }
 }
 
@@ -95,6 +98,7 @@ pub(crate) fn start(
     g.attach_proxy(&own, root)?;
     g.set_proxy(kernel_config(listen, own.id))?;
     let reader = g.record_reader()?;
+    let sweeper = tokio::spawn(sweep(g.record_reader()?, metrics.proxy.records_expired.clone()));
     let generation = g.info().policy_generation;
     drop(g);
     let mut listeners = Vec::new();
@@ -127,7 +131,26 @@ pub(crate) fn start(
         generation,
         "metadata proxy listening"
     );
-    Ok(Some(ProxyHandle { tables, reader, task }))
+    Ok(Some(ProxyHandle { tables, reader, task, sweeper }))
+}
+
+/// How long a record may wait for the proxy's side of its handshake (which comes within a
+/// round trip of the client's): past it, the client never completed the handshake.
+const PENDING_MAX_AGE: Duration = Duration::from_secs(30);
+
+/// Every few seconds, remove the records whose handshake never reached the proxy, so that
+/// the table of handshakes in flight does not fill with them.
+async fn sweep(mut reader: RecordReader, expired: prometheus_client::metrics::counter::Counter) {
+    let mut tick = tokio::time::interval(PENDING_MAX_AGE / 3);
+    loop {
+        tick.tick().await;
+        let now = crate::status::monotonic_now_ns();
+        let (removed, left) = reader.sweep(now, PENDING_MAX_AGE.as_nanos() as u64);
+        if removed > 0 {
+            expired.inc_by(removed as u64);
+            tracing::info!(removed, left, "metadata proxy: stale handshake records removed");
+        }
+    }
 }
 
 /// The kernel's records, as the proxy asks for them.

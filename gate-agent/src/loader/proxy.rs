@@ -3,7 +3,7 @@
 //! connection (SK_RECORDS).
 use std::{fs, os::fd::AsFd as _, os::fd::AsRawFd};
 
-use aya::maps::{Array, HashMap, IterableMap as _, Map, MapData, MapError, SkStorage};
+use aya::maps::{Array, HashMap, Map, MapData, MapError, SkStorage};
 use gate_common::{
     abi::{CONFIG_ACTIVE_GEN, HandshakeKey, ProxyConfig, ProxyRecord, names},
     user::{AttachPoint, Program},
@@ -68,8 +68,7 @@ impl Gate {
             Map::from_map_data(data).map_err(map_err(name))
         };
         let config = Array::try_from(open(names::CONFIG)?).map_err(map_err(names::CONFIG))?;
-        let pending =
-            HashMap::try_from(open(names::PENDING)?).map_err(map_err(names::PENDING))?;
+        let pending = HashMap::try_from(open(names::PENDING)?).map_err(map_err(names::PENDING))?;
         Ok(RecordReader { records: open(names::SK_RECORDS)?, config, pending })
     }
 }

@@ -89,9 +89,13 @@ fn served_paths_go_through_the_proxy_and_nothing_else_does() {
     // A connection to the proxy that no kernel program sent there carries no record: closed
     // without a byte, whatever it asks.
     let t = token("norecord");
-    let o = env.probe("ungated", &["http", NODE_V4, PROXY_PORT, &t, "/latest/meta-data/instance-id"]);
+    let o =
+        env.probe("ungated", &["http", NODE_V4, PROXY_PORT, &t, "/latest/meta-data/instance-id"]);
     assert!(!o.reply.as_deref().is_some_and(|r| r.contains("HTTP/")), "answered: {o:?}");
-    assert!(!env.imds.wait_for(&t, Duration::from_millis(300)), "a connection without a record got through");
+    assert!(
+        !env.imds.wait_for(&t, Duration::from_millis(300)),
+        "a connection without a record got through"
+    );
 
     // The proxy's port is the agent's in the gated root, on every address.
     let o = env.probe("gated/pod-a", &["bind", "127.0.0.1", PROXY_PORT]);
