@@ -209,6 +209,7 @@ impl Engine {
         names: CgroupNames,
         notify: Option<tokio::sync::mpsc::UnboundedSender<events::Denied>>,
     ) -> Result<Engine> {
+        let started_ns = crate::status::monotonic_now_ns();
         let allow_set = allow.allow_set(&policy);
         let node = Arc::new(NodeLevel::new(cfg.gate.node.clone())?);
         let mut gate = bring_up(&cfg.gate, &node, &policy, &root, &allow_set)?;
@@ -238,7 +239,8 @@ impl Engine {
                 }
             });
         }
-        let proxy = proxy::start(cfg.proxy.as_ref(), &gate, &root, &policy, &agent_metrics)?;
+        let proxy =
+            proxy::start(cfg.proxy.as_ref(), started_ns, &gate, &root, &policy, &agent_metrics)?;
         let node_watch = AbortOnDrop(tokio::spawn(node::watch(
             node.clone(),
             gate.clone(),
@@ -372,6 +374,7 @@ impl Engine {
     /// is retried with backoff.
     pub(crate) async fn offer(&mut self, source: &str, text: &str, trigger: &str) -> Offer {
         let started = Instant::now();
+        let started_ns = crate::status::monotonic_now_ns();
         if self.last_text.as_deref() == Some(text) {
             tracing::debug!(trigger, "policy unchanged");
             self.metrics.reload("unchanged");
@@ -448,7 +451,7 @@ impl Engine {
             "policy applied"
         );
         if let Some(p) = &self.proxy {
-            p.follow(&candidate);
+            p.follow(&candidate, started_ns);
         }
         warn_paths_not_served(&candidate, self.proxy.is_some());
         self.policy = candidate;

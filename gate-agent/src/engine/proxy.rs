@@ -4,7 +4,10 @@
 use std::{
     net::{IpAddr, SocketAddr},
     path::PathBuf,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
@@ -25,16 +28,20 @@ use crate::{
 /// refused until an agent listens again).
 pub(crate) struct ProxyHandle {
     tables: watch::Sender<Option<Arc<Table>>>,
+    /// When the policy of the current table began to be applied (CLOCK_MONOTONIC ns).
+    since: Arc<AtomicU64>,
     reader: Arc<RecordReader>,
     task: tokio::task::JoinHandle<()>,
     sweeper: tokio::task::JoinHandle<()>,
 }
 
 impl ProxyHandle {
-    /// Judge by `policy` from now on: call it once the policy is in force. A generation
-    /// that cannot be read leaves the proxy without a table, refusing everything.
-    pub(crate) fn follow(&self, policy: &Policy) {
+    /// Judge by `policy` from now on: call it once the policy is in force; `since_ns`:
+    /// when its apply began. A generation that cannot be read leaves the proxy without a
+    /// table, refusing everything.
+    pub(crate) fn follow(&self, policy: &Policy, since_ns: u64) {
         let table = self.reader.live_slot().ok().map(|g| Arc::new(Table::new(policy, g)));
+        self.since.store(since_ns, Ordering::Release);
         self.tables.send_replace(table);
     }
 }
@@ -80,8 +87,10 @@ fn kernel_config(listen: &ProxyListen, cgroup_id: u64) -> ProxyConfig {
 
 /// Tell the kernel where the proxy is (or, with `listen` none, that there is none: the
 /// connects it would take are refused), then listen and serve.
+/// `since_ns`: when the apply of `policy` began (see [`ProxyHandle::follow`]).
 pub(crate) fn start(
     listen: Option<&ProxyListen>,
+    since_ns: u64,
     gate: &Arc<Mutex<Gate>>,
     root: &GatedRoot,
     policy: &Policy,
@@ -115,7 +124,9 @@ pub(crate) fn start(
     let reader = Arc::new(reader);
     let slot = reader.live_slot()?;
     let (tables, rx) = watch::channel(Some(Arc::new(Table::new(policy, slot))));
-    let callers: Arc<dyn Callers> = Arc::new(KernelCallers(reader.clone()));
+    let since = Arc::new(AtomicU64::new(since_ns));
+    let callers: Arc<dyn Callers> =
+        Arc::new(KernelCallers { reader: reader.clone(), since: since.clone() });
     let task = tokio::spawn(proxy::serve(
         listeners,
         callers,
@@ -131,7 +142,7 @@ pub(crate) fn start(
         generation,
         "metadata proxy listening"
     );
-    Ok(Some(ProxyHandle { tables, reader, task, sweeper }))
+    Ok(Some(ProxyHandle { tables, since, reader, task, sweeper }))
 }
 
 /// How long a record may wait for the proxy's side of its handshake (which comes within a
@@ -154,21 +165,30 @@ async fn sweep(mut reader: RecordReader, expired: prometheus_client::metrics::co
 }
 
 /// The kernel's records, as the proxy asks for them.
-struct KernelCallers(Arc<RecordReader>);
+struct KernelCallers {
+    reader: Arc<RecordReader>,
+    /// See [`ProxyHandle::follow`].
+    since: Arc<AtomicU64>,
+}
 
 impl Callers for KernelCallers {
     fn caller(&self, stream: &tokio::net::TcpStream) -> Result<Option<Caller>, ProxyError> {
-        let record = self.0.record(stream).map_err(|e| ProxyError::Record(Box::new(e)))?;
-        Ok(record.map(caller))
+        let record = self.reader.record(stream).map_err(|e| ProxyError::Record(Box::new(e)))?;
+        Ok(record.map(|r| caller(r, self.since.load(Ordering::Acquire))))
     }
 
     fn live_generation(&self) -> Option<u32> {
-        self.0.live_slot().ok()
+        self.reader.live_slot().ok()
     }
 }
 
-/// A kernel record as the proxy's caller.
-fn caller(r: ProxyRecord) -> Caller {
+/// A generation no table has: the proxy answers 503.
+const STALE: u32 = u32::MAX;
+
+/// A kernel record as the proxy's caller. The kernel has two generations, used in turn: a
+/// record made before the current policy's apply began, under the same one, was decided
+/// two policies ago (its entry index may name another entry now), and is stale.
+fn caller(r: ProxyRecord, since_ns: u64) -> Caller {
     let ip = if r.v6 != 0 {
         IpAddr::from(r.addr)
     } else {
@@ -176,8 +196,58 @@ fn caller(r: ProxyRecord) -> Caller {
     };
     Caller {
         cgroup_id: r.cgroup_id,
-        generation: r.generation,
+        generation: if r.ts_ns < since_ns { STALE } else { r.generation },
         entry: (r.entry != ENTRY_SERVED).then_some(r.entry),
         dst: SocketAddr::new(ip, r.port),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(v6: bool, entry: u32, ts_ns: u64) -> ProxyRecord {
+        let mut addr = [0u8; 16];
+        if v6 {
+            addr = "fd00:ec2::254".parse::<std::net::Ipv6Addr>().expect("v6").octets();
+        } else {
+            addr[..4].copy_from_slice(&[169, 254, 169, 254]);
+        }
+        ProxyRecord {
+            cgroup_id: 7,
+            addr,
+            port: 80,
+            v6: u8::from(v6),
+            generation: 1,
+            entry,
+            ts_ns,
+            ..ProxyRecord::default()
+        }
+    }
+
+    #[test]
+    fn a_record_is_the_caller_the_kernel_saw() {
+        let c = caller(record(false, 3, 100), 50);
+        assert_eq!(c.dst, "169.254.169.254:80".parse().expect("addr"));
+        assert_eq!((c.cgroup_id, c.generation, c.entry), (7, 1, Some(3)));
+        let c = caller(record(true, ENTRY_SERVED, 100), 50);
+        assert_eq!(c.dst, "[fd00:ec2::254]:80".parse().expect("addr"));
+        assert_eq!(c.entry, None, "no entry: served");
+        // Made before the current policy's apply began: two policies old, never judged.
+        assert_eq!(caller(record(false, 3, 49), 50).generation, STALE);
+    }
+
+    #[test]
+    fn the_kernel_is_told_each_family_once() {
+        let listen = ProxyListen {
+            addresses: vec!["10.0.0.5".parse().expect("v4"), "fd00::5".parse().expect("v6")],
+            port: 9254,
+        };
+        let cfg = kernel_config(&listen, 42);
+        assert_eq!((cfg.addr_v4, cfg.port, cfg.cgroup_id), ([10, 0, 0, 5], 9254, 42));
+        assert_eq!(cfg.families, PROXY_V4 | PROXY_V6);
+        assert_eq!(cfg.addr_v6[15], 5);
+        let v4_only = ProxyListen { addresses: vec!["10.0.0.5".parse().expect("v4")], port: 1 };
+        assert_eq!(kernel_config(&v4_only, 1).families, PROXY_V4);
     }
 }

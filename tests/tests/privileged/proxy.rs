@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use integration_tests::{
     agent::Agent,
-    net::{IMDS_V4, IMDS_V6, NODE_V4},
-    probe::{Outcome, token},
+    net::{IMDS_V4, IMDS_V6, NODE_V4, PodNet, sysctl},
+    probe::{self, Outcome, token},
 };
 
 use super::{EPERM, Env, INSTANCE_ID, policy};
@@ -113,4 +113,64 @@ fn served_paths_go_through_the_proxy_and_nothing_else_does() {
     assert!(!env.imds.wait_for(&t, Duration::from_millis(300)), "reached the IMDS direct");
     let o = env.probe("gated/pod-a", &["bind", "127.0.0.1", PROXY_PORT]);
     assert_eq!(o.errno, Some(EPERM), "the port is held while the agent is down: {o:?}");
+}
+
+/// A pod-network workload (its own namespace behind the node, which forwards and
+/// masquerades its traffic) on an instance whose metadata service keeps hop limit 1: the
+/// service's replies die at the node's forwarding, so the pod cannot reach it directly, with
+/// or without the gate. Through the proxy, one hop from the service on the node, it is
+/// served its paths (IPv4 and IPv6), and refused the rest.
+#[test]
+fn a_pod_network_workload_is_served_its_paths_under_hop_limit_1() {
+    privileged!(a_pod_network_workload_is_served_its_paths_under_hop_limit_1);
+    let mut env = Env::new("enforce");
+    env.cg.create("agent").expect("cgroup");
+    std::fs::write(&env.policy_file, proxy_policy()).expect("policy file");
+    let pod = PodNet::new(&env.net).expect("pod netns");
+    let in_pod = |env: &Env, path: &str, addr: &str| {
+        let t = token("hop");
+        let cg = env.cgroup("gated/pod-a");
+        let o = probe::run_in(&env.bins, &pod.path(), &cg, &["http", addr, "80", &t, path]);
+        (t, o.expect("probe ran"))
+    };
+    // A control: before the hop limit, the pod reaches the service directly.
+    let (t, o) = in_pod(&env, "/latest/meta-data/placement/region", IMDS_V4);
+    assert!(o.reply.as_deref().is_some_and(|r| r.contains(INSTANCE_ID)), "{o:?}");
+    assert!(env.imds.wait_for(&t, Duration::from_secs(2)));
+    sysctl(
+        &env.net.imds,
+        &[
+            "net.ipv4.ip_default_ttl=1",
+            "net.ipv6.conf.all.hop_limit=1",
+            "net.ipv6.conf.vimds.hop_limit=1",
+        ],
+    )
+    .expect("hop limit 1");
+    // Hop limit 1, no gate: the request arrives, the reply never comes back.
+    let (_, o) = in_pod(&env, "/latest/meta-data/placement/region", IMDS_V4);
+    assert!(
+        !o.reply.as_deref().is_some_and(|r| r.contains(INSTANCE_ID)),
+        "hop limit 1 did not hold: {o:?}"
+    );
+
+    let extra =
+        ["--proxy-address", NODE_V4, "--proxy-address", PROXY_V6, "--proxy-port", PROXY_PORT];
+    let agent = Agent::start_in_cgroup(
+        &env.bins,
+        &env.net.node_path(),
+        &env.policy_file,
+        &env.cg.gated(),
+        &env.cgroup("agent"),
+        &extra,
+    );
+    env.agent = Some(agent.expect("agent ready"));
+    for addr in [IMDS_V4, IMDS_V6] {
+        let (t, o) = in_pod(&env, "/latest/meta-data/placement/region", addr);
+        let reply = o.reply.clone().unwrap_or_default();
+        assert!(reply.contains(" 200 ") && reply.contains(INSTANCE_ID), "{addr}: {o:?}");
+        assert!(env.imds.wait_for(&t, Duration::from_secs(2)), "{addr}: no token");
+        let (t, o) = in_pod(&env, "/latest/meta-data/iam/security-credentials/", addr);
+        assert!(o.reply.as_deref().is_some_and(|r| r.contains(" 403 ")), "{addr}: {o:?}");
+        assert!(!env.imds.wait_for(&t, Duration::from_millis(300)), "{addr}: reached the IMDS");
+    }
 }
