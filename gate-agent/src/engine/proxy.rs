@@ -3,7 +3,6 @@
 //! force (`crate::proxy` serves; `loader` holds the kernel's side).
 use std::{
     net::{IpAddr, SocketAddr},
-    path::PathBuf,
     sync::{
         Arc, Mutex,
         atomic::{AtomicU64, Ordering},
@@ -53,18 +52,39 @@ impl Drop for ProxyHandle {
     }
 }
 
-/// The cgroup this process runs in (`/proc/self/cgroup`, cgroup v2), which must not be the
-/// hierarchy's root: the proxy's sock_ops program goes there.
-fn own_cgroup() -> Result<GatedRoot> {
+/// Whether `dir`'s `cgroup.procs` lists this process.
+fn holds_me(dir: &std::path::Path) -> bool {
+    let me = std::process::id().to_string();
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .is_ok_and(|procs| procs.lines().any(|p| p.trim() == me))
+}
+
+/// The cgroup this process runs in, which must not be the hierarchy's root: the proxy's
+/// sock_ops program goes there. `/proc/self/cgroup` names it, unless the agent runs in a
+/// cgroup namespace of its own (a container), where it says `/`: then it is found under
+/// the gated root by its `cgroup.procs` (the DaemonSet shares the node's pid namespace).
+fn own_cgroup(root: &GatedRoot) -> Result<GatedRoot> {
     let text = std::fs::read_to_string("/proc/self/cgroup").context("reading /proc/self/cgroup")?;
     let rel = text
         .lines()
         .find_map(|l| l.strip_prefix("0::"))
         .context("/proc/self/cgroup has no cgroup v2 line")?;
-    let dir = PathBuf::from(cgroup::cgroup2_mount()?).join(rel.trim_start_matches('/'));
-    GatedRoot::open(&dir).with_context(|| {
-        format!("the metadata proxy needs a cgroup of its own; the agent runs in {rel}")
-    })
+    let named = cgroup::cgroup2_mount()?.join(rel.trim_start_matches('/'));
+    let dir = if rel != "/" && holds_me(&named) {
+        named
+    } else {
+        root.walk().into_iter().map(|(p, _)| root.path.join(p)).find(|p| holds_me(p)).with_context(
+            || {
+                format!(
+                    "the metadata proxy needs a cgroup of its own: the agent (pid {}) is in {rel}, \
+                     and in no cgroup under {}",
+                    std::process::id(),
+                    root.path.display()
+                )
+            },
+        )?
+    };
+    GatedRoot::open(&dir).with_context(|| format!("the metadata proxy's cgroup {}", dir.display()))
 }
 
 /// What the kernel programs are told: where to send connects, and whose the port is.
@@ -101,7 +121,7 @@ pub(crate) fn start(
         g.set_proxy(ProxyConfig::default())?;
         return Ok(None);
     };
-    let own = own_cgroup()?;
+    let own = own_cgroup(root)?;
     // The port is the agent's before it binds it: the bind programs let only this cgroup
     // take it (a restarted agent has a new one).
     g.attach_proxy(&own, root)?;
