@@ -239,8 +239,15 @@ impl Engine {
                 }
             });
         }
-        let proxy =
-            proxy::start(cfg.proxy.as_ref(), started_ns, &gate, &root, &policy, &agent_metrics)?;
+        let proxy = proxy::start(
+            cfg.proxy.as_ref(),
+            started_ns,
+            &gate,
+            &root,
+            &policy,
+            &agent_metrics,
+            sinks.notify.clone(),
+        )?;
         let node_watch = AbortOnDrop(tokio::spawn(node::watch(
             node.clone(),
             gate.clone(),

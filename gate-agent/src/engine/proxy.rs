@@ -3,6 +3,7 @@
 //! force (`crate::proxy` serves; `loader` holds the kernel's side).
 use std::{
     net::{IpAddr, SocketAddr},
+    path::PathBuf,
     sync::{
         Arc, Mutex,
         atomic::{AtomicU64, Ordering},
@@ -11,12 +12,16 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use gate_common::abi::{ENTRY_SERVED, PROXY_V4, PROXY_V6, ProxyConfig, ProxyRecord};
-use tokio::sync::watch;
+use gate_common::abi::{
+    DenyEvent, ENDPOINT_NONE, ENTRY_SERVED, HOOK_CONNECT4, PROTO_TCP, PROXY_V4, PROXY_V6,
+    ProxyConfig, ProxyRecord, VERDICT_DENIED,
+};
+use tokio::sync::{mpsc::UnboundedSender, watch};
 
 use crate::{
     cgroup::{self, GatedRoot},
     config::ProxyListen,
+    events::Denied,
     loader::{Gate, RecordReader},
     metrics::AgentMetrics,
     policy::Policy,
@@ -115,6 +120,7 @@ pub(crate) fn start(
     root: &GatedRoot,
     policy: &Policy,
     metrics: &AgentMetrics,
+    notify: Option<UnboundedSender<Denied>>,
 ) -> Result<Option<ProxyHandle>> {
     let mut g = gate.lock().map_err(|_| anyhow::anyhow!("gate lock poisoned"))?;
     let Some(listen) = listen else {
@@ -145,8 +151,9 @@ pub(crate) fn start(
     let slot = reader.live_slot()?;
     let (tables, rx) = watch::channel(Some(Arc::new(Table::new(policy, slot))));
     let since = Arc::new(AtomicU64::new(since_ns));
+    let notify = notify.map(|tx| (tx, root.clone()));
     let callers: Arc<dyn Callers> =
-        Arc::new(KernelCallers { reader: reader.clone(), since: since.clone() });
+        Arc::new(KernelCallers { reader: reader.clone(), since: since.clone(), notify });
     let task = tokio::spawn(proxy::serve(
         listeners,
         callers,
@@ -189,6 +196,9 @@ struct KernelCallers {
     reader: Arc<RecordReader>,
     /// See [`ProxyHandle::follow`].
     since: Arc<AtomicU64>,
+    /// Where refusals go as Kubernetes Events (cluster mode), and the gated root their
+    /// cgroups are named under.
+    notify: Option<(UnboundedSender<Denied>, GatedRoot)>,
 }
 
 impl Callers for KernelCallers {
@@ -199,6 +209,48 @@ impl Callers for KernelCallers {
 
     fn live_generation(&self) -> Option<u32> {
         self.reader.live_slot().ok()
+    }
+
+    fn refused(&self, caller: &Caller, request: &str, why: &str) {
+        let Some((tx, root)) = &self.notify else { return };
+        let _ = tx.send(refusal(
+            caller,
+            root.path_by_handle(caller.cgroup_id).ok().flatten(),
+            request,
+            why,
+        ));
+    }
+}
+
+/// A request the proxy refused, as a denial for the Kubernetes Event on its pod.
+fn refusal(caller: &Caller, cgroup: Option<PathBuf>, request: &str, why: &str) -> Denied {
+    let (family, addr) = match caller.dst.ip() {
+        IpAddr::V4(a) => {
+            let mut b = [0u8; 16];
+            b[..4].copy_from_slice(&a.octets());
+            (4, b)
+        }
+        IpAddr::V6(a) => (6, a.octets()),
+    };
+    let event = DenyEvent {
+        cgroup_id: caller.cgroup_id,
+        ts_ns: crate::status::monotonic_now_ns(),
+        addr,
+        pid: 0,
+        endpoint: ENDPOINT_NONE,
+        port: caller.dst.port(),
+        proto: PROTO_TCP,
+        family,
+        verdict: VERDICT_DENIED as u8,
+        hook: HOOK_CONNECT4 as u8,
+        _pad: [0; 2],
+        comm: [0; 16],
+    };
+    Denied {
+        cgroup,
+        event,
+        endpoint: "metadata proxy".into(),
+        request: Some((request.to_owned(), why.to_owned())),
     }
 }
 
