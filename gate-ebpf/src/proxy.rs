@@ -160,7 +160,7 @@ pub(crate) fn handshake(ctx: &SockOpsContext) {
         // SAFETY: non-null storage of this socket. A full map or a key already taken (a
         // collision of two 32-bit pairs) leaves the proxy without a record: refused there,
         // and counted.
-        if PENDING.insert(&key, unsafe { &*rec }, u64::from(BPF_NOEXIST)).is_err() {
+        if PENDING.insert(key, unsafe { *rec }, u64::from(BPF_NOEXIST)).is_err() {
             bump(STAT_PENDING_LOST);
         }
         return;
@@ -170,8 +170,8 @@ pub(crate) fn handshake(ctx: &SockOpsContext) {
     }
     let key = HandshakeKey { client_isn: theirs, server_isn: ours };
     // SAFETY: the value is copied out at once.
-    let Some(rec) = (unsafe { PENDING.get(&key) }).copied() else { return };
-    let _ = PENDING.remove(&key);
+    let Some(rec) = (unsafe { PENDING.get(key) }).copied() else { return };
+    let _ = PENDING.remove(key);
     let slot = storage(sk, true);
     if !slot.is_null() {
         // SAFETY: non-null storage of this socket.

@@ -36,6 +36,12 @@ unsafe impl aya::Pod for AccessKey {}
 unsafe impl aya::Pod for AccessStats {}
 // SAFETY: as above.
 unsafe impl aya::Pod for Prefilter {}
+// SAFETY: as above.
+unsafe impl aya::Pod for ProxyConfig {}
+// SAFETY: as above.
+unsafe impl aya::Pod for ProxyRecord {}
+// SAFETY: as above.
+unsafe impl aya::Pod for HandshakeKey {}
 
 /// A plain-data value copied out of the front of `bytes`; `None` if `bytes` is too short.
 /// Alignment does not matter (the copy is unaligned).
@@ -70,9 +76,3 @@ mod tests {
         assert_eq!(read_pod::<AllowKey>(&b[..b.len() - 1]), None);
     }
 }
-// SAFETY: as above.
-unsafe impl aya::Pod for ProxyConfig {}
-// SAFETY: as above.
-unsafe impl aya::Pod for ProxyRecord {}
-// SAFETY: as above.
-unsafe impl aya::Pod for HandshakeKey {}
