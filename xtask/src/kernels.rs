@@ -78,6 +78,7 @@ pub(crate) const MATRIX: &[(&str, &[&str])] = &[
     ("terminate::established_connections_are_terminated_when_the_gate_comes_up",       K5_10),
     ("lifecycle::an_abi_change_hands_over_to_a_new_pin_dir_without_an_open_window",    K5_10),
     ("proxy::served_paths_go_through_the_proxy_and_nothing_else_does",                 ALL),
+    ("proxy::a_pod_network_workload_is_served_its_paths_under_hop_limit_1",            HOST),
     ("bypass::ipv6_extension_header_chains_are_refused",                               K5_10),
     ("enforcement::nested_and_late_cgroups_under_an_allowed_one_are_allowed",          K5_10),
     ("tc::forwarded_traffic_from_a_workload_interface_is_dropped",                     K6_1),
