@@ -298,7 +298,7 @@ pub(crate) struct RunArgs {
     pub state_dir: Option<PathBuf>,
     /// Serve the paths of allow entries narrowed to `paths` (and `served`) through the
     /// agent's metadata proxy, listening on this address of the node (repeatable: one IPv4,
-    /// one IPv6; the DaemonSet passes status.hostIPs). The workloads' HTTP connects to a
+    /// one IPv6; the DaemonSet passes status.podIPs, which are the node's). The workloads' HTTP connects to a
     /// protected endpoint are sent there by the kernel, with a record of who asked; the
     /// proxy serves the listed paths and answers 403 to the rest. Without it, those
     /// workloads are refused the metadata service (EPERM)

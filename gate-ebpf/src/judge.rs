@@ -5,8 +5,9 @@ use aya_ebpf::helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktim
 use gate_common::{
     abi::{
         AccessKey, AccessStats, CONFIG_ACTIVE_GEN, CONFIG_RECENT_CURSOR, DenyEvent, EVENT_BURST,
-        EVENT_WINDOW_NS, GRANT_PROXY, RECENT_DENIALS, STAT_EVENTS_LOST, VERDICT_ALLOWED,
-        VERDICT_DENIED, VERDICT_PROXIED, VERDICT_UNMATCHED, grant_needed, stat_slot,
+        EVENT_WINDOW_NS, GRANT_METADATA, GRANT_PROXY, RECENT_DENIALS, STAT_EVENTS_LOST,
+        VERDICT_ALLOWED, VERDICT_DENIED, VERDICT_PROXIED, VERDICT_UNMATCHED, grant_needed,
+        stat_slot,
     },
     packet::{self, Parsed},
     sockets::AF_PACKET,
@@ -235,7 +236,11 @@ pub(crate) fn settle(
         Some((g, meta)) => {
             let need = grant_needed(caller.hook);
             let (root, tables) = (meta.root_level, &KernelTables);
-            let allowed = cgroup_allowed(tables, g, root, need, &mut ancestor).is_some();
+            // The metadata proxy itself (the agent's cgroup, which in a cluster is below the
+            // gated root) forwards served requests to the endpoint: never refused, never
+            // redirected to itself. It gets no capture grant this way.
+            let proxy = need == GRANT_METADATA && crate::proxy::is_proxy(cgroup_id());
+            let allowed = proxy || cgroup_allowed(tables, g, root, need, &mut ancestor).is_some();
             let proxied = match http {
                 Some(dst) if !allowed => proxy_route(meta.mode, meta.served, dst, || {
                     cgroup_allowed(tables, g, root, GRANT_PROXY, &mut ancestor)

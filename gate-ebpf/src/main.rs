@@ -95,8 +95,9 @@ fn sock_addr(ctx: &SockAddrContext, hook: u32, v6: bool) -> i32 {
     // SAFETY: helper without pointer arguments; returns 0 past the task's own level.
     let ancestor = |level: u32| unsafe { bpf_get_current_ancestor_cgroup_id(level as i32) };
     let what = Reported::Dst(&dst);
-    let (verdict, entry) =
-        settle(&caller, generation, endpoint, what, Some(&dst), cgroup_id, ancestor);
+    // Without a proxy nothing goes through it: refused (and reported) as before.
+    let http = proxy::configured().then_some(&dst);
+    let (verdict, entry) = settle(&caller, generation, endpoint, what, http, cgroup_id, ancestor);
     if verdict != VERDICT_PROXIED {
         return i32::from(verdict != VERDICT_DENIED);
     }

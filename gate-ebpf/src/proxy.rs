@@ -29,6 +29,18 @@ fn config() -> Option<&'static ProxyConfig> {
     PROXY.get(0).filter(|c| c.port != 0)
 }
 
+/// Whether a metadata proxy is configured (connects may be sent to it).
+#[inline(always)]
+pub(crate) fn configured() -> bool {
+    config().is_some()
+}
+
+/// Whether `cgroup_id` is the metadata proxy's (the agent's) cgroup.
+#[inline(always)]
+pub(crate) fn is_proxy(cgroup_id: u64) -> bool {
+    config().is_some_and(|c| c.cgroup_id == cgroup_id)
+}
+
 /// IPv4-mapped IPv6 address of `v4`, as the four network-order words of `user_ip6`.
 #[inline(always)]
 fn mapped_words(v4: [u8; 4]) -> [u32; 4] {

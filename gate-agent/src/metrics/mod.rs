@@ -253,6 +253,7 @@ fn encode_snapshot(s: &Snapshot, mut enc: DescriptorEncoder) -> Result<(), std::
             (Verdict::Allowed, c.allowed),
             (Verdict::Denied, c.denied),
             (Verdict::Audited, c.audited),
+            (Verdict::Proxied, c.proxied),
         ] {
             let labels = [("endpoint", name), ("verdict", verdict.name())];
             ConstCounter::new(v).encode(fam.encode_family(&labels)?)?;

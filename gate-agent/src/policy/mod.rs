@@ -257,9 +257,8 @@ pub struct AllowEntry {
 /// Paths served through the metadata proxy: those of an allow entry, or those of `served`
 /// (every gated workload no entry selects).
 ///
-/// The proxy that serves them is not in this version: until it is, a workload whose access
-/// is narrowed to paths is refused the metadata service, as it will be while the proxy is
-/// down (fail closed).
+/// Without the proxy (`run` without `--proxy-address`), a workload whose access is narrowed
+/// to paths is refused the metadata service (fail closed).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServedPaths {
     /// `profile` as written: a platform's safe profile ([`profiles`]), already expanded into

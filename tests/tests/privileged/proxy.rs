@@ -47,7 +47,9 @@ fn http(env: &Env, cgroup: &str, addr: &str, path: &str) -> (String, Outcome) {
 fn served_paths_go_through_the_proxy_and_nothing_else_does() {
     privileged!(served_paths_go_through_the_proxy_and_nothing_else_does);
     let mut env = Env::new("enforce");
-    for c in ["gated/csi-node", "agent", "ungated"] {
+    // The agent inside the gated root, as the DaemonSet's pod is under kubepods: its own
+    // connects to the service must pass, and never come back to its proxy.
+    for c in ["gated/csi-node", "gated/agent", "ungated"] {
         env.cg.create(c).expect("cgroup");
     }
     std::fs::write(&env.policy_file, proxy_policy()).expect("policy file");
@@ -64,7 +66,7 @@ fn served_paths_go_through_the_proxy_and_nothing_else_does() {
         &env.net.node_path(),
         &env.policy_file,
         &env.cg.gated(),
-        &env.cgroup("agent"),
+        &env.cgroup("gated/agent"),
         &extra,
     );
     env.agent = Some(agent.expect("agent ready"));
@@ -119,7 +121,8 @@ fn served_paths_go_through_the_proxy_and_nothing_else_does() {
 /// masquerades its traffic) on an instance whose metadata service keeps hop limit 1: the
 /// service's replies die at the node's forwarding, so the pod cannot reach it directly, with
 /// or without the gate. Through the proxy, one hop from the service on the node, it is
-/// served its paths (IPv4 and IPv6), and refused the rest.
+/// served its paths (IPv4 and IPv6), and refused the rest. The agent runs outside the
+/// gated root here (its sock_ops program on its own cgroup).
 #[test]
 fn a_pod_network_workload_is_served_its_paths_under_hop_limit_1() {
     privileged!(a_pod_network_workload_is_served_its_paths_under_hop_limit_1);
