@@ -97,6 +97,8 @@ pub(crate) const MATRIX: &[(&str, &[&str])] = &[
     ("bypass::boot::a_first_boot_is_closed_before_the_agent_runs",                     HOST),
     ("lifecycle::cleanup_opens_the_gate_and_status_says_so",                           K6_12),
     // Natively only (`cargo xtask test`, this machine's kernel).
+    // The clouds' Python SDKs (botocore, google-auth) are installed on the host only.
+    ("proxy::sdk::cloud_sdks_get_their_served_paths_and_are_refused_the_rest_at_once", HOST),
     ("bypass::forwarding_loop_inside_a_pod_is_refused",                                HOST),
     ("bypass::frames_from_a_vm_tap_are_refused",                                       HOST),
     ("bypass::a_link_whose_pin_fails_is_held_not_dropped",                             HOST),

@@ -23,6 +23,10 @@
 //! * `hold-frame-bypass IFACE SLL_PROTO`: set PACKET_QDISC_BYPASS up now, print
 //!   `{"stage":"connected"}`, then send the frames of the next stdin line.
 //!
+//! * `exec PROGRAM [ARGS…]`: become PROGRAM (execvp) once in the cgroup and the netns: a
+//!   workload of any language (the clouds' Python SDKs), which never runs outside them. It
+//!   prints nothing of its own.
+//!
 //! Hold commands connect first, print `{"stage":"connected"}`, read the token from stdin,
 //! then send. `hammer-tcp` prints `{"stage":"connected"}`, then connect()s and sends the
 //! token in a loop until a line arrives on stdin, and reports
@@ -619,6 +623,14 @@ fn hammer_tcp(dst: SocketAddr, token: &str) -> Outcome {
 
 fn main() {
     let rest = integration_tests::imds::enter_workload("probe");
+    if let [cmd, program, args @ ..] = rest.as_slice()
+        && cmd == "exec"
+    {
+        use std::os::unix::process::CommandExt as _;
+        let e = std::process::Command::new(program).args(args).exec();
+        eprintln!("probe: exec {program}: {e}");
+        std::process::exit(127);
+    }
     let started = Instant::now();
     if let Some(outcome) = run_bytes(&rest) {
         print(&outcome, started);

@@ -11,6 +11,8 @@ use integration_tests::{
 
 use super::{EPERM, Env, INSTANCE_ID, policy};
 
+mod sdk;
+
 const PROXY_V6: &str = "fd00:ec2::1";
 const PROXY_PORT: &str = "9254";
 const ECONNREFUSED: i32 = 111;
