@@ -64,7 +64,9 @@ pub const PATH_FACTS: &[PathFacts] = &[
             get("/latest/meta-data/instance-id", "the instance id"),
             get("/latest/meta-data/instance-type", "the instance type"),
             get("/latest/meta-data/placement/region", "the region"),
-            get("/latest/meta-data/placement/availability-zone", "the availability zone"),
+            // With its trailing `/` (a prefix: the path with or without it): botocore asks
+            // for `…/availability-zone/`.
+            get("/latest/meta-data/placement/availability-zone/", "the availability zone"),
             get("/latest/meta-data/placement/availability-zone-id", "the availability zone id"),
         ],
         query: &[],
