@@ -175,3 +175,4 @@ mod tests {
         check_forwarded(&table, &caller(0), &[raw]);
     }
 }
+
