@@ -1,11 +1,15 @@
 //! Command line (stable: scripts depend on it). The only module that knows clap: `run`'s
 //! flags become an [`AgentConfig`] here.
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::PathBuf,
+    time::Duration,
+};
 
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::{
-    config::{AgentConfig, ClusterConfig, GateConfig, RunMode, Scope},
+    config::{AgentConfig, ClusterConfig, GateConfig, ProxyListen, RunMode, Scope},
     loader::{EgressProgram, TcMode},
     node::NodeConfig,
     server::Listen,
@@ -24,6 +28,31 @@ pub(crate) enum ConfigError {
         "--metrics-listen {0} is the --listen address: leave it out to serve /metrics there too"
     )]
     SameListen(SocketAddr),
+    #[error(
+        "--proxy-address {0}: at most one IPv4 and one IPv6 address, each a unicast address \
+         of the node that workloads can reach (not loopback, unspecified or multicast)"
+    )]
+    ProxyAddress(IpAddr),
+    #[error("--proxy-port 0: the metadata proxy needs a port")]
+    ProxyPort,
+}
+
+/// `--proxy-address` and `--proxy-port`: at most one unicast address per family that
+/// workloads can reach (loopback is their own namespace's).
+fn proxy_listen(addresses: Vec<IpAddr>, port: u16) -> Result<Option<ProxyListen>, ConfigError> {
+    if addresses.is_empty() {
+        return Ok(None);
+    }
+    if port == 0 {
+        return Err(ConfigError::ProxyPort);
+    }
+    for (i, a) in addresses.iter().enumerate() {
+        let twice = addresses[..i].iter().any(|b| b.is_ipv4() == a.is_ipv4());
+        if a.is_loopback() || a.is_unspecified() || a.is_multicast() || twice {
+            return Err(ConfigError::ProxyAddress(*a));
+        }
+    }
+    Ok(Some(ProxyListen { addresses, port }))
 }
 
 impl RunArgs {
@@ -64,6 +93,7 @@ impl RunArgs {
             listen: Listen { probes: self.listen, metrics: self.metrics_listen },
             rescan: Duration::from_millis(self.rescan_ms.max(50)),
             state_dir: self.state_dir,
+            proxy: proxy_listen(self.proxy_address, self.proxy_port)?,
         })
     }
 }
@@ -266,6 +296,18 @@ pub(crate) struct RunArgs {
     /// DaemonSet uses /var/lib/metadata-gate on the host
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Serve the paths of allow entries narrowed to `paths` (and `served`) through the
+    /// agent's metadata proxy, listening on this address of the node (repeatable: one IPv4,
+    /// one IPv6; the DaemonSet passes status.podIPs, which are the node's). The workloads' HTTP connects to a
+    /// protected endpoint are sent there by the kernel, with a record of who asked; the
+    /// proxy serves the listed paths and answers 403 to the rest. Without it, those
+    /// workloads are refused the metadata service (EPERM)
+    #[arg(long, value_name = "IP", env = "PROXY_ADDRESSES", value_delimiter = ',')]
+    pub proxy_address: Vec<IpAddr>,
+    /// The metadata proxy's port on --proxy-address. Only the agent may bind it in the gated
+    /// root; keep it outside the NodePort range and off every hostPort
+    #[arg(long, value_name = "PORT", default_value_t = 9254)]
+    pub proxy_port: u16,
     /// Log format
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

@@ -17,6 +17,16 @@ pub(crate) struct AgentConfig {
     /// Where the node keeps the last good policy, the allow set and the agent's binary for
     /// the boot step (`gate-agent boot`); none: nothing is kept.
     pub state_dir: Option<PathBuf>,
+    /// Where the metadata proxy listens; none: no proxy, and workloads narrowed to served
+    /// paths are refused the metadata service.
+    pub proxy: Option<ProxyListen>,
+}
+
+/// The metadata proxy's addresses (the node's own, at most one per family) and port.
+#[derive(Clone, Debug)]
+pub(crate) struct ProxyListen {
+    pub addresses: Vec<std::net::IpAddr>,
+    pub port: u16,
 }
 
 /// Standalone (a policy file, cgroup globs) or cluster (a ConfigMap, pods).

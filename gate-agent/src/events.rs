@@ -110,6 +110,9 @@ pub(crate) struct Denied {
     pub cgroup: Option<PathBuf>,
     pub event: DenyEvent,
     pub endpoint: String,
+    /// A request the metadata proxy refused: its method and path, and why (with the entry);
+    /// `None` for the kernel's refusals.
+    pub request: Option<(String, String)>,
 }
 
 /// The name of the endpoint an event names: the policy's, or what stands for none.
@@ -252,6 +255,7 @@ pub(crate) async fn run(
                                 cgroup: names.path(ev.cgroup_id),
                                 event: ev,
                                 endpoint,
+                                request: None,
                             });
                         }
                     }

@@ -113,7 +113,9 @@ pub(crate) struct Denial {
     pub hook: &'static str,
 }
 
-fn monotonic_now_ns() -> u64 {
+/// CLOCK_MONOTONIC now, in ns: the clock of the kernel programs' timestamps
+/// (bpf_ktime_get_ns).
+pub(crate) fn monotonic_now_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: valid out-pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };

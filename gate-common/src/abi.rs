@@ -13,7 +13,7 @@
 
 /// Bumped whenever a type, map or program below changes incompatibly; the agent pins under
 /// `<pin-dir>/v<ABI_VERSION>/`.
-pub const ABI_VERSION: u32 = 7;
+pub const ABI_VERSION: u32 = 8;
 
 /// Map names as they appear in the eBPF object (and under the pin dir).
 pub mod names {
@@ -49,9 +49,21 @@ pub mod names {
     /// policy ([`Prefilter`](super::Prefilter)): a superset of the live generation's
     /// first bytes, generation-free (see [`Prefilter::union`](super::Prefilter::union)).
     pub const PREFILTER: &str = "PREFILTER";
+    /// PROXY[0]: where the agent's metadata proxy listens, and its cgroup
+    /// ([`ProxyConfig`](super::ProxyConfig)). Zero: no proxy; a connection that would go
+    /// through it is refused.
+    pub const PROXY: &str = "PROXY";
+    /// Socket storage: on a gated client's socket, which workload asked for which address
+    /// ([`ProxyRecord`](super::ProxyRecord)) when its connect went to the proxy; moved to the
+    /// proxy's accepted socket, where the proxy reads it.
+    pub const SK_RECORDS: &str = "SK_RECORDS";
+    /// Records between the client's handshake and the proxy's, keyed by the handshake's two
+    /// initial sequence numbers ([`HandshakeKey`](super::HandshakeKey)). A plain hash, never
+    /// an LRU: one workload's flood cannot evict another's record.
+    pub const PENDING: &str = "PENDING";
 
     /// Every map of the object, in pin order.
-    pub const ALL: [&str; 17] = [
+    pub const ALL: [&str; 20] = [
         CONFIG,
         POLICY_META,
         PREFIX_V4,
@@ -69,6 +81,9 @@ pub mod names {
         TRUSTED_IFACES,
         TC_CLSACT,
         PREFILTER,
+        PROXY,
+        SK_RECORDS,
+        PENDING,
     ];
 }
 
@@ -124,7 +139,10 @@ pub const VERDICT_UNMATCHED: u32 = 0;
 pub const VERDICT_ALLOWED: u32 = 1;
 pub const VERDICT_DENIED: u32 = 2;
 pub const VERDICT_AUDITED: u32 = 3;
-pub const NUM_VERDICTS: u32 = 4;
+/// A connect sent to the agent's metadata proxy, which serves the paths the workload may
+/// read and refuses the rest.
+pub const VERDICT_PROXIED: u32 = 4;
+pub const NUM_VERDICTS: u32 = 5;
 
 pub const HOOK_CONNECT4: u32 = 0;
 pub const HOOK_CONNECT6: u32 = 1;
@@ -148,7 +166,10 @@ pub const fn stat_slot(hook: u32, verdict: u32) -> u32 {
 }
 /// STATS slot counting events the ring buffer had no room for.
 pub const STAT_EVENTS_LOST: u32 = NUM_HOOKS * NUM_VERDICTS;
-pub const NUM_STATS: u32 = STAT_EVENTS_LOST + 1;
+/// STATS slot counting proxied handshakes whose record found no room in PENDING (the proxy
+/// refuses those connections: no record).
+pub const STAT_PENDING_LOST: u32 = STAT_EVENTS_LOST + 1;
+pub const NUM_STATS: u32 = STAT_PENDING_LOST + 1;
 
 pub const CONFIG_ACTIVE_GEN: u32 = 0;
 /// Next RECENT slot to write (wraps; the slot is `cursor % RECENT_DENIALS`).
@@ -176,6 +197,10 @@ pub struct PolicyMeta {
     pub endpoints: u32,
     /// NODE_* bits: how the node-level (tc) programs treat traffic without a socket.
     pub node_flags: u32,
+    /// Non-zero: the policy serves paths to every gated workload no entry selects
+    /// (`served`): their HTTP connects go to the proxy instead of being refused.
+    pub served: u32,
+    pub _pad: u32,
     /// cgroup v2 id of the gated root: tc programs, which see every packet of an interface,
     /// gate only sockets whose ancestor at `root_level` is this cgroup.
     pub root_id: u64,
@@ -346,6 +371,9 @@ pub const GRANT_METADATA: u32 = 1 << 24;
 /// IP of a transport protocol.
 pub const GRANT_CAPTURE: u32 = 1 << 25;
 pub const GRANTS_ALL: u32 = GRANT_METADATA | GRANT_CAPTURE;
+/// Reach the protected endpoints' HTTP port through the agent's metadata proxy only, which
+/// serves the entry's paths (an entry narrowed to `paths`).
+pub const GRANT_PROXY: u32 = 1 << 26;
 
 /// The ALLOWED value of allow entry `entry` granting `grants`.
 #[inline(always)]
@@ -373,6 +401,7 @@ pub struct EndpointCounters {
     pub allowed: u64,
     pub denied: u64,
     pub audited: u64,
+    pub proxied: u64,
 }
 
 /// A denied (or, in audit mode, would-be denied) access, sent on EVENTS.
@@ -481,6 +510,73 @@ impl Default for GateInfo {
     }
 }
 
+/// The TCP port of a protected endpoint whose connects may go through the metadata proxy:
+/// the metadata services' plain HTTP port. Other ports (DNS on 53, TLS endpoints) keep the
+/// allow-or-refuse verdicts.
+pub const HTTP_PORT: u16 = 80;
+/// [`ProxyRecord::entry`] of a workload no allow entry selects, served the policy's `served`
+/// paths.
+pub const ENTRY_SERVED: u32 = ALLOW_ENTRY_MASK;
+/// Records in flight between a client's handshake and the proxy's (PENDING).
+pub const MAX_PENDING: u32 = 65_536;
+
+/// [`ProxyConfig::families`] bits.
+pub const PROXY_V4: u16 = 1;
+pub const PROXY_V6: u16 = 2;
+
+/// PROXY[0]: the metadata proxy's address and port, and its cgroup. Written by the agent
+/// before it listens; left in place while it is down, so redirected connections find a
+/// closed port (refused at once) rather than the endpoint.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProxyConfig {
+    /// IPv4 address (network order bytes), valid with [`PROXY_V4`].
+    pub addr_v4: [u8; 4],
+    /// Host order; 0: no proxy.
+    pub port: u16,
+    /// PROXY_V4 | PROXY_V6: which addresses are set. An IPv6 connect without an IPv6
+    /// address goes to the IPv4-mapped one.
+    pub families: u16,
+    pub addr_v6: [u8; 16],
+    /// cgroup v2 id of the proxy (the agent's cgroup): the only one that may bind the
+    /// port in the gated root.
+    pub cgroup_id: u64,
+}
+
+/// SK_RECORDS and PENDING value: which gated workload opened a connection that went to the
+/// proxy, under which decision, and what it asked for.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProxyRecord {
+    /// cgroup v2 id of the task that called connect().
+    pub cgroup_id: u64,
+    /// The address it asked for; IPv4 in the first 4 bytes (network order).
+    pub addr: [u8; 16],
+    /// Host order.
+    pub port: u16,
+    /// 1: `addr` is IPv6.
+    pub v6: u8,
+    /// 1: the connect was an IPv6 one (an IPv4-mapped address: getpeername gives it back
+    /// mapped).
+    pub via_v6: u8,
+    /// The policy generation the decision was made under.
+    pub generation: u32,
+    /// The allow entry whose paths apply, or [`ENTRY_SERVED`].
+    pub entry: u32,
+    /// The endpoint matched.
+    pub endpoint: u32,
+    /// bpf_ktime_get_ns when recorded (stale PENDING entries are swept).
+    pub ts_ns: u64,
+}
+
+/// PENDING key: a handshake's initial sequence numbers, as both ends see them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct HandshakeKey {
+    pub client_isn: u32,
+    pub server_isn: u32,
+}
+
 /// TC_CLSACT key: `ifindex << 8 | direction` (0 ingress, 1 egress).
 pub const fn tc_clsact_key(ifindex: u32, egress: bool) -> u64 {
     ((ifindex as u64) << 8) | egress as u64
@@ -535,14 +631,17 @@ const _: () = {
     assert!(size_of::<TcClsact>() == 256);
     assert!(size_of::<EndpointName>() == ENDPOINT_NAME_BYTES);
     assert!(RECENT_DENIALS.is_power_of_two());
-    assert!(size_of::<PolicyMeta>() == 16408);
+    assert!(size_of::<PolicyMeta>() == 16416);
+    assert!(size_of::<ProxyConfig>() == 32);
+    assert!(size_of::<ProxyRecord>() == 48);
+    assert!(size_of::<HandshakeKey>() == 8);
     assert!(size_of::<Prefilter>() == 16384);
     assert!(size_of::<PrefixV4>() == 8);
     assert!(size_of::<PrefixV6>() == 20);
     assert!(size_of::<PrefixValue>() == 12);
     assert!(size_of::<PortRuleKey>() == 12);
     assert!(size_of::<AllowKey>() == 16);
-    assert!(size_of::<EndpointCounters>() == 24);
+    assert!(size_of::<EndpointCounters>() == 32);
     assert!(size_of::<DenyEvent>() == 64);
     assert!(size_of::<AccessKey>() == 16);
     assert!(size_of::<AccessStats>() == 48);

@@ -8,9 +8,10 @@
 //! 2. [`cgroup_allowed`]: walks the cgroup's ancestors below the gated root (bounded).
 //! 3. [`decide`]: mode and allow → verdict.
 use crate::abi::{
-    AllowKey, ENDPOINT_NONE, KIND_ANYPORT_ANYPROTO, KIND_ANYPORT_PROTO, KIND_PORT_ANYPROTO,
-    KIND_PORT_PROTO, MAX_CGROUP_DEPTH, MODE_AUDIT, PORT_ANY, PROTO_ANY, PortRuleKey, Prefilter,
-    PrefixValue, VERDICT_ALLOWED, VERDICT_AUDITED, VERDICT_DENIED, allow_entry,
+    AllowKey, ENDPOINT_NONE, ENTRY_SERVED, HTTP_PORT, KIND_ANYPORT_ANYPROTO, KIND_ANYPORT_PROTO,
+    KIND_PORT_ANYPROTO, KIND_PORT_PROTO, MAX_CGROUP_DEPTH, MODE_AUDIT, PORT_ANY, PROTO_ANY,
+    PROTO_TCP, PortRuleKey, Prefilter, PrefixValue, VERDICT_ALLOWED, VERDICT_AUDITED,
+    VERDICT_DENIED, allow_entry,
 };
 
 /// A destination address as the hooks see it: IPv4 (its four bytes first, the other twelve
@@ -245,6 +246,29 @@ pub fn cgroup_allowed<T: Tables>(
     None
 }
 
+/// Where a connect that the allow set does not let through goes instead of being refused:
+/// to the metadata proxy, under the allow entry whose paths apply (`proxy_entry`, the walk
+/// for [`GRANT_PROXY`](crate::abi::GRANT_PROXY)), else under the policy's `served` paths
+/// ([`ENTRY_SERVED`]); `None`: refused. Only in enforce mode (audit lets it through
+/// anyway), and only TCP to the endpoint's [`HTTP_PORT`]: other ports and protocols keep
+/// the allow-or-refuse verdict.
+#[inline(always)]
+pub fn proxy_route(
+    mode: u32,
+    served: u32,
+    dst: &Dst,
+    proxy_entry: impl FnOnce() -> Option<u32>,
+) -> Option<u32> {
+    if mode == MODE_AUDIT || dst.proto != PROTO_TCP || dst.port != HTTP_PORT {
+        return None;
+    }
+    match proxy_entry() {
+        Some(entry) => Some(entry),
+        None if served != 0 => Some(ENTRY_SERVED),
+        None => None,
+    }
+}
+
 /// Verdict for traffic that matched an endpoint. Any mode other than audit enforces.
 #[inline(always)]
 pub fn decide(mode: u32, allowed: bool) -> u32 {
@@ -355,6 +379,27 @@ mod tests {
             (allow_entry(allow_value(5, GRANTS_ALL)), GRANTS_ALL & ALLOW_ENTRY_MASK),
             (5, 0)
         );
+    }
+
+    #[test]
+    fn only_http_connects_go_through_the_proxy() {
+        use crate::abi::{MODE_ENFORCE, PROTO_UDP};
+        let dst = |port, proto| Dst { addr: Addr::v4([169, 254, 169, 254]), port, proto };
+        let http = dst(HTTP_PORT, PROTO_TCP);
+        // An entry narrowed to paths: its own entry, whatever `served` says.
+        assert_eq!(proxy_route(MODE_ENFORCE, 0, &http, || Some(3)), Some(3));
+        assert_eq!(proxy_route(MODE_ENFORCE, 1, &http, || Some(3)), Some(3));
+        // No entry: `served`, or refused.
+        assert_eq!(proxy_route(MODE_ENFORCE, 1, &http, || None), Some(ENTRY_SERVED));
+        assert_eq!(proxy_route(MODE_ENFORCE, 0, &http, || None), None);
+        // Other ports and protocols keep allow-or-refuse: DNS, UDP, TLS.
+        for other in [dst(53, PROTO_TCP), dst(HTTP_PORT, PROTO_UDP), dst(443, PROTO_TCP)] {
+            assert_eq!(proxy_route(MODE_ENFORCE, 1, &other, || Some(3)), None, "{other:?}");
+        }
+        // Audit mode lets the connect through directly (counted as audited).
+        assert_eq!(proxy_route(MODE_AUDIT, 1, &http, || Some(3)), None);
+        // An unknown mode enforces.
+        assert_eq!(proxy_route(77, 1, &http, || None), Some(ENTRY_SERVED));
     }
 
     #[test]

@@ -5,12 +5,13 @@ use aya_ebpf::helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktim
 use gate_common::{
     abi::{
         AccessKey, AccessStats, CONFIG_ACTIVE_GEN, CONFIG_RECENT_CURSOR, DenyEvent, EVENT_BURST,
-        EVENT_WINDOW_NS, RECENT_DENIALS, STAT_EVENTS_LOST, VERDICT_ALLOWED, VERDICT_DENIED,
-        VERDICT_UNMATCHED, grant_needed, stat_slot,
+        EVENT_WINDOW_NS, GRANT_METADATA, GRANT_PROXY, RECENT_DENIALS, STAT_EVENTS_LOST,
+        VERDICT_ALLOWED, VERDICT_DENIED, VERDICT_PROXIED, VERDICT_UNMATCHED, grant_needed,
+        stat_slot,
     },
     packet::{self, Parsed},
     sockets::AF_PACKET,
-    verdict::{Addr, Dst, cgroup_allowed, decide, surely_unprotected},
+    verdict::{Addr, Dst, cgroup_allowed, decide, proxy_route, surely_unprotected},
 };
 
 use crate::maps::{
@@ -39,6 +40,7 @@ pub(crate) fn count_endpoint(endpoint: u32, verdict: u32) {
         let field = match verdict {
             VERDICT_ALLOWED => &raw mut (*c).allowed,
             VERDICT_DENIED => &raw mut (*c).denied,
+            VERDICT_PROXIED => &raw mut (*c).proxied,
             _ => &raw mut (*c).audited,
         };
         atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(field, 1);
@@ -212,26 +214,56 @@ pub(crate) fn judge(
     cgroup_id: impl Fn() -> u64,
     ancestor: impl FnMut(u32) -> u64,
 ) -> u32 {
+    settle(caller, generation, endpoint, what, None, cgroup_id, ancestor).0
+}
+
+/// [`judge`], where a connect that would be refused may go to the metadata proxy instead
+/// (`http`: the destination, for [`proxy_route`]). Returns the verdict and, for
+/// VERDICT_PROXIED, the allow entry whose paths apply (or ENTRY_SERVED).
+#[inline(always)]
+pub(crate) fn settle(
+    caller: &Caller,
+    generation: Option<u32>,
+    endpoint: u32,
+    what: Reported<'_>,
+    http: Option<&Dst>,
+    cgroup_id: impl Fn() -> u64,
+    mut ancestor: impl FnMut(u32) -> u64,
+) -> (u32, u32) {
     // Without the generation or the policy's settings nothing can be allowed: deny.
     let meta = generation.and_then(|g| POLICY_META.get(g).map(|m| (g, m)));
-    let verdict = match meta {
+    let (verdict, entry) = match meta {
         Some((g, meta)) => {
             let need = grant_needed(caller.hook);
-            let allowed =
-                cgroup_allowed(&KernelTables, g, meta.root_level, need, ancestor).is_some();
-            decide(meta.mode, allowed)
+            let (root, tables) = (meta.root_level, &KernelTables);
+            // The metadata proxy itself (the agent's cgroup, which in a cluster is below the
+            // gated root) forwards served requests to the endpoint: never refused, never
+            // redirected to itself. It gets no capture grant this way.
+            let proxy = need == GRANT_METADATA && crate::proxy::is_proxy(cgroup_id());
+            let allowed = proxy || cgroup_allowed(tables, g, root, need, &mut ancestor).is_some();
+            let proxied = match http {
+                Some(dst) if !allowed => proxy_route(meta.mode, meta.served, dst, || {
+                    cgroup_allowed(tables, g, root, GRANT_PROXY, &mut ancestor)
+                }),
+                _ => None,
+            };
+            match proxied {
+                Some(entry) => (VERDICT_PROXIED, entry),
+                None => (decide(meta.mode, allowed), 0),
+            }
         }
-        None => VERDICT_DENIED,
+        None => (VERDICT_DENIED, 0),
     };
     count(caller.hook, verdict);
     count_endpoint(endpoint, verdict);
     if verdict == VERDICT_ALLOWED {
         // SAFETY: helper without arguments.
         account(cgroup_id(), endpoint, verdict, unsafe { bpf_ktime_get_ns() });
-    } else {
+    } else if verdict != VERDICT_PROXIED {
+        // A proxied connect is reported by the proxy, per request.
         report(caller, cgroup_id(), verdict, endpoint, what);
     }
-    verdict
+    (verdict, entry)
 }
 
 /// The whole decision for one destination of a gated socket. Returns whether the traffic

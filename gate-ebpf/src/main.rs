@@ -35,6 +35,7 @@
 
 mod judge;
 mod maps;
+mod proxy;
 mod skb;
 
 use aya_ebpf::{
@@ -44,13 +45,16 @@ use aya_ebpf::{
             bpf_get_current_ancestor_cgroup_id, bpf_skb_ancestor_cgroup_id, bpf_skb_cgroup_id,
         },
     },
-    macros::{cgroup_skb, cgroup_sock_addr, cgroup_sockopt, classifier, lsm},
-    programs::{LsmContext, SkBuffContext, SockAddrContext, SockoptContext, TcContext},
+    macros::{cgroup_skb, cgroup_sock_addr, cgroup_sockopt, classifier, lsm, sock_ops},
+    programs::{
+        LsmContext, SkBuffContext, SockAddrContext, SockOpsContext, SockoptContext, TcContext,
+    },
 };
 use gate_common::{
     abi::{
         ENDPOINT_NONE, HOOK_CONNECT4, HOOK_CONNECT6, HOOK_EGRESS4, HOOK_EGRESS6, HOOK_SETSOCKOPT,
-        HOOK_SOCKET, HOOK_TC4, HOOK_TC6, NODE_GATE_FORWARDED, VERDICT_DENIED, VERDICT_UNMATCHED,
+        HOOK_SOCKET, HOOK_TC4, HOOK_TC6, NODE_GATE_FORWARDED, ProxyRecord, VERDICT_DENIED,
+        VERDICT_PROXIED, VERDICT_UNMATCHED,
     },
     packet::{
         self, CARRIES_IPV4, CARRIES_IPV6, CARRIES_OTHER, ETH_P_IP, ETH_P_IPV6, Packet as _, Parsed,
@@ -61,7 +65,7 @@ use gate_common::{
 };
 
 use crate::{
-    judge::{Caller, Reported, count, gate, judge, live_generation, passes_fast},
+    judge::{Caller, Reported, count, gate, judge, live_generation, passes_fast, settle},
     maps::{KernelTables, POLICY_META, STRICT_IFACES, TRUSTED_IFACES},
     skb::{NetSkb, Skb, linear, passes_fast_ip},
 };
@@ -80,12 +84,39 @@ fn sock_addr(ctx: &SockAddrContext, hook: u32, v6: bool) -> i32 {
     }
     let dst = Dst { addr, port: u16::from_be(sa.user_port as u16), proto: sa.protocol as u8 };
     let parsed = Parsed::complete(dst);
+    let generation = live_generation();
+    let Some(endpoint) = packet::subject(&KernelTables, generation, &parsed) else {
+        count(hook, VERDICT_UNMATCHED);
+        return 1;
+    };
     let caller = Caller { hook, task: true };
     // SAFETY: helper without pointer arguments.
     let cgroup_id = || unsafe { bpf_get_current_cgroup_id() };
     // SAFETY: helper without pointer arguments; returns 0 past the task's own level.
     let ancestor = |level: u32| unsafe { bpf_get_current_ancestor_cgroup_id(level as i32) };
-    i32::from(gate(&caller, &parsed, cgroup_id, ancestor))
+    let what = Reported::Dst(&dst);
+    // Without a proxy nothing goes through it: refused (and reported) as before.
+    let http = proxy::configured().then_some(&dst);
+    let (verdict, entry) = settle(&caller, generation, endpoint, what, http, cgroup_id, ancestor);
+    if verdict != VERDICT_PROXIED {
+        return i32::from(verdict != VERDICT_DENIED);
+    }
+    let record = ProxyRecord {
+        cgroup_id: cgroup_id(),
+        addr: *dst.addr.bytes(),
+        port: dst.port,
+        v6: u8::from(dst.addr.is_v6()),
+        generation: generation.unwrap_or(0),
+        entry,
+        endpoint,
+        ..ProxyRecord::default()
+    };
+    if proxy::redirect(ctx, v6, record) {
+        return 1;
+    }
+    // No proxy for this family, or no room for the record: refused, never sent direct.
+    count(hook, VERDICT_DENIED);
+    0
 }
 
 #[cgroup_sock_addr(connect4)]
@@ -96,6 +127,37 @@ fn gate_connect4(ctx: SockAddrContext) -> i32 {
 #[cgroup_sock_addr(connect6)]
 fn gate_connect6(ctx: SockAddrContext) -> i32 {
     sock_addr(&ctx, HOOK_CONNECT6, true)
+}
+
+// ---- the way to the metadata proxy (see `proxy`) ---------------------------------------------
+
+#[cgroup_sock_addr(getpeername4)]
+fn gate_getpeername4(ctx: SockAddrContext) -> i32 {
+    proxy::restore(&ctx, false);
+    1
+}
+
+#[cgroup_sock_addr(getpeername6)]
+fn gate_getpeername6(ctx: SockAddrContext) -> i32 {
+    proxy::restore(&ctx, true);
+    1
+}
+
+/// At the gated root (clients) and on the proxy's cgroup (its accepted sockets).
+#[sock_ops]
+fn gate_sock_ops(ctx: SockOpsContext) -> u32 {
+    proxy::handshake(&ctx);
+    1
+}
+
+#[cgroup_sock_addr(bind4)]
+fn gate_bind4(ctx: SockAddrContext) -> i32 {
+    i32::from(proxy::bind_allowed(&ctx))
+}
+
+#[cgroup_sock_addr(bind6)]
+fn gate_bind6(ctx: SockAddrContext) -> i32 {
+    i32::from(proxy::bind_allowed(&ctx))
 }
 
 // ---- setsockopt: side doors around tc ----------------------------------------------------------

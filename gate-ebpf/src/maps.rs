@@ -2,15 +2,17 @@
 //! gate-common's [`Tables`].
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
-    macros::map,
+    btf_maps::SkStorage,
+    macros::{btf_map, map},
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf, lpm_trie::Key},
 };
 use gate_common::{
     abi::{
         AccessKey, AccessStats, AllowKey, DenyEvent, EVENTS_BYTES, EndpointCounters, EndpointName,
-        EpNameKey, GEN_PREFIX_BITS, GateInfo, MAX_ACCESS_KEYS, MAX_ALLOWED_CGROUPS, MAX_ENDPOINTS,
-        MAX_PORT_RULES, MAX_TC_ATTACHMENTS, NUM_CONFIG, NUM_STATS, PolicyMeta, PortRuleKey,
-        Prefilter, PrefixV4, PrefixV6, PrefixValue, RECENT_DENIALS, TcClsact,
+        EpNameKey, GEN_PREFIX_BITS, GateInfo, HandshakeKey, MAX_ACCESS_KEYS, MAX_ALLOWED_CGROUPS,
+        MAX_ENDPOINTS, MAX_PENDING, MAX_PORT_RULES, MAX_TC_ATTACHMENTS, NUM_CONFIG, NUM_STATS,
+        PolicyMeta, PortRuleKey, Prefilter, PrefixV4, PrefixV6, PrefixValue, ProxyConfig,
+        ProxyRecord, RECENT_DENIALS, TcClsact,
     },
     verdict::{Addr, Tables, surely_unprotected},
 };
@@ -63,6 +65,15 @@ pub(crate) static TC_CLSACT: HashMap<u64, TcClsact> =
 /// moment (see `Prefilter::union`).
 #[map]
 pub(crate) static PREFILTER: Array<Prefilter> = Array::with_max_entries(1, 0);
+
+#[map]
+pub(crate) static PROXY: Array<ProxyConfig> = Array::with_max_entries(1, 0);
+/// Socket storage needs BTF for its value type: the one BTF-defined map of the object.
+#[btf_map]
+pub(crate) static SK_RECORDS: SkStorage<ProxyRecord> = SkStorage::new();
+#[map]
+pub(crate) static PENDING: HashMap<HandshakeKey, ProxyRecord> =
+    HashMap::with_max_entries(MAX_PENDING, BPF_F_NO_PREALLOC);
 
 /// The policy maps as gate-common's [`Tables`].
 pub(crate) struct KernelTables;

@@ -48,6 +48,9 @@ pub struct Agent {
     /// The harness's own flags (`--log-format json --rescan-ms 200`); off: every flag but
     /// the mode, the pin dir and `--listen` at its shipped default.
     harness_flags: bool,
+    /// A test cgroup the agent runs in (from before its first instruction), as a DaemonSet's
+    /// container has its own: where the metadata proxy's sock_ops program goes.
+    cgroup: Option<PathBuf>,
 }
 
 fn free_port() -> Result<u16> {
@@ -145,6 +148,7 @@ impl Agent {
             netns: netns.to_owned(),
             mode_args,
             harness_flags,
+            cgroup: None,
         };
         agent.spawn(extra)?;
         agent.wait_ready(crate::sys::slow(Duration::from_secs(30)))?;
@@ -157,6 +161,38 @@ impl Agent {
         self.stop();
         self.spawn(extra)?;
         self.wait_ready(crate::sys::slow(Duration::from_secs(30)))
+    }
+
+    /// [`start_with`](Self::start_with), the agent running in the test cgroup `cgroup`.
+    pub fn start_in_cgroup(
+        bins: &Bins,
+        netns: &str,
+        policy: &Path,
+        cgroup_root: &Path,
+        cgroup: &Path,
+        extra: &[&str],
+    ) -> Result<Agent> {
+        let mut agent = Agent {
+            bin: bins.agent.clone(),
+            child: None,
+            lines: Arc::new(Mutex::new(Vec::new())),
+            pin_root: new_pin_root()?,
+            pin_dir: PathBuf::new(),
+            listen: format!("127.0.0.1:{}", free_port()?),
+            netns: netns.to_owned(),
+            mode_args: vec![
+                "--policy".into(),
+                policy.into(),
+                "--cgroup-root".into(),
+                cgroup_root.into(),
+            ],
+            harness_flags: true,
+            cgroup: Some(cgroup.to_path_buf()),
+        };
+        agent.pin_dir = agent.pin_root.join("gate");
+        agent.spawn(extra)?;
+        agent.wait_ready(crate::sys::slow(Duration::from_secs(30)))?;
+        Ok(agent)
     }
 
     fn spawn(&mut self, extra: &[&str]) -> Result<()> {
@@ -179,11 +215,29 @@ impl Agent {
         exec_in_netns(&mut cmd, &self.netns)?;
         // If the test process dies (SIGKILL, abort), the agent gets SIGTERM instead of
         // running on. It is tied to the spawning thread: an Agent stays on its test's thread.
-        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        // Built before the fork: the child may only make async-signal-safe calls.
+        let procs = match &self.cgroup {
+            Some(cg) => Some(std::ffi::CString::new(
+                cg.join("cgroup.procs").into_os_string().into_encoded_bytes(),
+            )?),
+            None => None,
+        };
+        // SAFETY: prctl, open, write and close are async-signal-safe; nothing else runs
+        // between fork and exec.
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
                     return Err(std::io::Error::last_os_error());
+                }
+                if let Some(procs) = &procs {
+                    let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                    let written = fd >= 0 && libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
+                    if fd >= 0 {
+                        libc::close(fd);
+                    }
+                    if !written {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
                 Ok(())
             });

@@ -1,6 +1,10 @@
 //! A fake instance-metadata service inside the imds netns: HTTP on TCP, UDP echo, and a raw
 //! socket that sees every TCP segment arriving. Every probe carries a unique token; the
 //! service records what it receives so tests can prove a token never got there.
+//!
+//! Over HTTP it answers the platforms' own requests as the real services do ([`platforms`]:
+//! IMDSv2's session token, GCP's and Azure's headers), and everything else with one default
+//! reply ([`INSTANCE_ID`]).
 use std::{
     io::{Read as _, Write as _},
     net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
@@ -21,7 +25,9 @@ use crate::{
     sys::pin_to_cpu,
 };
 
-/// What the metadata service answers.
+pub mod platforms;
+
+/// What the metadata service answers by default, and as the instance id.
 pub const INSTANCE_ID: &str = "i-0123456789abcdef0";
 
 #[derive(Default)]
@@ -169,6 +175,27 @@ impl FakeImds {
         self.log.0.lock().is_ok_and(|v| v.iter().any(|l| l.contains(token)))
     }
 
+    /// Every payload received that contains `token` (an HTTP request's head, a datagram, a
+    /// segment seen by the raw socket), each prefixed with how it came (`tcp ADDR`, `udp ADDR`,
+    /// `raw`).
+    pub fn received(&self, token: &str) -> Vec<String> {
+        self.log
+            .0
+            .lock()
+            .map(|v| v.iter().filter(|l| l.contains(token)).cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// The HTTP requests received that carry `token`: their heads, request line first.
+    pub fn http_requests(&self, token: &str) -> Vec<String> {
+        self.received(token)
+            .into_iter()
+            .filter_map(|l| {
+                l.strip_prefix("tcp ").and_then(|r| r.split_once(' ')).map(|(_, h)| h.to_owned())
+            })
+            .collect()
+    }
+
     /// Wait up to `timeout` for `token`.
     pub fn wait_for(&self, token: &str, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
@@ -228,14 +255,9 @@ fn handle_http(mut c: TcpStream, stop: &AtomicBool, log: &Log, via: &str) {
             Ok(0) => return,
             Ok(n) => {
                 buf.extend_from_slice(&chunk[..n]);
-                if buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
                     log.record(via, &buf);
-                    let body = INSTANCE_ID;
-                    let _ = write!(
-                        c,
-                        "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{body}",
-                        body.len()
-                    );
+                    let _ = c.write_all(&platforms::answer(&buf[..end]).to_bytes());
                     return;
                 }
             }

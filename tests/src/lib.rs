@@ -26,5 +26,6 @@ pub mod imds;
 pub mod kubeapi;
 pub mod net;
 pub mod probe;
+pub mod python;
 pub mod sys;
 pub mod tap;

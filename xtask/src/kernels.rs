@@ -77,6 +77,8 @@ pub(crate) const MATRIX: &[(&str, &[&str])] = &[
     ("tc::clsact_fallback_outlives_the_agent_is_replaced_in_place_and_cleaned_up",     K5_10),
     ("terminate::established_connections_are_terminated_when_the_gate_comes_up",       K5_10),
     ("lifecycle::an_abi_change_hands_over_to_a_new_pin_dir_without_an_open_window",    K5_10),
+    ("proxy::served_paths_go_through_the_proxy_and_nothing_else_does",                 ALL),
+    ("proxy::a_pod_network_workload_is_served_its_paths_under_hop_limit_1",            HOST),
     ("bypass::ipv6_extension_header_chains_are_refused",                               K5_10),
     ("enforcement::nested_and_late_cgroups_under_an_allowed_one_are_allowed",          K5_10),
     ("tc::forwarded_traffic_from_a_workload_interface_is_dropped",                     K6_1),
@@ -95,6 +97,8 @@ pub(crate) const MATRIX: &[(&str, &[&str])] = &[
     ("bypass::boot::a_first_boot_is_closed_before_the_agent_runs",                     HOST),
     ("lifecycle::cleanup_opens_the_gate_and_status_says_so",                           K6_12),
     // Natively only (`cargo xtask test`, this machine's kernel).
+    // The clouds' Python SDKs (botocore, google-auth) are installed on the host only.
+    ("proxy::sdk::cloud_sdks_get_their_served_paths_and_are_refused_the_rest_at_once", HOST),
     ("bypass::forwarding_loop_inside_a_pod_is_refused",                                HOST),
     ("bypass::frames_from_a_vm_tap_are_refused",                                       HOST),
     ("bypass::a_link_whose_pin_fails_is_held_not_dropped",                             HOST),

@@ -28,7 +28,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Install what a fresh machine lacks: nightly rust-src, bpf-linker 0.10.1, iproute2
+    /// Install what a fresh machine lacks: nightly rust-src, bpf-linker 0.10.1, iproute2, and
+    /// the pinned Python SDKs of the privileged test proxy::sdk (under target/)
     Setup,
     /// The whole test suite: format, clippy (host and eBPF), unit + property tests, and the
     /// privileged kernel tests (root; under CI=true they must run, never skip)
@@ -111,7 +112,7 @@ enum Cmd {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
-        Cmd::Setup => setup::ensure(),
+        Cmd::Setup => setup::ensure().and_then(|()| setup::ensure_python_sdk().map(drop)),
         Cmd::Lint => {
             setup::ensure()?;
             lint::run()

@@ -30,6 +30,8 @@ pub(crate) fn run(filter: Option<&str>) -> Result<()> {
         );
         return Ok(());
     }
+    // The clouds' SDKs that proxy::sdk runs (HOST only: the kernel VMs have no Python).
+    let python_sdk = crate::setup::ensure_python_sdk()?;
     let mut cmd = Command::new("cargo");
     cmd.args(["test", "-p", "integration-tests", "--test", "privileged", "--"]);
     if let Some(f) = filter {
@@ -37,6 +39,7 @@ pub(crate) fn run(filter: Option<&str>) -> Result<()> {
     }
     // The test process finds the binaries just built through these variables of its own.
     cmd.arg("--test-threads=1").envs(bins.env());
+    cmd.env(integration_tests::python::DIR_VAR, &python_sdk);
     util::run(&mut cmd)?;
     if filter.is_none() {
         // Smoke run of the benchmarks: every variant must enforce the policy (each is

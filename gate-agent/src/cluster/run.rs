@@ -320,16 +320,28 @@ impl State {
                 container.map(|c| c.name.clone()),
             )
         };
-        let note = format!(
-            "{}{} to {}:{}/{} ({}) refused: cloud instance metadata is not for workloads",
-            container.map(|c| format!("container {c}: ")).unwrap_or_default(),
+        let note = denial_note(&d, container.as_deref());
+        self.events.publish(object, true, kevents::BLOCKED_REASON, note).await;
+    }
+}
+
+/// The note of a denial's Event: the kernel's (who, to where), or the metadata proxy's (which
+/// request, and why).
+fn denial_note(d: &Denied, container: Option<&str>) -> String {
+    let who = container.map(|c| format!("container {c}: ")).unwrap_or_default();
+    let (dst, port) = (d.event.dst_text(), d.event.port);
+    match &d.request {
+        Some((request, why)) => format!(
+            "{who}{request} to {dst}:{port} refused by the metadata proxy: {why}; only the \
+             listed paths are served"
+        ),
+        None => format!(
+            "{who}{} to {dst}:{port}/{} ({}) refused: cloud instance metadata is not for \
+             workloads",
             d.event.comm(),
-            d.event.dst_text(),
-            d.event.port,
             d.event.proto_name(),
             d.endpoint,
-        );
-        self.events.publish(object, true, kevents::BLOCKED_REASON, note).await;
+        ),
     }
 }
 
@@ -475,5 +487,52 @@ mod tests {
     fn policy_text_needs_the_key() {
         let cm = ConfigMap::default();
         assert_eq!(policy_text(&cm).unwrap_err(), "data.policy.yaml: missing");
+    }
+}
+
+#[cfg(test)]
+mod notes {
+    use gate_common::abi::{DenyEvent, PROTO_TCP};
+
+    use super::{Denied, denial_note};
+
+    fn denied(request: Option<(String, String)>) -> Denied {
+        let mut addr = [0u8; 16];
+        addr[..4].copy_from_slice(&[169, 254, 169, 254]);
+        let mut comm = [0u8; 16];
+        comm[..4].copy_from_slice(b"curl");
+        let event = DenyEvent {
+            cgroup_id: 1,
+            ts_ns: 0,
+            addr,
+            pid: 0,
+            endpoint: 0,
+            port: 80,
+            proto: PROTO_TCP,
+            family: 4,
+            verdict: 2,
+            hook: 0,
+            _pad: [0; 2],
+            comm,
+        };
+        Denied { cgroup: None, event, endpoint: "ec2-imds".into(), request }
+    }
+
+    #[test]
+    fn an_event_says_which_request_the_proxy_refused() {
+        let kernel = denial_note(&denied(None), Some("app"));
+        assert_eq!(
+            kernel,
+            "container app: curl to 169.254.169.254:80/TCP (ec2-imds) refused: cloud instance \
+             metadata is not for workloads"
+        );
+        let request =
+            ("GET /latest/meta-data/iam/info".into(), "path not allowed (entry csi)".into());
+        let proxy = denial_note(&denied(Some(request)), None);
+        assert_eq!(
+            proxy,
+            "GET /latest/meta-data/iam/info to 169.254.169.254:80 refused by the metadata proxy: \
+             path not allowed (entry csi); only the listed paths are served"
+        );
     }
 }

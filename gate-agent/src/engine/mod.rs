@@ -20,6 +20,7 @@ use anyhow::{Context as _, Result};
 use gate_common::user::{AllowSet, TerminateState};
 
 mod heal;
+mod proxy;
 
 use crate::{
     cgroup::GatedRoot,
@@ -56,6 +57,7 @@ pub(crate) fn install<'a>(
         platform: &policy.platform,
         allow,
         node_flags,
+        served: policy.served.is_some(),
     }
 }
 
@@ -192,6 +194,8 @@ pub(crate) struct Engine {
     /// A valid policy whose apply failed: retried with backoff by [`Engine::sync`].
     retry: Option<Retry>,
     server: server::Server,
+    /// The metadata proxy, where `--proxy-address` asks for one.
+    proxy: Option<proxy::ProxyHandle>,
 }
 
 impl Engine {
@@ -205,6 +209,7 @@ impl Engine {
         names: CgroupNames,
         notify: Option<tokio::sync::mpsc::UnboundedSender<events::Denied>>,
     ) -> Result<Engine> {
+        let started_ns = crate::status::monotonic_now_ns();
         let allow_set = allow.allow_set(&policy);
         let node = Arc::new(NodeLevel::new(cfg.gate.node.clone())?);
         let mut gate = bring_up(&cfg.gate, &node, &policy, &root, &allow_set)?;
@@ -234,6 +239,15 @@ impl Engine {
                 }
             });
         }
+        let proxy = proxy::start(
+            cfg.proxy.as_ref(),
+            started_ns,
+            &gate,
+            &root,
+            &policy,
+            &agent_metrics,
+            sinks.notify.clone(),
+        )?;
         let node_watch = AbortOnDrop(tokio::spawn(node::watch(
             node.clone(),
             gate.clone(),
@@ -256,6 +270,7 @@ impl Engine {
             last_refused: false,
             retry: None,
             server,
+            proxy,
         };
         // The gate is attached: connections opened before it are cut before we report ready.
         engine.terminate_established(allow_set.clone()).await;
@@ -296,7 +311,7 @@ impl Engine {
             metrics = %http.metrics,
             "ready"
         );
-        warn_paths_not_served(policy);
+        warn_paths_not_served(policy, engine.proxy.is_some());
         if let Ok(g) = engine.gate.lock() {
             g.retire_other_versions();
         }
@@ -366,6 +381,7 @@ impl Engine {
     /// is retried with backoff.
     pub(crate) async fn offer(&mut self, source: &str, text: &str, trigger: &str) -> Offer {
         let started = Instant::now();
+        let started_ns = crate::status::monotonic_now_ns();
         if self.last_text.as_deref() == Some(text) {
             tracing::debug!(trigger, "policy unchanged");
             self.metrics.reload("unchanged");
@@ -441,7 +457,10 @@ impl Engine {
             took_us = started.elapsed().as_micros() as u64,
             "policy applied"
         );
-        warn_paths_not_served(&candidate);
+        if let Some(p) = &self.proxy {
+            p.follow(&candidate, started_ns);
+        }
+        warn_paths_not_served(&candidate, self.proxy.is_some());
         self.policy = candidate;
         self.metrics.reload("success");
         self.keep_state(false);
@@ -490,16 +509,19 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Fail closed, and say so: no proxy serves paths yet, so an entry narrowed to paths (and
-/// `served`) is refused the metadata service; one warning per such entry, at start and at
-/// every policy change.
-fn warn_paths_not_served(policy: &crate::policy::Policy) {
+/// Fail closed, and say so: without the metadata proxy (`--proxy-address`), an entry
+/// narrowed to paths (and `served`) is refused the metadata service; one warning per such
+/// entry, at start and at every policy change.
+fn warn_paths_not_served(policy: &crate::policy::Policy, proxy: bool) {
+    if proxy {
+        return;
+    }
     for name in policy.paths_not_served() {
         tracing::warn!(
             policy = %policy.source,
             entry = %name,
-            "served paths are not served by this version (the metadata proxy is not built in \
-             yet): the workloads of this entry are refused the metadata service"
+            "served paths are not served: the metadata proxy is off (no --proxy-address), \
+             so the workloads of this entry are refused the metadata service"
         );
     }
 }

@@ -69,10 +69,7 @@ impl Pinned {
 
 /// Monotonic and wall clock now: (ns, ms since the Unix epoch).
 fn clocks() -> (u64, u64) {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    let mono = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+    let mono = crate::status::monotonic_now_ns();
     let unix = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
     (mono, unix)
 }

@@ -61,6 +61,11 @@ fn attach_type(point: AttachPoint) -> u32 {
         AttachPoint::Connect4 => 10, // BPF_CGROUP_INET4_CONNECT
         AttachPoint::Connect6 => 11, // BPF_CGROUP_INET6_CONNECT
         AttachPoint::Setsockopt => sys::BPF_CGROUP_SETSOCKOPT,
+        AttachPoint::SockOps | AttachPoint::ProxySockOps => 3, // BPF_CGROUP_SOCK_OPS
+        AttachPoint::Bind4 => 8,                               // BPF_CGROUP_INET4_BIND
+        AttachPoint::Bind6 => 9,                               // BPF_CGROUP_INET6_BIND
+        AttachPoint::GetPeerName4 => 29,                       // BPF_CGROUP_INET4_GETPEERNAME
+        AttachPoint::GetPeerName6 => 30,                       // BPF_CGROUP_INET6_GETPEERNAME
         AttachPoint::Tc
         | AttachPoint::LsmSetsockopt
         | AttachPoint::LsmSocket

@@ -37,6 +37,8 @@ pub(crate) struct Install<'a> {
     pub allow: &'a AllowSet,
     /// `NODE_*` bits for the node-level program.
     pub node_flags: u32,
+    /// Whether the policy serves paths to every gated workload no entry selects.
+    pub served: bool,
 }
 
 /// Keys a generation holds, so that it can be emptied after the flip.
@@ -156,6 +158,8 @@ impl Gate {
             root_level: root.level,
             endpoints,
             node_flags: install.node_flags,
+            served: u32::from(install.served),
+            _pad: 0,
             root_id: root.id,
             prefilter: install.image.prefilter,
         };

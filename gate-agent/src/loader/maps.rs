@@ -6,9 +6,10 @@ use aya::{
 };
 use gate_common::abi::{
     AccessKey, AccessStats, AllowKey, CONFIG_ACTIVE_GEN, CONFIG_RECENT_CURSOR, DenyEvent,
-    EndpointCounters, EndpointName, EpNameKey, GateInfo, MAX_ENDPOINTS, NUM_HOOKS, NUM_VERDICTS,
-    PolicyMeta, PortRuleKey, Prefilter, PrefixV4, PrefixV6, PrefixValue, RECENT_DENIALS,
-    STAT_EVENTS_LOST, TcClsact, fixed_str_value, names, stat_slot,
+    EndpointCounters, EndpointName, EpNameKey, GateInfo, HandshakeKey, MAX_ENDPOINTS, NUM_HOOKS,
+    NUM_VERDICTS, PolicyMeta, PortRuleKey, Prefilter, PrefixV4, PrefixV6, PrefixValue, ProxyConfig,
+    ProxyRecord, RECENT_DENIALS, STAT_EVENTS_LOST, STAT_PENDING_LOST, TcClsact, fixed_str_value,
+    names, stat_slot,
 };
 
 use super::{LoaderError, map_err, pins::Layout};
@@ -30,6 +31,11 @@ pub(crate) struct Maps {
     pub access: HashMap<MapData, AccessKey, AccessStats>,
     pub clsact: HashMap<MapData, u64, TcClsact>,
     pub prefilter: Array<MapData, Prefilter>,
+    pub proxy: Array<MapData, ProxyConfig>,
+    /// Untyped: aya's typed socket storage gives no access to its map for pinning (the
+    /// proxy reads it through its own handle, `loader::RecordReader`).
+    pub records: Map,
+    pub pending: HashMap<MapData, HandshakeKey, ProxyRecord>,
 }
 
 /// Counters read back from the kernel.
@@ -38,6 +44,8 @@ pub(crate) struct Stats {
     /// `[hook][verdict]` summed over CPUs.
     pub decisions: Vec<Vec<u64>>,
     pub events_lost: u64,
+    /// Proxied handshakes whose record found no room (STAT_PENDING_LOST).
+    pub pending_lost: u64,
     pub endpoints: Vec<EndpointCounters>,
 }
 
@@ -58,8 +66,17 @@ where
     T::try_from(map).map_err(map_err(name))
 }
 
+fn take_raw(ebpf: &mut Ebpf, name: &'static str) -> Result<Map, LoaderError> {
+    ebpf.take_map(name).ok_or(LoaderError::MissingMap(name))
+}
+
+fn from_pin_raw(layout: &Layout, name: &'static str) -> Result<Map, LoaderError> {
+    let data = MapData::from_pin(layout.map(name)).map_err(map_err(name))?;
+    Map::from_map_data(data).map_err(map_err(name))
+}
+
 macro_rules! open_all {
-    ($f:ident, $src:expr) => {
+    ($f:ident, $raw:ident, $src:expr) => {
         Ok(Maps {
             config: $f($src, names::CONFIG)?,
             meta: $f($src, names::POLICY_META)?,
@@ -77,6 +94,9 @@ macro_rules! open_all {
             access: $f($src, names::ACCESS)?,
             clsact: $f($src, names::TC_CLSACT)?,
             prefilter: $f($src, names::PREFILTER)?,
+            proxy: $f($src, names::PROXY)?,
+            records: $raw($src, names::SK_RECORDS)?,
+            pending: $f($src, names::PENDING)?,
         })
     };
 }
@@ -101,16 +121,22 @@ impl Maps {
             names::ACCESS => self.access.map(),
             names::TC_CLSACT => self.clsact.map(),
             names::PREFILTER => self.prefilter.map(),
+            names::PROXY => self.proxy.map(),
+            names::SK_RECORDS => match &self.records {
+                Map::SkStorage(data) => data,
+                _ => return None,
+            },
+            names::PENDING => self.pending.map(),
             _ => return None,
         })
     }
 
     pub(crate) fn take(ebpf: &mut Ebpf) -> Result<Maps, LoaderError> {
-        open_all!(take, ebpf)
+        open_all!(take, take_raw, ebpf)
     }
 
     pub(crate) fn from_pins(layout: &Layout) -> Result<Maps, LoaderError> {
-        open_all!(from_pin, layout)
+        open_all!(from_pin, from_pin_raw, layout)
     }
 
     /// The live generation (0 or 1).
@@ -156,7 +182,12 @@ impl Maps {
         for i in 0..endpoints.min(MAX_ENDPOINTS) {
             eps.push(self.ep_counters.get(&i, 0).map_err(map_err(names::EP_COUNTERS))?);
         }
-        Ok(Stats { decisions, events_lost: read(STAT_EVENTS_LOST)?, endpoints: eps })
+        Ok(Stats {
+            decisions,
+            events_lost: read(STAT_EVENTS_LOST)?,
+            pending_lost: read(STAT_PENDING_LOST)?,
+            endpoints: eps,
+        })
     }
 
     /// The last denials, oldest first.

@@ -22,6 +22,7 @@ pub(crate) mod lock;
 mod lsm;
 mod maps;
 pub(crate) mod pins;
+mod proxy;
 mod sys;
 mod tc;
 
@@ -30,16 +31,17 @@ use std::path::{Path, PathBuf};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{MapData, MapError, RingBuf},
-    programs::{CgroupSkb, CgroupSockAddr, CgroupSockopt, ProgramError, links::LinkError},
+    programs::{CgroupSkb, CgroupSockAddr, CgroupSockopt, ProgramError, SockOps, links::LinkError},
 };
 use gate_common::{
     abi::{GateInfo, names},
-    user::{AttachPoint, Program},
+    user::Program,
 };
 pub(crate) use generations::Install;
 pub(crate) use lsm::{LsmState, bpf_lsm_active};
 pub(crate) use maps::{Maps, Stats};
 pub(crate) use pins::{Layout, cleanup};
+pub(crate) use proxy::RecordReader;
 pub(crate) use sys::{LinkInfo, LinkTarget};
 pub(crate) use tc::{Framing, TcMode, TcPlan, TcReport, TcTarget};
 
@@ -185,11 +187,20 @@ impl Gate {
             loader.map_pin_path(name, layout.map(name));
         }
         let mut ebpf = loader.load(OBJECT)?;
-        for point in [AttachPoint::Connect4, AttachPoint::Connect6] {
-            let prog = point.program();
+        for prog in [
+            Program::Connect4,
+            Program::Connect6,
+            Program::GetPeerName4,
+            Program::GetPeerName6,
+            Program::Bind4,
+            Program::Bind6,
+        ] {
             let p: &mut CgroupSockAddr = program(&mut ebpf, prog)?;
             p.load().map_err(|source| LoaderError::Program { name: prog.name(), source })?;
         }
+        let p: &mut SockOps = program(&mut ebpf, Program::SockOps)?;
+        p.load()
+            .map_err(|source| LoaderError::Program { name: Program::SockOps.name(), source })?;
         let egress = load_egress(&mut ebpf, egress)?;
         let sockopt = load_sockopt(&mut ebpf)?;
         let lsm = if lsm_programs {

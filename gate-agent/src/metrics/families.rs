@@ -135,6 +135,18 @@ pub(crate) const PROXY_CONNECTIONS_REFUSED: Family = Family {
     help: "Connections to the metadata proxy closed or answered 503 before a request was judged, by reason (no_record: the kernel recorded no caller; busy, busy_node: the workload's or the proxy's connection bound; no_table, generation: no policy, or not the kernel's; timeout; malformed)",
     labels: &["reason"],
 };
+pub(crate) const PROXY_RECORDS_LOST: Family = Family {
+    name: "metadata_gate_proxy_records_lost",
+    kind: Kind::Counter,
+    help: "Connections sent to the metadata proxy whose caller record found no room in the kernel's table of handshakes in flight: the proxy refused them (no_record)",
+    labels: &[],
+};
+pub(crate) const PROXY_RECORDS_EXPIRED: Family = Family {
+    name: "metadata_gate_proxy_records_expired",
+    kind: Kind::Counter,
+    help: "Caller records removed from the kernel's table of handshakes in flight after 30 s without the proxy's side of the handshake (a client that never completed it)",
+    labels: &[],
+};
 
 /// Every family the agent exports.
 pub(crate) const ALL: &[Family] = &[
@@ -155,4 +167,6 @@ pub(crate) const ALL: &[Family] = &[
     BOOT_STEP_FAILED,
     PROXY_REQUESTS,
     PROXY_CONNECTIONS_REFUSED,
+    PROXY_RECORDS_LOST,
+    PROXY_RECORDS_EXPIRED,
 ];

@@ -27,8 +27,8 @@ use crate::{
 use families::{
     BOOT_STEP_FAILED, DECISIONS, ENDPOINT_DECISIONS, EVENTS_LOST, Kind, LSM_ENFORCING,
     MAP_CAPACITY, MAP_ENTRIES, NODE_ATTACH_FAILURES, POLICY_GENERATION, POLICY_REJECTED,
-    POLICY_RELOADS, PREGATE_PACKET_SOCKETS, PROXY_CONNECTIONS_REFUSED, PROXY_REQUESTS, REPAIRS,
-    WORKLOAD_ACCESSES, WORKLOAD_DENIALS,
+    POLICY_RELOADS, PREGATE_PACKET_SOCKETS, PROXY_CONNECTIONS_REFUSED, PROXY_RECORDS_EXPIRED,
+    PROXY_RECORDS_LOST, PROXY_REQUESTS, REPAIRS, WORKLOAD_ACCESSES, WORKLOAD_DENIALS,
 };
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -120,13 +120,18 @@ pub(crate) struct ProxyRefusedLabels {
 pub(crate) struct ProxyMetrics {
     pub(crate) requests: Family<ProxyRequestLabels, Counter>,
     pub(crate) connections_refused: Family<ProxyRefusedLabels, Counter>,
+    /// Records of handshakes in flight swept as stale.
+    pub(crate) records_expired: Counter,
 }
 
 impl Default for ProxyMetrics {
     /// Every outcome starts at 0, as the reloads do.
     fn default() -> Self {
-        let m =
-            ProxyMetrics { requests: Family::default(), connections_refused: Family::default() };
+        let m = ProxyMetrics {
+            requests: Family::default(),
+            connections_refused: Family::default(),
+            records_expired: Counter::default(),
+        };
         for (verdict, reason) in crate::proxy::REQUEST_OUTCOMES {
             let _ = m.requests.get_or_create(&ProxyRequestLabels { verdict, reason });
         }
@@ -248,6 +253,7 @@ fn encode_snapshot(s: &Snapshot, mut enc: DescriptorEncoder) -> Result<(), std::
             (Verdict::Allowed, c.allowed),
             (Verdict::Denied, c.denied),
             (Verdict::Audited, c.audited),
+            (Verdict::Proxied, c.proxied),
         ] {
             let labels = [("endpoint", name), ("verdict", verdict.name())];
             ConstCounter::new(v).encode(fam.encode_family(&labels)?)?;
@@ -273,6 +279,9 @@ fn encode_snapshot(s: &Snapshot, mut enc: DescriptorEncoder) -> Result<(), std::
 
     let fam = describe(&mut enc, &EVENTS_LOST)?;
     ConstCounter::new(s.stats.events_lost).encode(fam)?;
+
+    let fam = describe(&mut enc, &PROXY_RECORDS_LOST)?;
+    ConstCounter::new(s.stats.pending_lost).encode(fam)?;
 
     let fam = describe(&mut enc, &POLICY_GENERATION)?;
     ConstGauge::new(s.generation as i64).encode(fam)?;
@@ -318,6 +327,11 @@ fn register_agent(r: &mut Registry, agent: &AgentMetrics) {
         PROXY_CONNECTIONS_REFUSED.help,
         agent.proxy.connections_refused.clone(),
     );
+    r.register(
+        PROXY_RECORDS_EXPIRED.name,
+        PROXY_RECORDS_EXPIRED.help,
+        agent.proxy.records_expired.clone(),
+    );
 }
 
 #[cfg(test)]
@@ -346,6 +360,7 @@ mod tests {
             stats: Stats {
                 decisions: vec![vec![1; Verdict::ALL.len()]; Hook::ALL.len()],
                 events_lost: 0,
+                pending_lost: 0,
                 endpoints: vec![EndpointCounters::default()],
             },
             generation: 1,

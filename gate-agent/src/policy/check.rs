@@ -180,31 +180,25 @@ pub fn check(policy: Policy, platform: Option<&str>, configmap_platform: Option<
             );
         }
     }
-    let blocks = policy.allow.iter().enumerate().filter_map(|(i, a)| {
-        a.paths.as_ref().map(|p| (format!("allow[{i}]"), p, format!("the workloads of {}", a.name)))
-    });
-    let served = policy
-        .served
-        .as_ref()
-        .map(|p| ("served".to_owned(), p, "gated workloads no entry selects".to_owned()));
-    for (at, p, whose) in blocks.chain(served) {
+    let blocks = policy
+        .allow
+        .iter()
+        .enumerate()
+        .filter_map(|(i, a)| a.paths.as_ref().map(|p| (format!("allow[{i}]"), p)));
+    let served = policy.served.as_ref().map(|p| ("served".to_owned(), p));
+    for (at, p) in blocks.chain(served) {
         for rule in &p.access.paths {
             for s in profiles::reached(&platform, rule) {
                 warn(
                     &format!("{at}.paths"),
                     format!(
-                        "{rule} reaches {} ({}): list the exact paths the component needs                          (docs/platforms.md has the safe ones)",
+                        "{rule} reaches {} ({}): list the exact paths the component needs \
+                         (docs/platforms.md has the safe ones)",
                         s.path, s.reveals
                     ),
                 );
             }
         }
-        warn(
-            &format!("{at}.paths"),
-            format!(
-                "this version validates served paths but does not serve them yet (the metadata                  proxy is not built in): {whose} are refused the metadata service"
-            ),
-        );
     }
     Checked { policy, platform, warnings }
 }

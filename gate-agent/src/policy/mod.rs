@@ -27,7 +27,9 @@ use std::fmt::{self, Write as _};
 use std::path::Path;
 use std::sync::Arc;
 
-use gate_common::abi::{GRANT_CAPTURE, GRANT_METADATA, PROTO_TCP, PROTO_UDP, allow_value};
+use gate_common::abi::{
+    GRANT_CAPTURE, GRANT_METADATA, GRANT_PROXY, PROTO_TCP, PROTO_UDP, allow_value,
+};
 use gate_common::compile::{self, EndpointSpec, Image, Net};
 use gate_common::http::Access;
 use gate_common::user::PolicyHash;
@@ -255,9 +257,8 @@ pub struct AllowEntry {
 /// Paths served through the metadata proxy: those of an allow entry, or those of `served`
 /// (every gated workload no entry selects).
 ///
-/// The proxy that serves them is not in this version: until it is, a workload whose access
-/// is narrowed to paths is refused the metadata service, as it will be while the proxy is
-/// down (fail closed).
+/// Without the proxy (`run` without `--proxy-address`), a workload whose access is narrowed
+/// to paths is refused the metadata service (fail closed).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServedPaths {
     /// `profile` as written: a platform's safe profile ([`profiles`]), already expanded into
@@ -398,13 +399,18 @@ impl Policy {
     /// The allow entries that select cgroups by glob (standalone mode), with their index.
     /// The ALLOWED value of allow entry `entry` (its index and grants); an index past the
     /// entries grants nothing.
+    /// An entry narrowed to paths also grants the way through the metadata proxy.
     pub fn allow_value(&self, entry: usize) -> u32 {
-        let grants = self.allow.get(entry).map_or(0, |e| e.grants);
+        let grants = self
+            .allow
+            .get(entry)
+            .map_or(0, |e| if e.paths.is_some() { e.grants | GRANT_PROXY } else { e.grants });
         allow_value(u32::try_from(entry).unwrap_or(u32::MAX), grants)
     }
 
-    /// The access blocks that list paths (allow entries by name, `served`), which this
-    /// version does not serve: their workloads are refused the metadata service.
+    /// The access blocks that list paths (allow entries by name, `served`): served only
+    /// through the metadata proxy; without it their workloads are refused the metadata
+    /// service.
     pub fn paths_not_served(&self) -> Vec<String> {
         let entries = self.allow.iter().filter(|a| a.paths.is_some()).map(|a| a.name.clone());
         entries.chain(self.served.as_ref().map(|_| "served".to_owned())).collect()

@@ -95,7 +95,7 @@ async fn respond(req: Request<Incoming>, caller: Caller, shared: &Shared) -> Res
             };
             shared.metrics.connection_refused(why);
             let reason = u.to_string();
-            shared.log.request(
+            let _ = shared.log.request(
                 &caller,
                 Line { verdict: REFUSED, reason: &reason, method, path, entry: "-" },
             );
@@ -107,11 +107,14 @@ async fn respond(req: Request<Incoming>, caller: Caller, shared: &Shared) -> Res
         Decision::Refused { who, why } => {
             shared.metrics.request(REFUSED, why.label());
             let (who, reason) = (who.to_string(), why.to_string());
-            shared.log.request(
+            let logged = shared.log.request(
                 &caller,
                 Line { verdict: REFUSED, reason: &reason, method, path, entry: &who },
             );
             let (m, p) = (super::outcome::shown(method), super::outcome::shown(path));
+            if logged {
+                shared.callers.refused(&caller, &format!("{m} {p}"), &format!("{reason} ({who})"));
+            }
             let text = format!("metadata-gate: {m} {p} refused: {reason} ({who}, policy {hash})\n");
             plain(StatusCode::FORBIDDEN, text)
         }
@@ -125,7 +128,7 @@ async fn respond(req: Request<Incoming>, caller: Caller, shared: &Shared) -> Res
                 Ok(resp) => {
                     shared.metrics.request(SERVED, "ok");
                     let line = Line { verdict: SERVED, reason: "ok", method, path, entry: &who };
-                    shared.log.request(&caller, line);
+                    let _ = shared.log.request(&caller, line);
                     resp
                 }
                 Err(e) => {
@@ -137,7 +140,7 @@ async fn respond(req: Request<Incoming>, caller: Caller, shared: &Shared) -> Res
                     shared.metrics.request(FAILED, label);
                     let reason = e.to_string();
                     let line = Line { verdict: FAILED, reason: &reason, method, path, entry: &who };
-                    shared.log.request(&caller, line);
+                    let _ = shared.log.request(&caller, line);
                     let (m, p) = (super::outcome::shown(method), super::outcome::shown(path));
                     plain(StatusCode::BAD_GATEWAY, format!("metadata-gate: {m} {p}: {reason}\n"))
                 }

@@ -61,6 +61,10 @@ pub(crate) trait Callers: Send + Sync + 'static {
     fn caller(&self, stream: &tokio::net::TcpStream) -> Result<Option<Caller>, ProxyError>;
     /// The policy generation the kernel decides under now; `None`: unreadable (refused).
     fn live_generation(&self) -> Option<u32>;
+    /// A request of `caller` was refused (`request`: method and path; `why`: the reason and
+    /// the entry), within the log's budget: where the node reports refusals beyond the log
+    /// (cluster mode's Kubernetes Events).
+    fn refused(&self, _caller: &Caller, _request: &str, _why: &str) {}
 }
 
 /// Bounds and timeouts. [`Limits::default`] holds the production values; tests shrink them.

@@ -143,10 +143,10 @@ impl DecisionLog {
         limiter.admit(&cgroup_id.to_string(), now) == Admit::Log
     }
 
-    /// Log a request's decision.
-    pub(crate) fn request(&self, caller: &Caller, line: Line<'_>) {
+    /// Log a request's decision; whether it was logged (not over the workload's budget).
+    pub(crate) fn request(&self, caller: &Caller, line: Line<'_>) -> bool {
         if !self.admit(caller.cgroup_id) {
-            return;
+            return false;
         }
         let Line { verdict, reason, method, path, entry } = line;
         let (method, path) = (shown(method), shown(path));
@@ -154,6 +154,7 @@ impl DecisionLog {
             verdict, method, path, entry, cgroup_id = caller.cgroup_id, dst = %caller.dst, reason,
             "metadata proxy request"
         );
+        true
     }
 
     /// Log a connection refused before any request was judged.

@@ -2,7 +2,8 @@
 //! become structs in exactly one way ([`read_pod`]).
 use crate::abi::{
     AccessKey, AccessStats, AllowKey, DenyEvent, EndpointCounters, EndpointName, EpNameKey,
-    GateInfo, PolicyMeta, PortRuleKey, Prefilter, PrefixV4, PrefixV6, PrefixValue, TcClsact,
+    GateInfo, HandshakeKey, PolicyMeta, PortRuleKey, Prefilter, PrefixV4, PrefixV6, PrefixValue,
+    ProxyConfig, ProxyRecord, TcClsact,
 };
 
 // SAFETY: all are #[repr(C)], Copy, with explicit padding and no invalid bit patterns.
@@ -35,6 +36,12 @@ unsafe impl aya::Pod for AccessKey {}
 unsafe impl aya::Pod for AccessStats {}
 // SAFETY: as above.
 unsafe impl aya::Pod for Prefilter {}
+// SAFETY: as above.
+unsafe impl aya::Pod for ProxyConfig {}
+// SAFETY: as above.
+unsafe impl aya::Pod for ProxyRecord {}
+// SAFETY: as above.
+unsafe impl aya::Pod for HandshakeKey {}
 
 /// A plain-data value copied out of the front of `bytes`; `None` if `bytes` is too short.
 /// Alignment does not matter (the copy is unaligned).

@@ -79,6 +79,8 @@ named_enum! {
         Denied = (abi::VERDICT_DENIED, "denied"),
         /// Audit mode: would have been denied, let through.
         Audited = (abi::VERDICT_AUDITED, "audited"),
+        /// Sent to the agent's metadata proxy, which serves the workload's paths.
+        Proxied = (abi::VERDICT_PROXIED, "proxied"),
     }
 }
 
@@ -126,6 +128,14 @@ named_enum! {
         LsmBind = (9, "gate_lsm_bind"),
         /// `gate_tc` for interfaces whose packets do not start with an Ethernet header.
         TcL3 = (10, "gate_tc_l3"),
+        /// `getpeername()` of a socket sent to the metadata proxy: the address it asked for.
+        GetPeerName4 = (11, "gate_getpeername4"),
+        GetPeerName6 = (12, "gate_getpeername6"),
+        /// Moves a proxied connection's record from the client's socket to the proxy's.
+        SockOps = (13, "gate_sock_ops"),
+        /// Keeps the metadata proxy's port to the proxy.
+        Bind4 = (14, "gate_bind4"),
+        Bind6 = (15, "gate_bind6"),
     }
 }
 
@@ -182,6 +192,11 @@ impl Program {
             Program::LsmSetsockopt => AttachPoint::LsmSetsockopt,
             Program::LsmSocket => AttachPoint::LsmSocket,
             Program::LsmBind => AttachPoint::LsmBind,
+            Program::GetPeerName4 => AttachPoint::GetPeerName4,
+            Program::GetPeerName6 => AttachPoint::GetPeerName6,
+            Program::SockOps => AttachPoint::SockOps,
+            Program::Bind4 => AttachPoint::Bind4,
+            Program::Bind6 => AttachPoint::Bind6,
         }
     }
 }
@@ -198,17 +213,30 @@ pub enum AttachPoint {
     LsmSetsockopt,
     LsmSocket,
     LsmBind,
+    GetPeerName4,
+    GetPeerName6,
+    SockOps,
+    Bind4,
+    Bind6,
+    /// `gate_sock_ops` on the metadata proxy's own cgroup (its accepted sockets), where
+    /// that is not below the gated root.
+    ProxySockOps,
 }
 
 impl AttachPoint {
     /// The attach points on the gated cgroup, in attach order. (No sendmsg4/6: an
     /// unconnected UDP datagram is judged once, on egress, which fails its `sendto()` with
     /// EPERM just the same.)
-    pub const CGROUP: [AttachPoint; 4] = [
+    pub const CGROUP: [AttachPoint; 9] = [
         AttachPoint::Connect4,
         AttachPoint::Connect6,
         AttachPoint::Egress,
         AttachPoint::Setsockopt,
+        AttachPoint::GetPeerName4,
+        AttachPoint::GetPeerName6,
+        AttachPoint::SockOps,
+        AttachPoint::Bind4,
+        AttachPoint::Bind6,
     ];
 
     /// The node-wide BPF LSM attach points (where the kernel runs the BPF LSM).
@@ -227,6 +255,12 @@ impl AttachPoint {
             AttachPoint::LsmSetsockopt => "lsm-setsockopt",
             AttachPoint::LsmSocket => "lsm-socket",
             AttachPoint::LsmBind => "lsm-bind",
+            AttachPoint::GetPeerName4 => "getpeername4",
+            AttachPoint::GetPeerName6 => "getpeername6",
+            AttachPoint::SockOps => "sock-ops",
+            AttachPoint::Bind4 => "bind4",
+            AttachPoint::Bind6 => "bind6",
+            AttachPoint::ProxySockOps => "proxy-sock-ops",
         }
     }
 
@@ -251,6 +285,11 @@ impl AttachPoint {
             AttachPoint::LsmSetsockopt => Program::LsmSetsockopt,
             AttachPoint::LsmSocket => Program::LsmSocket,
             AttachPoint::LsmBind => Program::LsmBind,
+            AttachPoint::GetPeerName4 => Program::GetPeerName4,
+            AttachPoint::GetPeerName6 => Program::GetPeerName6,
+            AttachPoint::SockOps | AttachPoint::ProxySockOps => Program::SockOps,
+            AttachPoint::Bind4 => Program::Bind4,
+            AttachPoint::Bind6 => Program::Bind6,
         }
     }
 
@@ -273,7 +312,8 @@ impl AttachPoint {
         if Self::parse_tc_pin_name(pin).is_some() {
             return Some(AttachPoint::Tc);
         }
-        Self::CGROUP.iter().chain(&Self::LSM).copied().find(|a| a.pin_name() == pin)
+        let proxy = [AttachPoint::ProxySockOps];
+        Self::CGROUP.iter().chain(&Self::LSM).chain(&proxy).copied().find(|a| a.pin_name() == pin)
     }
 }
 

@@ -23,6 +23,10 @@
 //! * `hold-frame-bypass IFACE SLL_PROTO`: set PACKET_QDISC_BYPASS up now, print
 //!   `{"stage":"connected"}`, then send the frames of the next stdin line.
 //!
+//! * `exec PROGRAM [ARGS…]`: become PROGRAM (execvp) once in the cgroup and the netns: a
+//!   workload of any language (the clouds' Python SDKs), which never runs outside them. It
+//!   prints nothing of its own.
+//!
 //! Hold commands connect first, print `{"stage":"connected"}`, read the token from stdin,
 //! then send. `hammer-tcp` prints `{"stage":"connected"}`, then connect()s and sends the
 //! token in a loop until a line arrives on stdin, and reports
@@ -178,8 +182,48 @@ fn print(o: &Outcome, started: Instant) {
     let _ = std::io::stdout().flush();
 }
 
+/// An HTTP GET of `path` carrying `token` in a header (the metadata service logs it), over a
+/// TCP connection to `dst`; the reply starts with `peer=<getpeername()>` on its own line.
+fn http_get(dst: SocketAddr, token: &str, path: &str) -> Outcome {
+    let mut s = match TcpStream::connect_timeout(&dst, Duration::from_secs(2)) {
+        Ok(s) => s,
+        Err(e) => return fail("connect", &e),
+    };
+    let peer = s.peer_addr().map(|p| p.to_string()).unwrap_or_else(|e| format!("error {e}"));
+    let host = match dst.ip() {
+        IpAddr::V4(a) => a.to_string(),
+        IpAddr::V6(a) => format!("[{a}]"),
+    };
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nX-Probe-Token: {token}\r\nConnection: close\r\n\r\n"
+    );
+    if let Err(e) = s.write_all(req.as_bytes()) {
+        return fail("send", &e);
+    }
+    let _ = s.set_read_timeout(Some(Duration::from_secs(3)));
+    let mut reply = Vec::new();
+    match s.read_to_end(&mut reply) {
+        Ok(_) if !reply.is_empty() => Outcome {
+            ok: true,
+            errno: None,
+            stage: "recv",
+            reply: Some(format!("peer={peer}\n{}", String::from_utf8_lossy(&reply))),
+        },
+        Ok(_) => {
+            Outcome { ok: false, errno: None, stage: "recv", reply: Some(format!("peer={peer}\n")) }
+        }
+        Err(e) => fail("recv", &e),
+    }
+}
+
 fn run(cmd: &str, dst: SocketAddr, token: &str, iface: &str) -> Outcome {
     match cmd {
+        // `iface` is the path here.
+        "http" => http_get(dst, token, iface),
+        "bind" => match std::net::TcpListener::bind(dst) {
+            Ok(_) => Outcome { ok: true, errno: None, stage: "bind", reply: None },
+            Err(e) => fail("bind", &e),
+        },
         "tcp" => match TcpStream::connect_timeout(&dst, Duration::from_secs(2)) {
             Ok(s) => tcp_exchange(s, token),
             Err(e) => fail("connect", &e),
@@ -579,6 +623,14 @@ fn hammer_tcp(dst: SocketAddr, token: &str) -> Outcome {
 
 fn main() {
     let rest = integration_tests::imds::enter_workload("probe");
+    if let [cmd, program, args @ ..] = rest.as_slice()
+        && cmd == "exec"
+    {
+        use std::os::unix::process::CommandExt as _;
+        let e = std::process::Command::new(program).args(args).exec();
+        eprintln!("probe: exec {program}: {e}");
+        std::process::exit(127);
+    }
     let started = Instant::now();
     if let Some(outcome) = run_bytes(&rest) {
         print(&outcome, started);

@@ -293,9 +293,9 @@ fn bad_policy_is_refused_and_attaches_nothing() {
 }
 
 /// An entry narrowed to served paths, and `served` itself, open nothing while no metadata
-/// proxy serves them: the narrowed workload is refused as if it had no entry (as it will be
-/// while the proxy is down), an ordinary entry beside it is still served, and the agent says
-/// which entries it refuses.
+/// proxy serves them (no --proxy-address): the narrowed workload is refused as if it had no
+/// entry, an ordinary entry beside it is still served, and the agent says which entries it
+/// refuses.
 #[test]
 fn an_entry_narrowed_to_paths_is_refused_until_a_proxy_serves_them() {
     privileged!(an_entry_narrowed_to_paths_is_refused_until_a_proxy_serves_them);
@@ -316,7 +316,7 @@ fn an_entry_narrowed_to_paths_is_refused_until_a_proxy_serves_them() {
     for entry in ["csi-node", "served"] {
         let said = env.agent().find(|v| {
             v["entry"] == entry
-                && v["message"].as_str().is_some_and(|m| m.contains("not served by this version"))
+                && v["message"].as_str().is_some_and(|m| m.contains("the metadata proxy is off"))
         });
         assert!(said.is_some(), "no warning for {entry}: {:#?}", env.agent().logs());
     }

@@ -14,6 +14,7 @@
 //! | [`tc`] | AF_PACKET frames, a forwarding workload interface, the clsact fallback |
 //! | [`lifecycle`] | kill and adopt, upgrade, policy file edits, log rate limits, cleanup, ABI hand-over |
 //! | [`resilience`] | one agent per gate, repairs, a recreated root, retried applies, policy flips under load |
+//! | [`proxy`] | the metadata proxy: served paths, refused paths, connections without a record, its port, the proxy down; the clouds' Python SDKs through it (`proxy::sdk`) |
 //! | [`inspect`] | audit → report → suggest → enforce, `explain` against the live maps |
 //! | [`cluster`] | cluster mode against a Kubernetes API double |
 //! | [`bypass`] | every way around the gate (frames, rewrites, forwarding, VLAN tags, fragments, IPv6 chains, qdisc bypass, AF_XDP, a VM's tap), each without an agent, standalone and in cluster mode |
@@ -44,6 +45,7 @@ mod cluster;
 mod enforcement;
 mod inspect;
 mod lifecycle;
+mod proxy;
 mod resilience;
 mod tc;
 mod terminate;
