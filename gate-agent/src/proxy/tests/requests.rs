@@ -208,3 +208,17 @@ async fn entries_without_paths_are_refused() {
     assert_eq!(h.metrics.requests_of("refused", "no_paths"), 1);
     assert_eq!(h.metrics.requests_of("refused", "unknown_entry"), 1);
 }
+
+/// A second request behind the first on the same connection is never read, let alone
+/// forwarded: one request per connection.
+#[tokio::test]
+async fn a_pipelined_second_request_is_never_read() {
+    let h = Harness::start().await;
+    let raw = "GET /latest/meta-data/instance-id HTTP/1.1\r\n\r\n\
+               GET /latest/meta-data/iam/info HTTP/1.1\r\n\r\n";
+    let answer = h.send(Some(h.caller(7, CSI)), raw.as_bytes()).await;
+    assert_eq!(answer.status(), 200, "{answer:?}");
+    assert_eq!(answer.header("connection").as_deref(), Some("close"));
+    assert_eq!(String::from_utf8_lossy(&answer.raw).matches("HTTP/1.1").count(), 1);
+    assert_eq!(h.seen(), ["GET /latest/meta-data/instance-id"]);
+}
