@@ -53,6 +53,22 @@ fn cases() -> impl Iterator<Item = (&'static str, &'static str, &'static str, bo
         .map(|&(cg, addr, path, served, _)| (cg, addr, path, served))
 }
 
+/// The agent with its metadata proxy on the node's test addresses, in the test cgroup
+/// `cgroup` (relative to the tree's base; below `gated/` as the DaemonSet's pod is).
+fn proxy_agent(env: &Env, cgroup: &str) -> Agent {
+    let extra =
+        ["--proxy-address", NODE_V4, "--proxy-address", PROXY_V6, "--proxy-port", PROXY_PORT];
+    let agent = Agent::start_in_cgroup(
+        &env.bins,
+        &env.net.node_path(),
+        &env.policy_file,
+        &env.cg.gated(),
+        &env.cgroup(cgroup),
+        &extra,
+    );
+    agent.expect("agent ready")
+}
+
 fn http(env: &Env, cgroup: &str, addr: &str, path: &str) -> (String, Outcome) {
     let t = token("http");
     (t.clone(), env.probe(cgroup, &["http", addr, "80", &t, path]))
@@ -74,17 +90,7 @@ fn served_paths_go_through_the_proxy_and_nothing_else_does() {
         assert!(o.reply.as_deref().is_some_and(|r| r.contains(INSTANCE_ID)), "{path}: {o:?}");
         assert!(env.imds.wait_for(&t, Duration::from_secs(2)), "{cgroup} {path}: no token");
     }
-    let extra = ["--proxy-address", NODE_V4, "--proxy-address", PROXY_V6];
-    let extra = [&extra[..], &["--proxy-port", PROXY_PORT]].concat();
-    let agent = Agent::start_in_cgroup(
-        &env.bins,
-        &env.net.node_path(),
-        &env.policy_file,
-        &env.cg.gated(),
-        &env.cgroup("gated/agent"),
-        &extra,
-    );
-    env.agent = Some(agent.expect("agent ready"));
+    env.agent = Some(proxy_agent(&env, "gated/agent"));
 
     for (cgroup, addr, path, served) in cases() {
         let (t, o) = http(&env, cgroup, addr, path);
@@ -171,17 +177,7 @@ fn a_pod_network_workload_is_served_its_paths_under_hop_limit_1() {
         "hop limit 1 did not hold: {o:?}"
     );
 
-    let extra =
-        ["--proxy-address", NODE_V4, "--proxy-address", PROXY_V6, "--proxy-port", PROXY_PORT];
-    let agent = Agent::start_in_cgroup(
-        &env.bins,
-        &env.net.node_path(),
-        &env.policy_file,
-        &env.cg.gated(),
-        &env.cgroup("agent"),
-        &extra,
-    );
-    env.agent = Some(agent.expect("agent ready"));
+    env.agent = Some(proxy_agent(&env, "agent"));
     for addr in [IMDS_V4, IMDS_V6] {
         let (t, o) = in_pod(&env, "/latest/meta-data/placement/region", addr);
         let reply = o.reply.clone().unwrap_or_default();

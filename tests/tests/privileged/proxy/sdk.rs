@@ -15,15 +15,11 @@ use std::{collections::BTreeMap, path::Path, time::Duration};
 use integration_tests::{
     agent::{Agent, metric},
     imds::{FakeImds, INSTANCE_ID, platforms as fake},
-    net::NODE_V4,
     python::{self, Op, Report, Script},
     sys::{in_ci, slow, unique},
 };
 
-use super::{
-    super::{Env, TempDir, policy},
-    PROXY_PORT, PROXY_V6,
-};
+use super::super::{Env, TempDir, policy};
 
 const AWS: &str = "aws_botocore.py";
 const GCP: &str = "gcp_google_auth.py";
@@ -334,17 +330,8 @@ fn cloud_sdks_get_their_served_paths_and_are_refused_the_rest_at_once() {
     // Without the gate every library reaches every path, the guarded ones included.
     run_cases(&env, &script, false);
 
-    let extra = ["--proxy-address", NODE_V4, "--proxy-address", PROXY_V6];
-    let extra = [&extra[..], &["--proxy-port", PROXY_PORT]].concat();
-    let agent = Agent::start_in_cgroup(
-        &env.bins,
-        &env.net.node_path(),
-        &env.policy_file,
-        &env.cg.gated(),
-        &env.cgroup("agent"),
-        &extra,
-    );
-    env.agent = Some(agent.expect("agent ready"));
+    let agent = super::proxy_agent(&env, "agent");
+    env.agent = Some(agent);
     run_cases(&env, &script, true);
 
     // Each refusal names the entry (or `served`) whose paths refused it, and why.
