@@ -132,13 +132,13 @@ fn gate_connect6(ctx: SockAddrContext) -> i32 {
 // ---- the way to the metadata proxy (see `proxy`) ---------------------------------------------
 
 #[cgroup_sock_addr(getpeername4)]
-fn gate_getpeername4(ctx: SockAddrContext) -> i32 {
+fn gate_peername4(ctx: SockAddrContext) -> i32 {
     proxy::restore(&ctx, false);
     1
 }
 
 #[cgroup_sock_addr(getpeername6)]
-fn gate_getpeername6(ctx: SockAddrContext) -> i32 {
+fn gate_peername6(ctx: SockAddrContext) -> i32 {
     proxy::restore(&ctx, true);
     1
 }

@@ -129,8 +129,8 @@ named_enum! {
         /// `gate_tc` for interfaces whose packets do not start with an Ethernet header.
         TcL3 = (10, "gate_tc_l3"),
         /// `getpeername()` of a socket sent to the metadata proxy: the address it asked for.
-        GetPeerName4 = (11, "gate_getpeername4"),
-        GetPeerName6 = (12, "gate_getpeername6"),
+        GetPeerName4 = (11, "gate_peername4"),
+        GetPeerName6 = (12, "gate_peername6"),
         /// Moves a proxied connection's record from the client's socket to the proxy's.
         SockOps = (13, "gate_sock_ops"),
         /// Keeps the metadata proxy's port to the proxy.

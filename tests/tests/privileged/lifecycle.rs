@@ -55,7 +55,17 @@ fn sigkill_keeps_the_gate_closed_and_a_restart_adopts_it() {
         .unwrap_or_default();
     // The node-level programs of lo (egress) and the uplink (egress and ingress): tcx links on
     // 6.6+, clsact filters before; the LSM programs where the kernel runs them.
-    let mut want = vec!["connect4", "connect6", "egress", "setsockopt"];
+    let mut want = vec![
+        "bind4",
+        "bind6",
+        "connect4",
+        "connect6",
+        "egress",
+        "getpeername4",
+        "getpeername6",
+        "setsockopt",
+        "sock-ops",
+    ];
     if down["lsm"] == "enforcing" {
         want.extend(["lsm-bind", "lsm-setsockopt", "lsm-socket"]);
     }
@@ -167,7 +177,8 @@ fn upgrade_swaps_programs_without_an_open_window() {
     assert_ne!(prog_ids(&before), prog_ids(&after), "programs not replaced");
     assert_eq!(
         env.agent().logs().iter().filter(|l| l.contains("replaced program in place")).count(),
-        4,
+        // The cgroup hooks: connect4/6, egress, setsockopt, getpeername4/6, sock_ops, bind4/6.
+        9,
         "every cgroup hook updated in place"
     );
     env.assert_served("gated/cloud-agent", "tcp", IMDS_V4, "80");
