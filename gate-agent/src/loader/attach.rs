@@ -2,7 +2,7 @@
 //! program of a link an earlier agent pinned (BPF_LINK_UPDATE), pinning links and programs —
 //! and putting back what went missing while the agent runs ([`Gate::repair`]): a link that
 //! was detached or unpinned, a pin that was removed, a root that was recreated.
-use std::{fs, os::fd::AsFd as _};
+use std::{fs, os::fd::AsFd as _, path::Path};
 
 use gate_common::{
     abi::names,
@@ -190,25 +190,33 @@ impl Gate {
                 source,
             })?;
         }
-        let cgroup = fs::File::open(&root.path).map_err(|source| LoaderError::Io {
+        self.link_cgroup(point, &root.path)?;
+        Ok(LinkState::Created)
+    }
+
+    /// Attach the program of `point` to the cgroup at `dir` with a new bpf_link and pin it
+    /// under `links/<point>`.
+    pub(super) fn link_cgroup(&self, point: AttachPoint, dir: &Path) -> Result<(), LoaderError> {
+        let name = self.program_for(point).name();
+        let cgroup = fs::File::open(dir).map_err(|source| LoaderError::Io {
             what: "opening cgroup",
-            path: root.path.clone(),
+            path: dir.to_path_buf(),
             source,
         })?;
         let p = self.ebpf.program(name).ok_or(LoaderError::MissingProgram(name))?;
-        let fd = p.fd().map_err(perr)?;
+        let fd = p.fd().map_err(|source| LoaderError::Program { name, source })?;
         let link = sys::link_create_cgroup(fd.as_fd(), cgroup.as_fd(), attach_type(point))
             .map_err(|source| LoaderError::Io {
                 what: "attaching with a bpf_link to",
-                path: root.path.clone(),
+                path: dir.to_path_buf(),
                 source,
             })?;
+        let link_path = self.layout.link(point.pin_name());
         sys::obj_pin(link.as_fd(), &link_path).map_err(|source| LoaderError::Io {
             what: "pinning",
             path: link_path,
             source,
-        })?;
-        Ok(LinkState::Created)
+        })
     }
 
     /// Pin (or re-pin) the program of an attach point; returns its id.

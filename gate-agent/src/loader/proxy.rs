@@ -1,15 +1,15 @@
 //! The kernel side of the metadata proxy, as the agent sees it: where redirected connects go
 //! (PROXY), `gate_sock_ops` on the proxy's own cgroup, and the record of an accepted
 //! connection (SK_RECORDS).
-use std::{fs, os::fd::AsFd as _, os::fd::AsRawFd};
+use std::{fs, os::fd::AsRawFd};
 
 use aya::maps::{Array, HashMap, Map, MapData, MapError, SkStorage};
 use gate_common::{
     abi::{CONFIG_ACTIVE_GEN, HandshakeKey, ProxyConfig, ProxyRecord, names},
-    user::{AttachPoint, Program},
+    user::AttachPoint,
 };
 
-use super::{Gate, LoaderError, map_err, sys};
+use super::{Gate, LoaderError, map_err};
 use crate::cgroup::GatedRoot;
 
 impl Gate {
@@ -39,25 +39,7 @@ impl Gate {
         if proxy.path.starts_with(&root.path) {
             return Ok(());
         }
-        let name = Program::SockOps.name();
-        let p = self.ebpf.program(name).ok_or(LoaderError::MissingProgram(name))?;
-        let fd = p.fd().map_err(|source| LoaderError::Program { name, source })?;
-        let cgroup = fs::File::open(&proxy.path).map_err(|source| LoaderError::Io {
-            what: "opening the proxy's cgroup",
-            path: proxy.path.clone(),
-            source,
-        })?;
-        let link = sys::link_create_cgroup(fd.as_fd(), cgroup.as_fd(), 3) // BPF_CGROUP_SOCK_OPS
-            .map_err(|source| LoaderError::Io {
-                what: "attaching sock_ops to",
-                path: proxy.path.clone(),
-                source,
-            })?;
-        sys::obj_pin(link.as_fd(), &link_path).map_err(|source| LoaderError::Io {
-            what: "pinning",
-            path: link_path,
-            source,
-        })
+        self.link_cgroup(point, &proxy.path)
     }
 
     /// What the proxy reads for each connection, opened apart from the gate (whose lock an
