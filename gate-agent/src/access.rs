@@ -55,17 +55,34 @@ pub(crate) struct Counts {
     pub allowed: u64,
     pub denied: u64,
     pub audited: u64,
+    /// Connects sent to the metadata proxy (its requests are in [`crate::proxy::PathLog`]).
+    #[serde(default)]
+    pub proxied: u64,
 }
 
 impl Counts {
     fn of(s: &AccessStats) -> Counts {
-        Counts { allowed: s.allowed, denied: s.denied, audited: s.audited }
+        Counts { allowed: s.allowed, denied: s.denied, audited: s.audited, proxied: s.proxied }
     }
+
+    /// The counts in [`Counts::VERDICTS`] order.
+    pub(crate) fn by_verdict(&self) -> [u64; 4] {
+        [self.allowed, self.denied, self.audited, self.proxied]
+    }
+
+    /// The verdicts of [`Counts::by_verdict`], in its order.
+    pub(crate) const VERDICTS: [gate_common::user::Verdict; 4] = [
+        gate_common::user::Verdict::Allowed,
+        gate_common::user::Verdict::Denied,
+        gate_common::user::Verdict::Audited,
+        gate_common::user::Verdict::Proxied,
+    ];
 
     pub(crate) fn add(&mut self, o: Counts) {
         self.allowed += o.allowed;
         self.denied += o.denied;
         self.audited += o.audited;
+        self.proxied += o.proxied;
     }
 
     pub(crate) fn is_zero(&self) -> bool {
@@ -82,6 +99,21 @@ pub(crate) struct AccessRecord {
     pub counts: Counts,
     /// Wall clock (ms since the Unix epoch) of the last access.
     pub last_seen_unix_ms: u64,
+    /// What it asked the metadata proxy for, by path (`proxied` connects).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<PathUse>,
+}
+
+/// Requests of one workload for one method and path through the metadata proxy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PathUse {
+    pub method: String,
+    pub path: String,
+    /// Query parameter names sent with it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub query: Vec<String>,
+    #[serde(flatten)]
+    pub counts: crate::proxy::PathCounts,
 }
 
 /// The kernel's tally as last read, to turn it into increments.
@@ -104,14 +136,13 @@ impl Harvest {
             seen.insert(key);
             let now = Counts::of(&stats);
             let before = self.last.insert(key, now).unwrap_or_default();
-            let delta = if now.allowed >= before.allowed
-                && now.denied >= before.denied
-                && now.audited >= before.audited
-            {
+            let grew = now.by_verdict().into_iter().zip(before.by_verdict()).all(|(n, b)| n >= b);
+            let delta = if grew {
                 Counts {
                     allowed: now.allowed - before.allowed,
                     denied: now.denied - before.denied,
                     audited: now.audited - before.audited,
+                    proxied: now.proxied - before.proxied,
                 }
             } else {
                 now
@@ -186,11 +217,64 @@ pub(crate) fn records(
             endpoint: ep,
             counts: Counts::default(),
             last_seen_unix_ms: 0,
+            paths: Vec::new(),
         });
         r.counts.add(Counts::of(stats));
         r.last_seen_unix_ms = r.last_seen_unix_ms.max(last);
     }
     by.into_values().filter(|r| !r.counts.is_zero()).collect()
+}
+
+/// Add the metadata proxy's path record to `records`, by workload and endpoint
+/// (`identify` names a cgroup id as for [`records`]); a workload the kernel's tally no
+/// longer holds gets a record of its own.
+pub(crate) fn add_paths(
+    records: &mut Vec<AccessRecord>,
+    paths: &[crate::proxy::PathRecord],
+    mut identify: impl FnMut(u64) -> Identity,
+) {
+    let mut by: BTreeMap<(String, String, String, String, Vec<String>), PathUse> = BTreeMap::new();
+    let mut who: BTreeMap<(String, String), Identity> = BTreeMap::new();
+    for p in paths {
+        let identity = identify(p.key.cgroup_id);
+        let (workload, endpoint) = (identity.workload.clone(), p.key.endpoint.clone());
+        who.entry((workload.clone(), endpoint.clone())).or_insert(identity);
+        let k = &p.key;
+        by.entry((workload, endpoint, k.path.clone(), k.method.clone(), k.query.clone()))
+            .or_insert_with(|| PathUse {
+                method: k.method.clone(),
+                path: k.path.clone(),
+                query: k.query.clone(),
+                counts: crate::proxy::PathCounts::default(),
+            })
+            .counts
+            .add(&p.counts);
+    }
+    for ((workload, endpoint, ..), usage) in by {
+        let at = match records
+            .iter()
+            .position(|r| r.identity.workload == workload && r.endpoint == endpoint)
+        {
+            Some(i) => i,
+            None => {
+                let identity = who.remove(&(workload, endpoint.clone())).unwrap_or_default();
+                records.push(AccessRecord {
+                    identity,
+                    endpoint,
+                    counts: Counts::default(),
+                    last_seen_unix_ms: 0,
+                    paths: Vec::new(),
+                });
+                records.len() - 1
+            }
+        };
+        let r = &mut records[at];
+        r.last_seen_unix_ms = r.last_seen_unix_ms.max(usage.counts.last_seen_unix_ms);
+        r.paths.push(usage);
+    }
+    records.sort_by(|a, b| {
+        (&a.identity.workload, &a.endpoint).cmp(&(&b.identity.workload, &b.endpoint))
+    });
 }
 
 #[cfg(test)]

@@ -180,10 +180,22 @@ pub(crate) enum Command {
         state_dir: PathBuf,
     },
     /// The verdict for a workload and destination, and why, decided against the live maps;
-    /// exit 0 passes (unprotected or allowed), 1 denied, 2 audited
+    /// for a connect that goes through the metadata proxy, the proxy's decision on a request
+    /// (--path). Exit 0 passes (unprotected, allowed, or a request the proxy serves), 1 denied
+    /// (or a request it refuses), 2 audited, 3 through the proxy with no --path given
     Explain {
         #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
         pin_dir: PathBuf,
+        /// Where the agent keeps the policy in force (`run --state-dir`): --path is judged by it
+        #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+        state_dir: PathBuf,
+        /// A request target (`/latest/meta-data/placement/region`, `/metadata/instance?api-version=2021-02-01`):
+        /// where the connect goes through the metadata proxy, whether the proxy serves it
+        #[arg(long, value_name = "TARGET")]
+        path: Option<String>,
+        /// The request's method, for --path
+        #[arg(long, value_name = "METHOD", default_value = "GET", requires = "path")]
+        method: String,
         /// The workload's cgroup: absolute, or relative to the gated root
         #[arg(long, value_name = "PATH", conflicts_with = "pod", required_unless_present = "pod")]
         cgroup: Option<PathBuf>,

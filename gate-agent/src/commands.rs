@@ -82,7 +82,7 @@ fn cleanup(pin_dir: &std::path::Path) -> ExitCode {
 
 fn report(pin_dir: &std::path::Path, state_dir: &std::path::Path, json: bool) -> ExitCode {
     match crate::inspect::report(pin_dir, Some(state_dir)) {
-        Ok(records) if json => match serde_json::to_string_pretty(&records) {
+        Ok(found) if json => match serde_json::to_string_pretty(&found.records) {
             Ok(s) => {
                 println!("{s}");
                 ExitCode::SUCCESS
@@ -92,9 +92,9 @@ fn report(pin_dir: &std::path::Path, state_dir: &std::path::Path, json: bool) ->
                 ExitCode::FAILURE
             }
         },
-        Ok(records) => {
+        Ok(found) => {
             let now = crate::inspect::now_unix_ms();
-            print!("{}", crate::inspect::report::render_table(&records, now));
+            print!("{}", crate::inspect::report::render_table(&found.records, now));
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -104,13 +104,16 @@ fn report(pin_dir: &std::path::Path, state_dir: &std::path::Path, json: bool) ->
     }
 }
 
-/// `explain`: exit 0 passes, 1 denied, 2 audited (the worst over the destinations), 4 error.
+/// `explain`: exit 0 passes, 1 denied, 2 audited, 3 through the proxy (the worst over the
+/// destinations), 4 error.
 fn explain(
     pin_dir: &std::path::Path,
     cgroup: Option<std::path::PathBuf>,
     pod: Option<String>,
     kubeconfig: Option<std::path::PathBuf>,
     dst: Option<String>,
+    // (method, target, the state dir the policy in force is kept in)
+    request: Option<(String, String, std::path::PathBuf)>,
     json: bool,
 ) -> ExitCode {
     use crate::inspect::{Pinned, explain};
@@ -132,7 +135,27 @@ fn explain(
             Some(d) => vec![explain::parse_dst(&d).map_err(|e| anyhow::anyhow!("{d}: {e}"))?],
             None => explain::protected_destinations(&pinned),
         };
-        dsts.iter().map(|d| Ok(explain::explain(&pinned, &path, d)?)).collect()
+        let kept = match &request {
+            Some((_, _, dir)) => {
+                let state = crate::state::StateDir::new(dir);
+                let file = state.policy_path();
+                let text = state.load_policy().map_err(|e| {
+                    anyhow::anyhow!(
+                        "--path needs the policy the agent keeps: {}: {e}",
+                        file.display()
+                    )
+                })?;
+                Some(crate::policy::Policy::parse(&file.display().to_string(), &text)?)
+            }
+            None => None,
+        };
+        let asked = match (&request, &kept) {
+            (Some((method, target, _)), Some(policy)) => {
+                Some(explain::Request { method, target, policy })
+            }
+            _ => None,
+        };
+        dsts.iter().map(|d| Ok(explain::explain(&pinned, &path, d, asked.as_ref())?)).collect()
     };
     match run() {
         Ok(found) => {
@@ -143,15 +166,9 @@ fn explain(
                     print!("{}", e.render());
                 }
             }
-            // Denied beats audited beats passing.
+            // Denied beats audited beats "through the proxy" beats passing.
             let codes: Vec<u8> = found.iter().map(|e| e.exit_code()).collect();
-            ExitCode::from(if codes.contains(&1) {
-                1
-            } else if codes.contains(&2) {
-                2
-            } else {
-                0
-            })
+            ExitCode::from([1, 2, 3].into_iter().find(|c| codes.contains(c)).unwrap_or(0))
         }
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -166,8 +183,9 @@ pub fn main() -> ExitCode {
         Command::Report { pin_dir, state_dir, json } => report(&pin_dir, &state_dir, json),
         Command::Suggest { pin_dir, state_dir } => {
             match crate::inspect::report(&pin_dir, Some(&state_dir)) {
-                Ok(records) => {
-                    print!("{}", crate::inspect::suggest::suggest(&records));
+                Ok(found) => {
+                    let platform = Some(found.platform.as_str()).filter(|p| !p.is_empty());
+                    print!("{}", crate::inspect::suggest::suggest(&found.records, platform));
                     ExitCode::SUCCESS
                 }
                 Err(e) => {
@@ -176,8 +194,19 @@ pub fn main() -> ExitCode {
                 }
             }
         }
-        Command::Explain { pin_dir, cgroup, pod, kubeconfig, dst, json } => {
-            explain(&pin_dir, cgroup, pod, kubeconfig, dst, json)
+        Command::Explain {
+            pin_dir,
+            state_dir,
+            path,
+            method,
+            cgroup,
+            pod,
+            kubeconfig,
+            dst,
+            json,
+        } => {
+            let request = path.map(|p| (method, p, state_dir));
+            explain(&pin_dir, cgroup, pod, kubeconfig, dst, request, json)
         }
         Command::Boot(args) => {
             init_logging(LogFormat::Text);

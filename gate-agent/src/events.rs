@@ -165,8 +165,8 @@ pub(crate) struct EventSinks {
     pub endpoints: Arc<RwLock<Vec<String>>>,
     /// Denials per workload, for /metrics.
     pub by_workload: Arc<Mutex<WorkloadCounts>>,
-    /// Accesses per workload and verdict (allowed, denied, audited), for /metrics.
-    pub accesses: Arc<Mutex<[WorkloadCounts; 3]>>,
+    /// Accesses per workload and verdict (`Counts::VERDICTS` order), for /metrics.
+    pub accesses: Arc<Mutex<[WorkloadCounts; 4]>>,
     /// Where the identities of the cgroups seen are kept for `report`, if anywhere.
     pub state_dir: Option<PathBuf>,
     /// Logged denials are also sent here (cluster mode raises Kubernetes Events).
@@ -277,7 +277,7 @@ pub(crate) async fn run(
                     }
                     let refused = delta.denied + delta.audited;
                     if let Ok(mut c) = sinks.accesses.lock() {
-                        for (i, n) in [delta.allowed, delta.denied, delta.audited].into_iter().enumerate() {
+                        for (i, n) in delta.by_verdict().into_iter().enumerate() {
                             if n > 0 {
                                 c[i].add_n(&workload, n);
                             }

@@ -13,7 +13,7 @@
 
 /// Bumped whenever a type, map or program below changes incompatibly; the agent pins under
 /// `<pin-dir>/v<ABI_VERSION>/`.
-pub const ABI_VERSION: u32 = 8;
+pub const ABI_VERSION: u32 = 9;
 
 /// Map names as they appear in the eBPF object (and under the pin dir).
 pub mod names {
@@ -448,6 +448,8 @@ pub struct AccessStats {
     pub allowed: u64,
     pub denied: u64,
     pub audited: u64,
+    /// Connects sent to the metadata proxy (which counts their requests by path).
+    pub proxied: u64,
     /// bpf_ktime_get_ns of the last access.
     pub last_ns: u64,
     /// Start of the current event window.
@@ -644,7 +646,7 @@ const _: () = {
     assert!(size_of::<EndpointCounters>() == 32);
     assert!(size_of::<DenyEvent>() == 64);
     assert!(size_of::<AccessKey>() == 16);
-    assert!(size_of::<AccessStats>() == 48);
+    assert!(size_of::<AccessStats>() == 56);
     assert!(EVENTS_BYTES.is_power_of_two());
 };
 

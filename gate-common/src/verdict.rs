@@ -249,9 +249,10 @@ pub fn cgroup_allowed<T: Tables>(
 /// Where a connect that the allow set does not let through goes instead of being refused:
 /// to the metadata proxy, under the allow entry whose paths apply (`proxy_entry`, the walk
 /// for [`GRANT_PROXY`](crate::abi::GRANT_PROXY)), else under the policy's `served` paths
-/// ([`ENTRY_SERVED`]); `None`: refused. Only in enforce mode (audit lets it through
-/// anyway), and only TCP to the endpoint's [`HTTP_PORT`]: other ports and protocols keep
-/// the allow-or-refuse verdict.
+/// ([`ENTRY_SERVED`]); `None`: refused. In audit mode every such connect goes to the proxy,
+/// which passes every path and records which ones the workload read (audit, then
+/// `suggest`'s `paths:`). Only TCP to the endpoint's [`HTTP_PORT`]: other ports and
+/// protocols keep the allow-or-refuse verdict.
 #[inline(always)]
 pub fn proxy_route(
     mode: u32,
@@ -259,12 +260,12 @@ pub fn proxy_route(
     dst: &Dst,
     proxy_entry: impl FnOnce() -> Option<u32>,
 ) -> Option<u32> {
-    if mode == MODE_AUDIT || dst.proto != PROTO_TCP || dst.port != HTTP_PORT {
+    if dst.proto != PROTO_TCP || dst.port != HTTP_PORT {
         return None;
     }
     match proxy_entry() {
         Some(entry) => Some(entry),
-        None if served != 0 => Some(ENTRY_SERVED),
+        None if served != 0 || mode == MODE_AUDIT => Some(ENTRY_SERVED),
         None => None,
     }
 }
@@ -396,8 +397,10 @@ mod tests {
         for other in [dst(53, PROTO_TCP), dst(HTTP_PORT, PROTO_UDP), dst(443, PROTO_TCP)] {
             assert_eq!(proxy_route(MODE_ENFORCE, 1, &other, || Some(3)), None, "{other:?}");
         }
-        // Audit mode lets the connect through directly (counted as audited).
-        assert_eq!(proxy_route(MODE_AUDIT, 1, &http, || Some(3)), None);
+        // Audit mode sends every HTTP connect to the proxy, which passes and records paths.
+        assert_eq!(proxy_route(MODE_AUDIT, 1, &http, || Some(3)), Some(3));
+        assert_eq!(proxy_route(MODE_AUDIT, 0, &http, || None), Some(ENTRY_SERVED));
+        assert_eq!(proxy_route(MODE_AUDIT, 0, &dst(53, PROTO_UDP), || None), None);
         // An unknown mode enforces.
         assert_eq!(proxy_route(77, 1, &http, || None), Some(ENTRY_SERVED));
     }

@@ -138,9 +138,11 @@ pub(crate) fn account(cgroup_id: u64, endpoint: u32, verdict: u32, now: u64) -> 
         match verdict {
             VERDICT_ALLOWED => fresh.allowed = 1,
             VERDICT_DENIED => fresh.denied = 1,
+            VERDICT_PROXIED => fresh.proxied = 1,
             _ => fresh.audited = 1,
         }
-        fresh.sent = u32::from(verdict != VERDICT_ALLOWED);
+        let quiet = verdict == VERDICT_ALLOWED || verdict == VERDICT_PROXIED;
+        fresh.sent = u32::from(!quiet);
         // A full LRU map evicts its least recently used entry; an insert that still fails
         // loses the count, not the event.
         let _ = ACCESS.insert(key, fresh, 0);
@@ -152,11 +154,13 @@ pub(crate) fn account(cgroup_id: u64, endpoint: u32, verdict: u32, now: u64) -> 
         let field = match verdict {
             VERDICT_ALLOWED => &raw mut (*st).allowed,
             VERDICT_DENIED => &raw mut (*st).denied,
+            VERDICT_PROXIED => &raw mut (*st).proxied,
             _ => &raw mut (*st).audited,
         };
         atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(field, 1);
         (*st).last_ns = now;
-        if verdict == VERDICT_ALLOWED {
+        // Allowed and proxied connects send no denial event (the proxy reports its refusals).
+        if verdict == VERDICT_ALLOWED || verdict == VERDICT_PROXIED {
             return false;
         }
         if now.wrapping_sub((*st).window_start_ns) >= EVENT_WINDOW_NS {
@@ -256,11 +260,11 @@ pub(crate) fn settle(
     };
     count(caller.hook, verdict);
     count_endpoint(endpoint, verdict);
-    if verdict == VERDICT_ALLOWED {
+    if verdict == VERDICT_ALLOWED || verdict == VERDICT_PROXIED {
+        // Counted for `report`; a proxied connect's requests are reported by the proxy.
         // SAFETY: helper without arguments.
         account(cgroup_id(), endpoint, verdict, unsafe { bpf_ktime_get_ns() });
-    } else if verdict != VERDICT_PROXIED {
-        // A proxied connect is reported by the proxy, per request.
+    } else {
         report(caller, cgroup_id(), verdict, endpoint, what);
     }
     (verdict, entry)

@@ -242,6 +242,7 @@ impl Engine {
         let proxy = proxy::start(
             cfg.proxy.as_ref(),
             started_ns,
+            cfg.state_dir.as_deref(),
             &gate,
             &root,
             &policy,

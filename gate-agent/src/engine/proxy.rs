@@ -25,7 +25,7 @@ use crate::{
     loader::{Gate, RecordReader},
     metrics::AgentMetrics,
     policy::Policy,
-    proxy::{self, Caller, Callers, Limits, ProxyError, Table},
+    proxy::{self, Caller, Callers, Limits, PathLog, ProxyError, Table},
 };
 
 /// The running proxy: dropping it stops it (the kernel keeps redirecting; connections are
@@ -37,6 +37,10 @@ pub(crate) struct ProxyHandle {
     reader: Arc<RecordReader>,
     task: tokio::task::JoinHandle<()>,
     sweeper: tokio::task::JoinHandle<()>,
+    /// The paths asked for, and the state dir they are kept in for `report`.
+    paths: Arc<PathLog>,
+    state_dir: Option<PathBuf>,
+    keeper: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl ProxyHandle {
@@ -54,6 +58,12 @@ impl Drop for ProxyHandle {
     fn drop(&mut self) {
         self.task.abort();
         self.sweeper.abort();
+        if let Some(k) = &self.keeper {
+            k.abort();
+        }
+        if let Some(dir) = &self.state_dir {
+            keep_paths(&self.paths, dir);
+        }
     }
 }
 
@@ -112,10 +122,13 @@ fn kernel_config(listen: &ProxyListen, cgroup_id: u64) -> ProxyConfig {
 
 /// Tell the kernel where the proxy is (or, with `listen` none, that there is none: the
 /// connects it would take are refused), then listen and serve.
-/// `since_ns`: when the apply of `policy` began (see [`ProxyHandle::follow`]).
+/// `since_ns`: when the apply of `policy` began (see [`ProxyHandle::follow`]); `state_dir`:
+/// where the record of paths asked for is kept (see [`PathLog`]).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn start(
     listen: Option<&ProxyListen>,
     since_ns: u64,
+    state_dir: Option<&std::path::Path>,
     gate: &Arc<Mutex<Gate>>,
     root: &GatedRoot,
     policy: &Policy,
@@ -154,14 +167,17 @@ pub(crate) fn start(
     let notify = notify.map(|tx| (tx, root.clone()));
     let callers: Arc<dyn Callers> =
         Arc::new(KernelCallers { reader: reader.clone(), since: since.clone(), notify });
+    let paths = Arc::new(state_dir.map_or_else(PathLog::default, PathLog::load));
     let task = tokio::spawn(proxy::serve(
         listeners,
         callers,
         rx,
         metrics.proxy.clone(),
         Limits::default(),
+        paths.clone(),
         std::future::pending(),
     ));
+    let keeper = state_dir.map(|dir| tokio::spawn(keep(paths.clone(), dir.to_path_buf())));
     tracing::info!(
         addresses = ?listen.addresses,
         port = listen.port,
@@ -169,7 +185,27 @@ pub(crate) fn start(
         generation,
         "metadata proxy listening"
     );
-    Ok(Some(ProxyHandle { tables, since, reader, task, sweeper }))
+    let state_dir = state_dir.map(std::path::Path::to_path_buf);
+    Ok(Some(ProxyHandle { tables, since, reader, task, sweeper, paths, state_dir, keeper }))
+}
+
+/// How often the record of paths is written to the state dir (when it changed).
+const KEEP_EVERY: Duration = Duration::from_secs(10);
+
+/// Write the record of paths to `dir` every [`KEEP_EVERY`], where `report` reads it.
+async fn keep(paths: Arc<PathLog>, dir: PathBuf) {
+    let mut tick = tokio::time::interval(KEEP_EVERY);
+    loop {
+        tick.tick().await;
+        let (paths, dir) = (paths.clone(), dir.clone());
+        let _ = tokio::task::spawn_blocking(move || keep_paths(&paths, &dir)).await;
+    }
+}
+
+fn keep_paths(paths: &PathLog, dir: &std::path::Path) {
+    if let Err(e) = paths.save(dir) {
+        tracing::warn!(error = %e, dir = %dir.display(), "keeping the metadata proxy's path record");
+    }
 }
 
 /// How long a record may wait for the proxy's side of its handshake (which comes within a
@@ -270,6 +306,7 @@ fn caller(r: ProxyRecord, since_ns: u64) -> Caller {
         cgroup_id: r.cgroup_id,
         generation: if r.ts_ns < since_ns { STALE } else { r.generation },
         entry: (r.entry != ENTRY_SERVED).then_some(r.entry),
+        endpoint: r.endpoint,
         dst: SocketAddr::new(ip, r.port),
     }
 }

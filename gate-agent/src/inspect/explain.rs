@@ -11,16 +11,16 @@ use std::{
 use aya::maps::lpm_trie::Key;
 use gate_common::{
     abi::{
-        AllowKey, GEN_PREFIX_BITS, GRANT_METADATA, PROTO_TCP, PROTO_UDP, PortRuleKey, PrefixV4,
-        PrefixV6, PrefixValue, allow_entry,
+        AllowKey, ENTRY_SERVED, GEN_PREFIX_BITS, GRANT_METADATA, GRANT_PROXY, PROTO_TCP, PROTO_UDP,
+        PortRuleKey, PrefixV4, PrefixV6, PrefixValue, allow_entry,
     },
     user::{Mode, Verdict},
-    verdict::{Addr, Dst, Tables, cgroup_allowed, decide, match_endpoint},
+    verdict::{Addr, Dst, Tables, cgroup_allowed, decide, match_endpoint, proxy_route},
 };
 use serde::Serialize;
 
 use super::{InspectError, Pinned};
-use crate::cgroup::GatedRoot;
+use crate::{cgroup::GatedRoot, policy::Policy, proxy::Table};
 
 /// The pinned maps as gate-common's [`Tables`]: the very lookups the programs make (the LPM
 /// trie lookup is longest-prefix in the kernel, as in the programs).
@@ -95,14 +95,40 @@ pub(crate) struct Explanation {
     pub endpoint: Option<String>,
     pub verdict: &'static str,
     pub why: String,
+    /// For a connect that goes through the metadata proxy, and a request asked about: the
+    /// proxy's decision on it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request: Option<RequestVerdict>,
+}
+
+/// A request asked about (`--path`), as the metadata proxy would decide it.
+#[derive(Debug, Serialize)]
+pub(crate) struct RequestVerdict {
+    pub method: String,
+    pub path: String,
+    /// `served`, `refused`, or `audited` (served in audit mode, though the policy refuses it).
+    pub verdict: &'static str,
+    pub why: String,
+}
+
+/// The request `explain` is asked about, and the policy to judge it by.
+pub(crate) struct Request<'a> {
+    pub method: &'a str,
+    pub target: &'a str,
+    /// The policy in force, as the agent kept it (its hash must be the live one's).
+    pub policy: &'a Policy,
 }
 
 impl Explanation {
-    /// The exit code for scripts: 0 passes (unprotected or allowed), 1 denied, 2 audited.
+    /// The exit code for scripts: 0 passes (unprotected, allowed, or a request the proxy
+    /// serves), 1 denied (or a request the proxy refuses), 2 audited, 3 through the proxy with
+    /// no request asked about (it serves some paths and refuses the rest).
     pub(crate) fn exit_code(&self) -> u8 {
-        match self.verdict {
-            "denied" => 1,
-            "audited" => 2,
+        match (self.verdict, self.request.as_ref().map(|r| r.verdict)) {
+            (_, Some("served")) => 0,
+            (_, Some("refused")) | ("denied", _) => 1,
+            (_, Some(_)) | ("audited", _) => 2,
+            ("proxied", None) => 3,
             _ => 0,
         }
     }
@@ -119,6 +145,16 @@ impl Explanation {
             self.cgroup
         );
         let _ = writeln!(o, "  why: {}", self.why);
+        if let Some(r) = &self.request {
+            let _ = writeln!(
+                o,
+                "  request: {} {} {}: {}",
+                r.method,
+                r.path,
+                r.verdict.to_uppercase(),
+                r.why
+            );
+        }
         let _ = writeln!(
             o,
             "  endpoint: {}",
@@ -160,11 +196,13 @@ fn steps(root: &GatedRoot, cgroup: &Path) -> Result<Vec<(PathBuf, u64)>, Inspect
     Ok(out)
 }
 
-/// Explain the verdict for traffic from `cgroup` (an absolute cgroup directory) to `dst`.
+/// Explain the verdict for traffic from `cgroup` (an absolute cgroup directory) to `dst`, and
+/// for `request` where the connect goes through the metadata proxy.
 pub(crate) fn explain(
     pinned: &Pinned,
     cgroup: &Path,
     dst: &Dst,
+    request: Option<&Request<'_>>,
 ) -> Result<Explanation, InspectError> {
     let root = pinned.root.as_ref().ok_or_else(|| InspectError::Target {
         what: pinned.root_path.clone(),
@@ -187,28 +225,54 @@ pub(crate) fn explain(
         level.checked_sub(root.level + 1).and_then(|i| chain.get(i as usize)).map_or(0, |c| c.1)
     };
     let endpoint = match_endpoint(&t, g, dst);
-    let (verdict, why) = match endpoint {
-        None => (
+    let allowed =
+        endpoint.and_then(|_| cgroup_allowed(&t, g, root.level, GRANT_METADATA, ancestor));
+    // As the connect programs decide it: through the proxy only where one is configured.
+    let route = match (endpoint, allowed) {
+        (Some(_), None) if proxy_configured(pinned) => {
+            proxy_route(meta.mode, meta.served, dst, || {
+                cgroup_allowed(&t, g, root.level, GRANT_PROXY, ancestor)
+            })
+        }
+        _ => None,
+    };
+    let (verdict, why) = match (endpoint, allowed, route) {
+        (None, ..) => (
             Verdict::Unmatched,
             "the destination is not a protected endpoint (address, port and protocol)".to_owned(),
         ),
-        Some(_) => match cgroup_allowed(&t, g, root.level, GRANT_METADATA, ancestor) {
-            Some(entry) => (
-                Verdict::Allowed,
-                format!(
-                    "allow entry #{entry} puts this cgroup or an ancestor below the root on the allow set"
-                ),
+        (Some(_), Some(entry), _) => (
+            Verdict::Allowed,
+            format!(
+                "allow entry #{entry} puts this cgroup or an ancestor below the root on the allow set"
             ),
-            None => {
-                let v = Verdict::from_id(decide(meta.mode, false)).unwrap_or(Verdict::Denied);
-                let why = if v == Verdict::Audited {
-                    "no allow entry covers this cgroup; audit mode lets it through and logs it"
-                } else {
-                    "no allow entry covers this cgroup or an ancestor below the gated root"
-                };
-                (v, why.to_owned())
-            }
-        },
+        ),
+        (Some(_), None, Some(ENTRY_SERVED)) => (
+            Verdict::Proxied,
+            "no allow entry covers this cgroup: its HTTP connects go to the metadata proxy, which \
+             serves the policy's `served` paths (in audit mode: every path) and refuses the rest"
+                .to_owned(),
+        ),
+        (Some(_), None, Some(entry)) => (
+            Verdict::Proxied,
+            format!(
+                "allow entry #{entry} lists paths: its HTTP connects go to the metadata proxy, \
+                 which serves those paths and refuses the rest"
+            ),
+        ),
+        (Some(_), None, None) => {
+            let v = Verdict::from_id(decide(meta.mode, false)).unwrap_or(Verdict::Denied);
+            let why = if v == Verdict::Audited {
+                "no allow entry covers this cgroup; audit mode lets it through and logs it"
+            } else {
+                "no allow entry covers this cgroup or an ancestor below the gated root"
+            };
+            (v, why.to_owned())
+        }
+    };
+    let request = match (route, request) {
+        (Some(entry), Some(r)) => Some(judge_request(pinned, entry, r)?),
+        _ => None,
     };
     let (addr, proto) = (IpAddr::from(dst.addr).to_string(), dst.proto);
     Ok(Explanation {
@@ -224,6 +288,42 @@ pub(crate) fn explain(
             Verdict::Unmatched => "unprotected",
             v => v.name(),
         },
+        why,
+        request,
+    })
+}
+
+/// Whether the pinned gate sends connects to a metadata proxy (as the programs read it).
+fn proxy_configured(pinned: &Pinned) -> bool {
+    pinned.maps.proxy.get(&0, 0).is_ok_and(|c| c.port != 0)
+}
+
+/// The proxy's decision on `request` from a caller recorded under `entry`: the same table and
+/// judge the proxy uses, over the policy the agent kept, which must be the live one.
+fn judge_request(
+    pinned: &Pinned,
+    entry: u32,
+    request: &Request<'_>,
+) -> Result<RequestVerdict, InspectError> {
+    let hash = request.policy.hash();
+    if hash.0 != pinned.policy_hash {
+        return Err(InspectError::Target {
+            what: "--path".into(),
+            reason: format!(
+                "the kept policy (hash {hash}) is not the live one (hash {:016x}): the agent has \
+                 not kept the policy in force; run explain where the agent keeps its state \
+                 (--state-dir)",
+                pinned.policy_hash
+            ),
+        });
+    }
+    let table = Table::new(request.policy, pinned.generation);
+    let entry = (entry != ENTRY_SERVED).then_some(entry);
+    let (verdict, why) = crate::proxy::judge_request(&table, entry, request.method, request.target);
+    Ok(RequestVerdict {
+        method: request.method.to_owned(),
+        path: request.target.to_owned(),
+        verdict,
         why,
     })
 }

@@ -41,6 +41,10 @@ pub(crate) struct Pinned {
     /// The gated root the gate protects (if it still exists).
     pub root: Option<GatedRoot>,
     pub root_path: String,
+    /// The platform of the live policy (as `--platform` names it).
+    pub platform: String,
+    /// Hash of the live policy.
+    pub policy_hash: u64,
 }
 
 impl Pinned {
@@ -55,8 +59,17 @@ impl Pinned {
         let endpoints = maps.endpoint_names(generation, meta.endpoints);
         let info = maps.info()?;
         let root_path = fixed_str_value(&info.root_path).to_owned();
+        let platform = fixed_str_value(&info.platform).to_owned();
         let root = GatedRoot::open(Path::new(&root_path)).ok();
-        Ok(Pinned { maps, generation, endpoints, root, root_path })
+        Ok(Pinned {
+            maps,
+            generation,
+            endpoints,
+            root,
+            root_path,
+            platform,
+            policy_hash: info.policy_hash,
+        })
     }
 
     fn endpoint(&self, index: u32) -> String {
@@ -74,15 +87,20 @@ fn clocks() -> (u64, u64) {
     (mono, unix)
 }
 
+/// What `report` found, and the platform `suggest` judges paths by.
+pub(crate) struct Evidence {
+    pub records: Vec<AccessRecord>,
+    pub platform: String,
+}
+
 /// Every workload that touched a protected endpoint, with counts by verdict and the last
-/// time: from the pinned ACCESS tally, named by the identities the agent kept in
-/// `state_dir` (pods, owners) or else by cgroup path.
-pub(crate) fn report(
-    pin_dir: &Path,
-    state_dir: Option<&Path>,
-) -> Result<Vec<AccessRecord>, InspectError> {
+/// time, and the paths it asked the metadata proxy for: from the pinned ACCESS tally and the
+/// proxy's path record, named by the identities the agent kept in `state_dir` (pods,
+/// owners) or else by cgroup path.
+pub(crate) fn report(pin_dir: &Path, state_dir: Option<&Path>) -> Result<Evidence, InspectError> {
     let pinned = Pinned::open(pin_dir)?;
     let known = state_dir.and_then(|d| Known::load(d).ok()).unwrap_or_default();
+    let paths = state_dir.and_then(|d| crate::proxy::read_paths(d).ok()).unwrap_or_default();
     let entries: Vec<_> = pinned.maps.access.iter().flatten().collect();
     let identify = |id: u64| {
         if let Some(i) = known.0.get(&id) {
@@ -94,7 +112,9 @@ pub(crate) fn report(
         }
     };
     let (mono, unix) = clocks();
-    Ok(access::records(&entries, identify, |i| pinned.endpoint(i), mono, unix))
+    let mut records = access::records(&entries, identify, |i| pinned.endpoint(i), mono, unix);
+    access::add_paths(&mut records, &paths, identify);
+    Ok(Evidence { records, platform: pinned.platform.clone() })
 }
 
 /// Now, in ms since the Unix epoch (for rendering ages).

@@ -1,4 +1,5 @@
-//! `report`'s table: one line per workload and endpoint, with its owner and counts.
+//! `report`'s table: one line per workload and endpoint, with its owner and counts, then the
+//! paths it asked the metadata proxy for, one line each.
 use std::fmt::Write as _;
 
 use crate::access::AccessRecord;
@@ -8,8 +9,8 @@ pub(crate) fn render_table(records: &[AccessRecord], now_unix_ms: u64) -> String
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "{:<48} {:<32} {:<16} {:>8} {:>8} {:>8}  LAST SEEN",
-        "WORKLOAD", "OWNER", "ENDPOINT", "ALLOWED", "DENIED", "AUDITED"
+        "{:<48} {:<32} {:<16} {:>8} {:>8} {:>8} {:>8}  LAST SEEN",
+        "WORKLOAD", "OWNER", "ENDPOINT", "ALLOWED", "DENIED", "AUDITED", "PROXIED"
     );
     for r in records {
         let owner = match (&r.identity.owner, &r.identity.service_account) {
@@ -19,16 +20,21 @@ pub(crate) fn render_table(records: &[AccessRecord], now_unix_ms: u64) -> String
             (None, None) => "-".into(),
         };
         let ago = now_unix_ms.saturating_sub(r.last_seen_unix_ms) / 1000;
+        let c = &r.counts;
         let _ = writeln!(
             o,
-            "{:<48} {:<32} {:<16} {:>8} {:>8} {:>8}  {ago}s ago",
-            r.identity.workload,
-            owner,
-            r.endpoint,
-            r.counts.allowed,
-            r.counts.denied,
-            r.counts.audited
+            "{:<48} {:<32} {:<16} {:>8} {:>8} {:>8} {:>8}  {ago}s ago",
+            r.identity.workload, owner, r.endpoint, c.allowed, c.denied, c.audited, c.proxied
         );
+        for p in &r.paths {
+            let query =
+                if p.query.is_empty() { String::new() } else { format!(" ?{}", p.query.join("&")) };
+            let _ = writeln!(
+                o,
+                "    {} {}{query}: served {}, refused {}, audited {}",
+                p.method, p.path, p.counts.served, p.counts.refused, p.counts.audited
+            );
+        }
     }
     if records.is_empty() {
         let _ = writeln!(o, "(no workload has touched a protected endpoint)");

@@ -1,7 +1,15 @@
 //! `suggest`: allow entries written from the evidence of `report`'s records.
-use std::{collections::BTreeMap, fmt::Write as _};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt::Write as _,
+};
 
-use crate::access::{AccessRecord, Counts, Identity};
+use gate_common::http::{Methods, PathRule};
+
+use crate::{
+    access::{AccessRecord, Counts, Identity},
+    policy::profiles,
+};
 
 /// Labels a controller sets on the pods it makes; never part of an owner's selector.
 const GENERATED_LABELS: &[&str] = &[
@@ -16,20 +24,32 @@ const GENERATED_LABELS: &[&str] = &[
     "job-name",
 ];
 
-/// Allow entries for the workloads that were denied or audited (those already allowed are
-/// fine as they are): one per owner — namespace, the owner's pod labels without the ones
-/// its controller generates, service account, hostNetwork and the containers that made the
-/// accesses — or, for cgroups known by path only, one `cgroup:` entry each. A YAML list
+/// Allow entries for the workloads that were denied or audited, or asked the metadata proxy
+/// for a path it refused or audited (those served all they asked are fine as they are): one
+/// per owner — namespace, the owner's pod labels without the ones its controller generates,
+/// service account, hostNetwork and the containers that made the accesses — or, for cgroups
+/// known by path only, one `cgroup:` entry each. A workload seen through the proxy gets the
+/// smallest `paths:` that serves what it asked for: the exact paths, the methods beyond GET
+/// and HEAD, the query parameters; a path that reaches one of `platform`'s sensitive paths
+/// (credentials, user data) is written commented out, for the operator to decide. A YAML list
 /// to paste under `allow:`, each entry commented with its evidence.
-pub(crate) fn suggest(records: &[AccessRecord]) -> String {
+pub(crate) fn suggest(records: &[AccessRecord], platform: Option<&str>) -> String {
     struct Group<'a> {
         first: &'a Identity,
-        containers: std::collections::BTreeSet<String>,
-        endpoints: std::collections::BTreeSet<String>,
+        containers: BTreeSet<String>,
+        endpoints: BTreeSet<String>,
         counts: Counts,
+        paths: BTreeSet<&'a str>,
+        methods: BTreeSet<&'a str>,
+        query: BTreeSet<&'a str>,
+        path_refusals: u64,
     }
+    let wants_entry = |r: &AccessRecord| {
+        r.counts.denied + r.counts.audited > 0
+            || r.paths.iter().any(|p| p.counts.refused + p.counts.audited > 0)
+    };
     let mut groups: BTreeMap<String, Group<'_>> = BTreeMap::new();
-    for r in records.iter().filter(|r| r.counts.denied + r.counts.audited > 0) {
+    for r in records.iter().filter(|r| wants_entry(r)) {
         let id = &r.identity;
         let key = match (&id.namespace, &id.owner, &id.pod) {
             (Some(ns), Some(owner), _) => format!("{ns}/{owner}"),
@@ -41,10 +61,20 @@ pub(crate) fn suggest(records: &[AccessRecord]) -> String {
             containers: Default::default(),
             endpoints: Default::default(),
             counts: Counts::default(),
+            paths: Default::default(),
+            methods: Default::default(),
+            query: Default::default(),
+            path_refusals: 0,
         });
         g.containers.extend(id.container.clone());
         g.endpoints.insert(r.endpoint.clone());
         g.counts.add(r.counts);
+        for p in &r.paths {
+            g.paths.insert(&p.path);
+            g.methods.insert(&p.method);
+            g.query.extend(p.query.iter().map(String::as_str));
+            g.path_refusals += p.counts.refused + p.counts.audited;
+        }
     }
     let mut o = String::new();
     for g in groups.values() {
@@ -52,15 +82,17 @@ pub(crate) fn suggest(records: &[AccessRecord]) -> String {
         let endpoints = g.endpoints.iter().cloned().collect::<Vec<_>>().join(", ");
         let _ = writeln!(
             o,
-            "# {} refused {} times, audited {} times ({endpoints})",
+            "# {} refused {} times, audited {} times, {} paths refused or audited ({endpoints})",
             id.owner.as_deref().unwrap_or(&id.workload),
             g.counts.denied,
-            g.counts.audited
+            g.counts.audited,
+            g.path_refusals,
         );
         let Some(ns) = &id.namespace else {
             let path = id.cgroup.as_deref().unwrap_or(&id.workload);
             let _ = writeln!(o, "- name: {}", entry_name(path));
             let _ = writeln!(o, "  cgroup: {}", yaml_str(path));
+            write_paths(&mut o, &g.paths, &g.methods, &g.query, platform);
             continue;
         };
         let name = id.owner.as_deref().map_or(id.pod.as_deref().unwrap_or("pod"), |o| {
@@ -96,11 +128,76 @@ pub(crate) fn suggest(records: &[AccessRecord]) -> String {
             let list: Vec<String> = g.containers.iter().map(|c| yaml_str(c)).collect();
             let _ = writeln!(o, "  containers: [{}]", list.join(", "));
         }
+        write_paths(&mut o, &g.paths, &g.methods, &g.query, platform);
     }
     if o.is_empty() {
         o.push_str("# no workload was refused or audited: nothing to allow\n");
     }
     o
+}
+
+/// `paths:` (and `methods:`, `queryParameters:`) for the paths a workload asked for, if it
+/// asked through the proxy at all. A path reaching a sensitive one is commented out; with
+/// none left, `paths: []`, which `check` refuses: never an entry without paths, which would
+/// open the whole service.
+fn write_paths(
+    o: &mut String,
+    paths: &BTreeSet<&str>,
+    methods: &BTreeSet<&str>,
+    query: &BTreeSet<&str>,
+    platform: Option<&str>,
+) {
+    if paths.is_empty() {
+        return;
+    }
+    let reaches = |p: &str| {
+        let Some(platform) = platform else { return Vec::new() };
+        PathRule::parse(p).map_or_else(
+            |_| Vec::new(),
+            |rule| profiles::reached(platform, &rule).iter().map(|s| s.reveals).collect(),
+        )
+    };
+    let mut lines = Vec::new();
+    let mut kept = 0;
+    for p in paths {
+        let what = reaches(p);
+        if what.is_empty() {
+            kept += 1;
+            lines.push(format!("    - {}", yaml_str(p)));
+        } else {
+            lines.push(format!(
+                "    # - {}  (reaches {}: uncomment only if it needs them)",
+                yaml_str(p),
+                what.join(", ")
+            ));
+        }
+    }
+    if kept == 0 {
+        let _ = writeln!(o, "  paths: []  # every path it asked for is sensitive: decide");
+        lines.iter().for_each(|l| {
+            let _ = writeln!(o, "{l}");
+        });
+    } else {
+        let _ = writeln!(o, "  paths:");
+        lines.iter().for_each(|l| {
+            let _ = writeln!(o, "{l}");
+        });
+    }
+    // GET and HEAD are the default; anything else the workload used is listed with them.
+    if methods.iter().any(|m| !matches!(*m, "GET" | "HEAD")) {
+        let mut all: BTreeSet<&str> = ["GET", "HEAD"].into();
+        all.extend(methods.iter().copied());
+        let names: Vec<String> = Methods::NAMES
+            .iter()
+            .filter(|(n, _)| all.contains(n))
+            .map(|(n, _)| yaml_str(n))
+            .collect();
+        let _ = writeln!(o, "  methods: [{}]", names.join(", "));
+    }
+    if !query.is_empty() {
+        let list: Vec<String> = query.iter().map(|q| yaml_str(q)).collect();
+        let _ = writeln!(o, "  queryParameters: [{}]", list.join(", "));
+    }
 }
 
 /// An allow entry name from free text: lower case, `[a-z0-9-]`, at most 63 characters.

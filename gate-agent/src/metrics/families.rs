@@ -126,7 +126,7 @@ pub(crate) const BOOT_STEP_FAILED: Family = Family {
 pub(crate) const PROXY_REQUESTS: Family = Family {
     name: "metadata_gate_proxy_requests",
     kind: Kind::Counter,
-    help: "Requests the metadata proxy decided, by verdict (served, refused: 403, failed: 502 from the metadata service) and reason",
+    help: "Requests the metadata proxy decided, by verdict (served, refused: 403, audited: served in audit mode though the policy would refuse it, failed: 502 from the metadata service) and reason",
     labels: &["verdict", "reason"],
 };
 pub(crate) const PROXY_CONNECTIONS_REFUSED: Family = Family {
@@ -139,6 +139,12 @@ pub(crate) const PROXY_RECORDS_LOST: Family = Family {
     name: "metadata_gate_proxy_records_lost",
     kind: Kind::Counter,
     help: "Connections sent to the metadata proxy whose caller record found no room in the kernel's table of handshakes in flight: the proxy refused them (no_record)",
+    labels: &[],
+};
+pub(crate) const PROXY_PATHS_UNTRACKED: Family = Family {
+    name: "metadata_gate_proxy_paths_untracked",
+    kind: Kind::Counter,
+    help: "Requests the metadata proxy decided but could not add to its per-workload path record for report and suggest (over 128 paths for the workload, or a path over 256 bytes)",
     labels: &[],
 };
 pub(crate) const PROXY_RECORDS_EXPIRED: Family = Family {
@@ -169,4 +175,5 @@ pub(crate) const ALL: &[Family] = &[
     PROXY_CONNECTIONS_REFUSED,
     PROXY_RECORDS_LOST,
     PROXY_RECORDS_EXPIRED,
+    PROXY_PATHS_UNTRACKED,
 ];

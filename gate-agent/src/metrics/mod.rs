@@ -27,8 +27,9 @@ use crate::{
 use families::{
     BOOT_STEP_FAILED, DECISIONS, ENDPOINT_DECISIONS, EVENTS_LOST, Kind, LSM_ENFORCING,
     MAP_CAPACITY, MAP_ENTRIES, NODE_ATTACH_FAILURES, POLICY_GENERATION, POLICY_REJECTED,
-    POLICY_RELOADS, PREGATE_PACKET_SOCKETS, PROXY_CONNECTIONS_REFUSED, PROXY_RECORDS_EXPIRED,
-    PROXY_RECORDS_LOST, PROXY_REQUESTS, REPAIRS, WORKLOAD_ACCESSES, WORKLOAD_DENIALS,
+    POLICY_RELOADS, PREGATE_PACKET_SOCKETS, PROXY_CONNECTIONS_REFUSED, PROXY_PATHS_UNTRACKED,
+    PROXY_RECORDS_EXPIRED, PROXY_RECORDS_LOST, PROXY_REQUESTS, REPAIRS, WORKLOAD_ACCESSES,
+    WORKLOAD_DENIALS,
 };
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -103,7 +104,7 @@ impl AgentMetrics {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ProxyRequestLabels {
-    /// `served`, `refused` or `failed`.
+    /// `served`, `refused`, `audited` or `failed`.
     pub(crate) verdict: &'static str,
     /// One of `proxy::REQUEST_OUTCOMES`.
     pub(crate) reason: &'static str,
@@ -122,6 +123,8 @@ pub(crate) struct ProxyMetrics {
     pub(crate) connections_refused: Family<ProxyRefusedLabels, Counter>,
     /// Records of handshakes in flight swept as stale.
     pub(crate) records_expired: Counter,
+    /// Requests left out of the per-workload path record (see `proxy::PathLog`).
+    pub(crate) paths_untracked: Counter,
 }
 
 impl Default for ProxyMetrics {
@@ -131,6 +134,7 @@ impl Default for ProxyMetrics {
             requests: Family::default(),
             connections_refused: Family::default(),
             records_expired: Counter::default(),
+            paths_untracked: Counter::default(),
         };
         for (verdict, reason) in crate::proxy::REQUEST_OUTCOMES {
             let _ = m.requests.get_or_create(&ProxyRequestLabels { verdict, reason });
@@ -191,8 +195,8 @@ struct Snapshot {
     /// (map, entries used, capacity)
     usage: Vec<(&'static str, usize, u32)>,
     denials_by_workload: Vec<(String, u64)>,
-    /// Per verdict (allowed, denied, audited): accesses by workload.
-    accesses: Option<[Vec<(String, u64)>; 3]>,
+    /// Per verdict (`Counts::VERDICTS` order): accesses by workload.
+    accesses: Option<[Vec<(String, u64)>; 4]>,
 }
 
 impl GateCollector {
@@ -268,8 +272,7 @@ fn encode_snapshot(s: &Snapshot, mut enc: DescriptorEncoder) -> Result<(), std::
 
     let mut fam = describe(&mut enc, &WORKLOAD_ACCESSES)?;
     if let Some(by_verdict) = &s.accesses {
-        let verdicts = [Verdict::Allowed, Verdict::Denied, Verdict::Audited];
-        for (verdict, counts) in verdicts.iter().zip(by_verdict) {
+        for (verdict, counts) in crate::access::Counts::VERDICTS.iter().zip(by_verdict) {
             for (workload, v) in counts {
                 let labels = [("workload", workload.as_str()), ("verdict", verdict.name())];
                 ConstCounter::new(*v).encode(fam.encode_family(&labels)?)?;
@@ -332,6 +335,11 @@ fn register_agent(r: &mut Registry, agent: &AgentMetrics) {
         PROXY_RECORDS_EXPIRED.help,
         agent.proxy.records_expired.clone(),
     );
+    r.register(
+        PROXY_PATHS_UNTRACKED.name,
+        PROXY_PATHS_UNTRACKED.help,
+        agent.proxy.paths_untracked.clone(),
+    );
 }
 
 #[cfg(test)]
@@ -366,7 +374,7 @@ mod tests {
             generation: 1,
             usage: vec![("allowed", 1, 8)],
             denials_by_workload: one("ns/pod/c"),
-            accesses: Some([one("ns/a/c"), one("ns/pod/c"), one("ns/b/c")]),
+            accesses: Some([one("ns/a/c"), one("ns/pod/c"), one("ns/b/c"), one("ns/p/c")]),
         };
         let agent = AgentMetrics::default();
         agent.reload("failure");

@@ -16,7 +16,8 @@ use super::{
     Caller, Callers, Limits, MIN_BUF, ProxyError,
     decide::{Decision, decide},
     forward::{Body, Upstream, forward, text},
-    outcome::{ConnRefusal, DecisionLog, FAILED, Line, REFUSED, SERVED},
+    outcome::{AUDITED, ConnRefusal, DecisionLog, FAILED, Line, REFUSED, SERVED},
+    paths::{PathLog, Seen},
     table::Table,
 };
 use crate::metrics::ProxyMetrics;
@@ -31,6 +32,8 @@ pub(crate) struct Shared {
     pub(crate) limits: Limits,
     pub(crate) metrics: ProxyMetrics,
     pub(crate) log: DecisionLog,
+    /// Which paths each workload asked for.
+    pub(crate) paths: Arc<PathLog>,
 }
 
 /// Serve one connection from `caller` on `io`: at most one request, within
@@ -87,6 +90,9 @@ async fn respond(req: Request<Incoming>, caller: Caller, shared: &Shared) -> Res
     let path = head.uri.path_and_query().map_or("", |pq| pq.as_str());
     let decision = decide(&caller, table.as_deref(), live, &head, body_empty);
     let hash = table.as_ref().map(|t| t.hash().to_string()).unwrap_or_default();
+    if let Some(t) = &table {
+        note_path(shared, &caller, t, &decision, method, path);
+    }
     match decision {
         Decision::Unavailable(u) => {
             let why = match u {
@@ -118,16 +124,25 @@ async fn respond(req: Request<Incoming>, caller: Caller, shared: &Shared) -> Res
             let text = format!("metadata-gate: {m} {p} refused: {reason} ({who}, policy {hash})\n");
             plain(StatusCode::FORBIDDEN, text)
         }
-        Decision::Serve { who, target } => {
+        Decision::Serve { who, target, audited } => {
             let uri = Uri::from(target.clone());
             let who = who.to_string();
+            let (verdict, reason) = match &audited {
+                Some(why) => {
+                    shared.metrics.request(AUDITED, why.label());
+                    (AUDITED, format!("audit mode; the policy would refuse it: {why}"))
+                }
+                None => (SERVED, "ok".to_owned()),
+            };
             let upstream = &*shared.upstream;
             match forward(upstream, &shared.limits, caller.dst, &head.method, uri, &head.headers)
                 .await
             {
                 Ok(resp) => {
-                    shared.metrics.request(SERVED, "ok");
-                    let line = Line { verdict: SERVED, reason: "ok", method, path, entry: &who };
+                    if audited.is_none() {
+                        shared.metrics.request(SERVED, "ok");
+                    }
+                    let line = Line { verdict, reason: &reason, method, path, entry: &who };
                     let _ = shared.log.request(&caller, line);
                     resp
                 }
@@ -146,6 +161,31 @@ async fn respond(req: Request<Incoming>, caller: Caller, shared: &Shared) -> Res
                 }
             }
         }
+    }
+}
+
+/// Add a judged request to the path record: served, audited, or refused by the judge (whose
+/// target read strictly); a request refused for its form is not a path anyone asked for.
+fn note_path(
+    shared: &Shared,
+    caller: &Caller,
+    table: &Table,
+    decision: &Decision<'_>,
+    method: &str,
+    path: &str,
+) {
+    let seen = match decision {
+        Decision::Serve { audited: None, .. } => Seen::Served,
+        Decision::Serve { audited: Some(_), .. } => Seen::Audited,
+        Decision::Refused { why, .. } if why.auditable() => Seen::Refused,
+        Decision::Refused { .. } | Decision::Unavailable(_) => return,
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let endpoint = table.endpoint(caller.endpoint);
+    if !shared.paths.note(caller.cgroup_id, endpoint, method, path, seen, now) {
+        shared.metrics.paths_untracked.inc();
     }
 }
 

@@ -19,8 +19,9 @@ pub(crate) enum Decision<'a> {
     Unavailable(Unavailable),
     /// 403.
     Refused { who: Who<'a>, why: Why },
-    /// Forward `target` (origin form, exactly what was judged).
-    Serve { who: Who<'a>, target: &'a PathAndQuery },
+    /// Forward `target` (origin form, exactly what was judged). `audited`: served because the
+    /// policy is in audit mode, though it would refuse it for this reason.
+    Serve { who: Who<'a>, target: &'a PathAndQuery, audited: Option<Why> },
 }
 
 /// Why the proxy cannot decide now.
@@ -83,6 +84,16 @@ pub(crate) enum Why {
 }
 
 impl Why {
+    /// Whether audit mode serves a request refused for this reason: the path, method or
+    /// parameters the policy would refuse, never a target that cannot be judged or an entry
+    /// the policy does not have.
+    pub(crate) fn auditable(&self) -> bool {
+        matches!(
+            self,
+            Why::Judge(Refusal::Method | Refusal::Path | Refusal::Parameter(_)) | Why::NoPaths
+        )
+    }
+
     /// The `reason` label of the request metric.
     pub(crate) fn label(&self) -> &'static str {
         match self {
@@ -144,13 +155,43 @@ pub(crate) fn decide<'a>(
     if !body_empty {
         return refused(Why::Request(Refused::Body));
     }
-    let grant = match grant {
-        Ok(g) => g,
-        Err(why) => return refused(why),
+    let judged = grant
+        .and_then(|g| g.access.judge(head.method.as_str(), target.as_str()).map_err(Why::Judge));
+    match judged {
+        Ok(()) => Decision::Serve { who, target, audited: None },
+        Err(why) if table.audit() && why.auditable() => {
+            Decision::Serve { who, target, audited: Some(why) }
+        }
+        Err(why) => refused(why),
+    }
+}
+
+/// How the proxy decides `method target` from a caller under `entry` (`None`: `served`) by
+/// `table`, for `explain`: the verdict (`served`, `audited` or `refused`) and why, in words.
+pub(crate) fn judge_request(
+    table: &Table,
+    entry: Option<u32>,
+    method: &str,
+    target: &str,
+) -> (&'static str, String) {
+    let head = match http::Request::builder().method(method).uri(target).body(()) {
+        Ok(r) => r.into_parts().0,
+        Err(e) => return ("refused", format!("the request cannot be read: {e}")),
     };
-    match grant.access.judge(head.method.as_str(), target.as_str()) {
-        Ok(()) => Decision::Serve { who, target },
-        Err(r) => refused(Why::Judge(r)),
+    let caller = Caller {
+        cgroup_id: 0,
+        generation: table.generation(),
+        entry,
+        endpoint: 0,
+        dst: ([0, 0, 0, 0], 0).into(),
+    };
+    match decide(&caller, Some(table), Some(table.generation()), &head, true) {
+        Decision::Serve { who, audited: None, .. } => ("served", format!("{who} lists it")),
+        Decision::Serve { who, audited: Some(why), .. } => {
+            ("audited", format!("audit mode serves it; {who} would refuse it: {why}"))
+        }
+        Decision::Refused { who, why } => ("refused", format!("{why} ({who})")),
+        Decision::Unavailable(u) => ("refused", u.to_string()),
     }
 }
 
@@ -172,7 +213,8 @@ allow:
 ";
 
     fn caller(generation: u32, entry: Option<u32>) -> Caller {
-        Caller { cgroup_id: 9, generation, entry, dst: "169.254.169.254:80".parse().expect("dst") }
+        let dst = "169.254.169.254:80".parse().expect("dst");
+        Caller { cgroup_id: 9, generation, entry, endpoint: 0, dst }
     }
 
     fn head(method: &str, target: &str) -> Parts {
@@ -202,7 +244,10 @@ allow:
         let d = |entry, m, t, empty| {
             let h = head(m, t);
             match decide(&caller(1, entry), Some(&table), Some(1), &h, empty) {
-                Decision::Serve { who, target } => Ok((who.to_string(), target.to_string())),
+                Decision::Serve { who, target, audited: None } => {
+                    Ok((who.to_string(), target.to_string()))
+                }
+                Decision::Serve { audited: Some(why), .. } => Err(("audited".into(), why.label())),
                 Decision::Refused { who, why } => Err((who.to_string(), why.label())),
                 Decision::Unavailable(u) => Err((u.to_string(), "unavailable")),
             }
@@ -246,5 +291,42 @@ allow:
             d(Some(2), "GET", "/latest/meta-data/instance-id", true),
             no("entry #2", "unknown_entry")
         );
+    }
+
+    #[test]
+    fn explain_judges_a_request_as_the_proxy_does() {
+        let table = Table::new(&Policy::parse("t", POLICY).expect("policy"), 4);
+        let j = |entry, m, t| judge_request(&table, entry, m, t).0;
+        assert_eq!(j(Some(1), "GET", "/latest/meta-data/instance-id"), "served");
+        assert_eq!(j(Some(1), "GET", "/latest/meta-data/iam/info"), "refused");
+        assert_eq!(j(Some(1), "GET", "/latest/meta-data/placement/../../iam"), "refused");
+        assert_eq!(j(None, "GET", "/latest/meta-data/instance-id"), "refused");
+        assert_eq!(j(Some(1), "G E T", "/"), "refused");
+        let (_, why) = judge_request(&table, Some(1), "GET", "/latest/meta-data/iam/info");
+        assert_eq!(why, "path not allowed (entry csi)");
+    }
+
+    #[test]
+    fn audit_mode_serves_what_the_policy_would_refuse_and_says_why() {
+        let audit = format!("mode: audit\n{POLICY}");
+        let table = Table::new(&Policy::parse("t", &audit).expect("policy"), 1);
+        let d = |entry, m, t| {
+            let h = head(m, t);
+            match decide(&caller(1, entry), Some(&table), Some(1), &h, true) {
+                Decision::Serve { audited, .. } => Ok(audited.map(|w| w.label())),
+                Decision::Refused { why, .. } => Err(why.label()),
+                Decision::Unavailable(_) => Err("unavailable"),
+            }
+        };
+        assert_eq!(d(Some(1), "GET", "/latest/meta-data/instance-id"), Ok(None));
+        assert_eq!(d(Some(1), "GET", "/latest/meta-data/iam/"), Ok(Some("path")));
+        assert_eq!(d(Some(1), "PUT", "/latest/api/token"), Ok(Some("method")));
+        assert_eq!(d(Some(1), "GET", "/latest/meta-data/instance-id?x=1"), Ok(Some("parameter")));
+        assert_eq!(d(Some(0), "GET", "/latest/user-data"), Ok(Some("no_paths")));
+        assert_eq!(d(None, "GET", "/latest/user-data"), Ok(Some("no_paths")));
+        // What cannot be judged is refused in audit mode too.
+        assert_eq!(d(Some(1), "GET", "/latest/meta-data/placement/%2e%2e/iam"), Err("target"));
+        assert_eq!(d(Some(1), "GET", "http://evil/latest/meta-data/instance-id"), Err("form"));
+        assert_eq!(d(Some(2), "GET", "/latest/meta-data/instance-id"), Err("unknown_entry"));
     }
 }

@@ -66,7 +66,7 @@ fn caller(selector: u8) -> Caller {
         _ if selector & 0x80 == 0 => (Some(9), GENERATION),
         _ => (Some(1), GENERATION + 1),
     };
-    Caller { cgroup_id: 42, generation, entry, dst: ([169, 254, 169, 254], 80).into() }
+    Caller { cgroup_id: 42, generation, entry, endpoint: 0, dst: ([169, 254, 169, 254], 80).into() }
 }
 
 /// Serve `data[1..]` as one connection from the caller `data[0]` picks, and check what reached
@@ -100,6 +100,7 @@ pub(crate) fn serve_bytes(selector: u8, input: &[u8]) -> Vec<Vec<u8>> {
             limits: Limits { header_read: Duration::from_secs(2), ..Limits::default() },
             metrics: ProxyMetrics::default(),
             log: DecisionLog::default(),
+            paths: Arc::new(super::paths::PathLog::default()),
         });
         rt.block_on(async {
             let (mut client, server) = tokio::io::duplex(64 * 1024);

@@ -14,6 +14,7 @@ use super::{
     conn::{Shared, serve_connection},
     forward::{TcpUpstream, Upstream},
     outcome::{ConnRefusal, DecisionLog},
+    paths::PathLog,
     table::Table,
 };
 use crate::metrics::ProxyMetrics;
@@ -35,11 +36,12 @@ impl Proxy {
         upstream: Arc<dyn Upstream>,
         limits: Limits,
         metrics: ProxyMetrics,
+        paths: Arc<PathLog>,
     ) -> Proxy {
         let slots = Slots::new(limits.per_workload, limits.total);
         let log = DecisionLog::default();
         Proxy {
-            shared: Arc::new(Shared { tables, callers, upstream, limits, metrics, log }),
+            shared: Arc::new(Shared { tables, callers, upstream, limits, metrics, log, paths }),
             slots,
         }
     }
@@ -113,15 +115,16 @@ impl Proxy {
 }
 
 /// Serve the metadata proxy on `listeners` until `shutdown`: callers from `callers`, the policy
-/// from `tables`, requests forwarded over TCP.
+/// from `tables`, requests forwarded over TCP, the paths asked for recorded in `paths`.
 pub(crate) async fn serve(
     listeners: Vec<TcpListener>,
     callers: Arc<dyn Callers>,
     tables: watch::Receiver<Option<Arc<Table>>>,
     metrics: ProxyMetrics,
     limits: Limits,
+    paths: Arc<PathLog>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let proxy = Proxy::new(callers, tables, Arc::new(TcpUpstream), limits, metrics);
+    let proxy = Proxy::new(callers, tables, Arc::new(TcpUpstream), limits, metrics, paths);
     proxy.run(listeners, shutdown).await;
 }

@@ -15,7 +15,8 @@
 //! Parts: [`listen`] accepts and bounds connections, [`conn`] serves one, [`decide`] judges a
 //! request, [`request`] checks its form, [`headers`] rewrites headers both ways, [`forward`]
 //! talks to the metadata service, [`table`] holds the policy's access blocks, [`outcome`]
-//! names what happened for logs and metrics.
+//! names what happened for logs and metrics, [`paths`] records which paths each workload
+//! asked for (for `report` and `suggest`).
 use std::{net::SocketAddr, time::Duration};
 
 mod bounds;
@@ -25,6 +26,7 @@ mod forward;
 mod headers;
 mod listen;
 mod outcome;
+mod paths;
 mod request;
 mod table;
 
@@ -36,9 +38,11 @@ pub(crate) mod fuzzing;
 mod tests;
 
 // What the engine needs to run the proxy.
+pub(crate) use decide::judge_request;
 pub(crate) use forward::{TcpUpstream, Upstream, UpstreamIo};
 pub(crate) use listen::{Proxy, serve};
 pub(crate) use outcome::{ConnRefusal, REQUEST_OUTCOMES};
+pub(crate) use paths::{PathCounts, PathKey, PathLog, PathRecord, read as read_paths};
 pub(crate) use table::Table;
 
 /// Who opened a connection to the proxy, as a kernel program recorded it at `connect()`.
@@ -50,6 +54,8 @@ pub(crate) struct Caller {
     pub(crate) generation: u32,
     /// The allow entry's index in the policy; `None`: `served` (no entry selects the workload).
     pub(crate) entry: Option<u32>,
+    /// The protected endpoint's index in the policy (for the path record's names).
+    pub(crate) endpoint: u32,
     /// The address and port the workload asked for (the metadata service): where a served
     /// request goes, whatever the request's `Host` says.
     pub(crate) dst: SocketAddr,

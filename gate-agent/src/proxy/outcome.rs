@@ -56,9 +56,9 @@ impl ConnRefusal {
 }
 
 /// Every `(verdict, reason)` of `metadata_gate_proxy_requests`: a request served; refused
-/// by its form ([`super::request`]), by the judge, or for want of an access block; or failed
-/// at the metadata service (502).
-pub(crate) const REQUEST_OUTCOMES: [(&str, &str); 13] = [
+/// by its form ([`super::request`]), by the judge, or for want of an access block; served in
+/// audit mode though the judge would refuse it; or failed at the metadata service (502).
+pub(crate) const REQUEST_OUTCOMES: [(&str, &str); 17] = [
     (SERVED, "ok"),
     (REFUSED, "form"),
     (REFUSED, "framing"),
@@ -69,6 +69,10 @@ pub(crate) const REQUEST_OUTCOMES: [(&str, &str); 13] = [
     (REFUSED, "parameter"),
     (REFUSED, "no_paths"),
     (REFUSED, "unknown_entry"),
+    (AUDITED, "method"),
+    (AUDITED, "path"),
+    (AUDITED, "parameter"),
+    (AUDITED, "no_paths"),
     (FAILED, "upstream"),
     (FAILED, "timeout"),
     (FAILED, "too_large"),
@@ -77,6 +81,8 @@ pub(crate) const REQUEST_OUTCOMES: [(&str, &str); 13] = [
 pub(crate) const SERVED: &str = "served";
 pub(crate) const REFUSED: &str = "refused";
 pub(crate) const FAILED: &str = "failed";
+/// Served in audit mode, though the policy would refuse it.
+pub(crate) const AUDITED: &str = "audited";
 
 /// Longest client text (method, target) repeated in a log line or a refusal.
 const SHOWN: usize = 256;

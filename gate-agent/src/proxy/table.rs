@@ -1,6 +1,9 @@
 //! What the proxy serves under one policy generation: each allow entry's access block, by the
 //! index the kernel reports, and `served`'s.
-use gate_common::{http::Access, user::PolicyHash};
+use gate_common::{
+    http::Access,
+    user::{Mode, PolicyHash},
+};
 
 use crate::policy::Policy;
 
@@ -12,6 +15,10 @@ pub(crate) struct Table {
     /// By allow entry index: its name, and its paths if it lists any.
     entries: Vec<(String, Option<Access>)>,
     served: Option<Access>,
+    /// Endpoint names, by the index the kernel records.
+    endpoints: Vec<String>,
+    /// Audit mode: every path is served, and what the policy would refuse is recorded.
+    audit: bool,
 }
 
 /// The access block a caller gets, and the name its refusals give (the entry's, or `served`).
@@ -44,7 +51,19 @@ impl Table {
                 .map(|e| (e.name.clone(), e.paths.as_ref().map(|p| p.access.clone())))
                 .collect(),
             served: policy.served.as_ref().map(|p| p.access.clone()),
+            endpoints: policy.endpoint_names(),
+            audit: policy.mode == Mode::Audit,
         }
+    }
+
+    /// Whether the policy is in audit mode.
+    pub(crate) fn audit(&self) -> bool {
+        self.audit
+    }
+
+    /// The name of endpoint `index` (as the kernel recorded it).
+    pub(crate) fn endpoint(&self, index: u32) -> &str {
+        usize::try_from(index).ok().and_then(|i| self.endpoints.get(i)).map_or("(unknown)", |s| s)
     }
 
     pub(crate) fn generation(&self) -> u32 {
@@ -103,6 +122,7 @@ served:
         assert!(csi.access.judge("GET", "/latest/meta-data/placement/zone").is_ok());
         assert_eq!(t.grant(Some(2)), Err(NoGrant::UnknownEntry(2)));
         assert_eq!(t.grant(Some(u32::MAX)), Err(NoGrant::UnknownEntry(u32::MAX)));
+        assert_eq!((t.endpoint(0), t.endpoint(1), t.audit()), ("imds", "(unknown)", false));
         let served = t.grant(None).expect("served");
         assert_eq!(served.who, SERVED);
         assert!(served.access.judge("GET", "/latest/meta-data/placement/zone").is_err());

@@ -202,6 +202,7 @@ async fn serve_stops_at_shutdown() {
         rx,
         metrics.clone(),
         test_limits(),
+        Arc::new(PathLog::default()),
         async move {
             let _ = stopped.await;
         },
@@ -209,7 +210,13 @@ async fn serve_stops_at_shutdown() {
     let socket = TcpSocket::new_v4().expect("socket");
     socket.bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
     let port = socket.local_addr().expect("local").port();
-    let caller = Caller { cgroup_id: 1, generation: GENERATION, entry: CSI, dst: upstream_addr };
+    let caller = Caller {
+        cgroup_id: 1,
+        generation: GENERATION,
+        entry: CSI,
+        endpoint: 0,
+        dst: upstream_addr,
+    };
     kernel.by_port.lock().expect("lock").insert(port, caller);
     let mut stream = socket.connect(addr).await.expect("connect");
     stream.write_all(INSTANCE_ID.as_bytes()).await.expect("write");

@@ -18,7 +18,9 @@ use tokio::{
     task::JoinHandle,
 };
 
-use super::{Caller, Callers, Limits, Proxy, ProxyError, Table, TcpUpstream, fake::Recorder};
+use super::{
+    Caller, Callers, Limits, PathLog, Proxy, ProxyError, Table, TcpUpstream, fake::Recorder,
+};
 use crate::{metrics::ProxyMetrics, policy::Policy};
 
 mod connections;
@@ -86,6 +88,7 @@ pub(super) struct Harness {
     pub(super) kernel: Arc<Kernel>,
     pub(super) tables: watch::Sender<Option<Arc<Table>>>,
     pub(super) metrics: ProxyMetrics,
+    pub(super) paths: Arc<PathLog>,
     pub(super) proxy: Arc<Proxy>,
     task: JoinHandle<()>,
 }
@@ -142,20 +145,27 @@ impl Harness {
         kernel.set_live(Some(GENERATION));
         let metrics = ProxyMetrics::default();
         let callers: Arc<dyn Callers> = kernel.clone();
-        let proxy =
-            Arc::new(Proxy::new(callers, rx, Arc::new(TcpUpstream), limits, metrics.clone()));
+        let paths = Arc::new(PathLog::default());
+        let proxy = Arc::new(Proxy::new(
+            callers,
+            rx,
+            Arc::new(TcpUpstream),
+            limits,
+            metrics.clone(),
+            paths.clone(),
+        ));
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
         let addr = listener.local_addr().expect("its address");
         let runner = Arc::clone(&proxy);
         let task = tokio::spawn(async move {
             runner.run(vec![listener], std::future::pending()).await;
         });
-        Harness { addr, upstream, upstream_addr, kernel, tables, metrics, proxy, task }
+        Harness { addr, upstream, upstream_addr, kernel, tables, metrics, paths, proxy, task }
     }
 
     /// The record of a connection of `cgroup_id` through `entry`, to the stand-in.
     pub(super) fn caller(&self, cgroup_id: u64, entry: Option<u32>) -> Caller {
-        Caller { cgroup_id, generation: GENERATION, entry, dst: self.upstream_addr }
+        Caller { cgroup_id, generation: GENERATION, entry, endpoint: 0, dst: self.upstream_addr }
     }
 
     /// A connection to the proxy, recorded as `caller`'s before it is opened (`None`: no

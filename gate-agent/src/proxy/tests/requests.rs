@@ -222,3 +222,53 @@ async fn a_pipelined_second_request_is_never_read() {
     assert_eq!(String::from_utf8_lossy(&answer.raw).matches("HTTP/1.1").count(), 1);
     assert_eq!(h.seen(), ["GET /latest/meta-data/instance-id"]);
 }
+
+/// The path record: what each workload asked for, by verdict; a request refused for its
+/// form is not recorded (its target is not a path anyone may list).
+#[tokio::test]
+async fn each_workload_s_paths_are_recorded_by_verdict() {
+    let h = Harness::start().await;
+    assert_eq!(h.get(CSI, "/latest/meta-data/instance-id").await.status(), 200);
+    assert_eq!(h.get(CSI, "/latest/meta-data/iam/info").await.status(), 403);
+    assert_eq!(h.get(CSI, "/latest/meta-data/placement/../iam/info").await.status(), 403);
+    let r = h.paths.records();
+    let got: Vec<_> =
+        r.iter().map(|r| (r.key.path.as_str(), r.counts.served, r.counts.refused)).collect();
+    assert_eq!(
+        got,
+        [("/latest/meta-data/iam/info", 0, 1), ("/latest/meta-data/instance-id", 1, 0)]
+    );
+    assert!(r.iter().all(|r| r.key.cgroup_id == 7 && r.key.endpoint == "imds"), "{r:?}");
+}
+
+/// Audit mode: every path the policy would refuse is served, counted as audited with the
+/// reason, and recorded; what cannot be judged is still refused and never forwarded.
+#[tokio::test]
+async fn audit_mode_serves_every_path_and_records_what_it_would_refuse() {
+    let h = Harness::start().await;
+    let audit = Policy::parse("test.yaml", &format!("mode: audit\n{POLICY}")).expect("policy");
+    h.tables.send_replace(Some(Arc::new(Table::new(&audit, GENERATION))));
+    assert_eq!(h.get(CSI, "/latest/meta-data/iam/info").await.status(), 200);
+    assert_eq!(h.get(CSI, "/latest/meta-data/instance-id").await.status(), 200);
+    assert_eq!(h.get(PLAIN, "/latest/user-data").await.status(), 200);
+    assert_eq!(h.get(CSI, "/latest/meta-data/placement/../iam/info").await.status(), 403);
+    assert_eq!(
+        h.seen(),
+        [
+            "GET /latest/meta-data/iam/info",
+            "GET /latest/meta-data/instance-id",
+            "GET /latest/user-data"
+        ]
+    );
+    assert_eq!(h.metrics.requests_of("audited", "path"), 1);
+    assert_eq!(h.metrics.requests_of("audited", "no_paths"), 1);
+    assert_eq!(h.metrics.requests_of("served", "ok"), 1);
+    let audited: Vec<_> = h
+        .paths
+        .records()
+        .into_iter()
+        .filter(|r| r.counts.audited > 0)
+        .map(|r| r.key.path)
+        .collect();
+    assert_eq!(audited, ["/latest/meta-data/iam/info", "/latest/user-data"]);
+}
