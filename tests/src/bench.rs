@@ -1,7 +1,7 @@
 //! Benchmark harness pieces: traffic sinks inside the imds netns and the `bench-probe`
 //! workload (see `src/bin/bench-probe.rs`).
 use std::{
-    io::Read as _,
+    io::{Read as _, Write as _},
     net::{TcpListener, TcpStream, UdpSocket},
     os::fd::AsRawFd as _,
     path::Path,
@@ -56,9 +56,9 @@ const TICK: Duration = Duration::from_millis(100);
 impl Sink {
     pub fn start(net: &TestNet) -> Result<Sink> {
         let mut sink = Sink { stop: Arc::new(AtomicBool::new(false)), threads: vec![] };
-        sink.spawn(net, format!("{DEST_V4}:{CONNECT_PORT}"), false)?;
-        sink.spawn(net, format!("{IMDS_V4}:{IMDS_PORT}"), false)?;
-        sink.spawn(net, format!("{DEST_V4}:{BULK_PORT}"), true)?;
+        sink.spawn(net, format!("{DEST_V4}:{CONNECT_PORT}"), Accepted::Close)?;
+        sink.spawn(net, format!("{IMDS_V4}:{IMDS_PORT}"), Accepted::Answer)?;
+        sink.spawn(net, format!("{DEST_V4}:{BULK_PORT}"), Accepted::Drain)?;
         let (tx, rx) = mpsc::channel::<Result<()>>();
         let (stop, path) = (sink.stop.clone(), net.imds_path());
         sink.threads.push(std::thread::spawn(move || {
@@ -86,9 +86,8 @@ impl Sink {
         Ok(sink)
     }
 
-    /// A thread in the imds netns accepting on `addr`: each connection is closed at once,
-    /// or (`drain_conns`) read and discarded by a thread of its own.
-    fn spawn(&mut self, net: &TestNet, addr: String, drain_conns: bool) -> Result<()> {
+    /// A thread in the imds netns accepting on `addr`, doing `with` each connection.
+    fn spawn(&mut self, net: &TestNet, addr: String, with: Accepted) -> Result<()> {
         let (tx, rx) = mpsc::channel::<Result<()>>();
         let (stop, path) = (self.stop.clone(), net.imds_path());
         let what = addr.clone();
@@ -115,12 +114,15 @@ impl Sink {
             let mut drains: Vec<JoinHandle<()>> = Vec::new();
             while !stop.load(Ordering::Acquire) {
                 // Blocking accept with SO_RCVTIMEO: wakes at once, checks `stop` every tick.
-                if let Ok((c, _)) = l.accept()
-                    && drain_conns
-                {
-                    let stop = stop.clone();
-                    drains.push(std::thread::spawn(move || drain(c, &stop)));
-                    drains.retain(|d| !d.is_finished());
+                let Ok((c, _)) = l.accept() else { continue };
+                match with {
+                    Accepted::Close => {}
+                    Accepted::Answer => answer(c),
+                    Accepted::Drain => {
+                        let stop = stop.clone();
+                        drains.push(std::thread::spawn(move || drain(c, &stop)));
+                        drains.retain(|d| !d.is_finished());
+                    }
                 }
             }
             for d in drains {
@@ -131,6 +133,39 @@ impl Sink {
             .map_err(|_| anyhow!("sink {what} did not start"))?
             .with_context(|| what)
     }
+}
+
+/// What a sink does with a connection it accepted.
+#[derive(Clone, Copy)]
+enum Accepted {
+    /// Closes it at once (connect rates).
+    Close,
+    /// Reads one request head and answers it as a metadata service does, then closes it (the
+    /// proxy scenario's upstream; a connect that sends nothing is closed after a tick).
+    Answer,
+    /// Reads and discards everything, on a thread of its own (bulk).
+    Drain,
+}
+
+/// What [`Accepted::Answer`] answers: an instance id, as IMDS does.
+pub const ANSWER_BODY: &str = "i-0b22a22eec53b9321";
+
+fn answer(mut c: TcpStream) {
+    let _ = c.set_nonblocking(false);
+    let _ = c.set_read_timeout(Some(TICK));
+    let mut head = Vec::with_capacity(512);
+    let mut chunk = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
+        match c.read(&mut chunk) {
+            Ok(n) if n > 0 => head.extend_from_slice(&chunk[..n]),
+            _ => return,
+        }
+    }
+    let reply = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{ANSWER_BODY}",
+        ANSWER_BODY.len()
+    );
+    let _ = c.write_all(reply.as_bytes());
 }
 
 fn set_timeout(l: &TcpListener, t: Duration) {

@@ -79,6 +79,7 @@ pub(crate) const MATRIX: &[(&str, &[&str])] = &[
     ("lifecycle::an_abi_change_hands_over_to_a_new_pin_dir_without_an_open_window",    K5_10),
     ("proxy::served_paths_go_through_the_proxy_and_nothing_else_does",                 ALL),
     ("proxy::a_pod_network_workload_is_served_its_paths_under_hop_limit_1",            HOST),
+    ("proxy::audit::audit_shows_every_path_then_suggest_narrows_it_and_enforce_serves_only_that", HOST),
     ("bypass::ipv6_extension_header_chains_are_refused",                               K5_10),
     ("enforcement::nested_and_late_cgroups_under_an_allowed_one_are_allowed",          K5_10),
     ("tc::forwarded_traffic_from_a_workload_interface_is_dropped",                     K6_1),

@@ -97,7 +97,7 @@ enum Cmd {
         /// Seconds per workload run of the statistics pass (default 2; quick 0.3)
         #[arg(long, value_name = "SECS")]
         secs: Option<f64>,
-        /// Only these scenarios: rates, deny, scale, apply, stats, abuse (repeatable)
+        /// Only these scenarios: rates, deny, scale, apply, stats, abuse, proxy (repeatable)
         #[arg(long, value_name = "SCENARIO")]
         only: Option<Vec<String>>,
         /// Calibrate the method: the rate scenarios with nothing in force in any world (run

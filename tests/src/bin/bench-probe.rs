@@ -11,6 +11,7 @@
 //! | `deny` | N TIMEOUT_MS | N connect() calls to a refused destination: µs until each returns |
 //! | `flip` | refused\|served TIMEOUT_MS | connects every ~200 µs; prints `{"stage":"ready"}` after the first attempt, then the CLOCK_MONOTONIC time of the first attempt with the wanted outcome |
 //! | `serve` | MODE | one rate mode kept open: each line on stdin is a number of milliseconds to run it for, each answer one JSON line |
+//! | `http` | PATH N | N sequential `GET PATH` (a connection each, as metadata clients do): µs until each response is read whole, its status, and requests per second |
 //!
 //! The rate modes also report `cpu_s`, the CPU time (user + system) the loop took.
 //!
@@ -310,6 +311,34 @@ fn deny(dst: SocketAddr, n: usize, timeout: Duration) -> Value {
     json!({"ok": served == 0, "samples_us": us, "served": served, "errnos": errno_counts(&errs)})
 }
 
+/// `n` sequential GETs of `path`, a connection each, every response read to its end (the
+/// proxy and the fake metadata service close after one).
+fn http(dst: SocketAddr, path: &str, n: usize) -> Value {
+    use std::io::Read as _;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", dst.ip());
+    let mut us = Vec::with_capacity(n);
+    let mut statuses = std::collections::BTreeMap::<String, u64>::new();
+    let mut reply = Vec::with_capacity(4096);
+    let started = Instant::now();
+    for _ in 0..n {
+        let t = Instant::now();
+        let status = TcpStream::connect_timeout(&dst, Duration::from_secs(5))
+            .and_then(|mut c| {
+                c.set_read_timeout(Some(Duration::from_secs(5)))?;
+                c.write_all(request.as_bytes())?;
+                reply.clear();
+                c.read_to_end(&mut reply)?;
+                Ok(String::from_utf8_lossy(&reply).split(' ').nth(1).unwrap_or("none").to_owned())
+            })
+            .unwrap_or_else(|e| format!("error {}", e.raw_os_error().unwrap_or(0)));
+        us.push(t.elapsed().as_secs_f64() * 1e6);
+        *statuses.entry(status).or_default() += 1;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let ok = statuses.get("200").copied() == Some(n as u64);
+    json!({"ok": ok, "samples_us": us, "statuses": statuses, "rps": n as f64 / secs})
+}
+
 fn flip(dst: SocketAddr, want_refused: bool, timeout: Duration) -> Value {
     let a = raw_addr(dst);
     let t = Instant::now();
@@ -404,6 +433,10 @@ fn run(mode: &str, dst: SocketAddr, args: &[String]) -> Value {
             None => json!({"ok": false, "error": "serve MODE"}),
         },
         "deny" => deny(dst, num(0, 100.0) as usize, ms(1)),
+        "http" => match args.first() {
+            Some(path) => http(dst, path, num(1, 100.0) as usize),
+            None => json!({"ok": false, "error": "http PATH [N]"}),
+        },
         "flip" => flip(dst, args.first().is_some_and(|a| a == "refused"), ms(1)),
         "churn" => match args {
             [base, home, ..] => {

@@ -11,6 +11,7 @@ use integration_tests::{
 
 use super::{EPERM, Env, INSTANCE_ID, policy};
 
+mod audit;
 mod sdk;
 
 const PROXY_V6: &str = "fd00:ec2::1";
@@ -56,8 +57,14 @@ fn cases() -> impl Iterator<Item = (&'static str, &'static str, &'static str, bo
 /// The agent with its metadata proxy on the node's test addresses, in the test cgroup
 /// `cgroup` (relative to the tree's base; below `gated/` as the DaemonSet's pod is).
 fn proxy_agent(env: &Env, cgroup: &str) -> Agent {
-    let extra =
-        ["--proxy-address", NODE_V4, "--proxy-address", PROXY_V6, "--proxy-port", PROXY_PORT];
+    proxy_agent_with(env, cgroup, &[])
+}
+
+/// [`proxy_agent`] with more `run` arguments.
+fn proxy_agent_with(env: &Env, cgroup: &str, more: &[&str]) -> Agent {
+    let mut extra =
+        vec!["--proxy-address", NODE_V4, "--proxy-address", PROXY_V6, "--proxy-port", PROXY_PORT];
+    extra.extend_from_slice(more);
     let agent = Agent::start_in_cgroup(
         &env.bins,
         &env.net.node_path(),

@@ -8,6 +8,7 @@ mod chart;
 mod deny;
 mod nsrun;
 mod policy;
+mod proxy;
 mod rates;
 mod report;
 mod scale;
@@ -68,7 +69,7 @@ pub(crate) struct Options {
     pub slice_ms: Option<f64>,
     /// See [`Cfg::calibrate`].
     pub calibrate: bool,
-    /// Run only these scenarios (`rates`, `deny`, `scale`, `apply`, `stats`, `abuse`); the report is
+    /// Run only these scenarios (`rates`, `deny`, `scale`, `apply`, `stats`, `abuse`, `proxy`); the report is
     /// then not checked for completeness.
     pub only: Option<Vec<String>>,
 }
@@ -125,18 +126,19 @@ pub(crate) fn run_bench(opts: Options) -> Result<()> {
     let started = Instant::now();
     let mut rep = Report::new(&cfg);
     type Scenario = fn(&Cfg, &mut Report) -> Result<()>;
-    let scenarios: [(&str, &str, Scenario); 6] = [
+    let scenarios: [(&str, &str, Scenario); 7] = [
         ("rates", "1-3, 7: connect, UDP and bulk rates; agent memory and CPU", rates::run),
         ("deny", "4: refused connect() latency", deny::run),
         ("scale", "5: scale", scale::run),
         ("apply", "6: policy change and new cgroup to enforcement", apply::run),
         ("stats", "8: ns per program run (BPF statistics on)", nsrun::run),
         ("abuse", "9: the agent under abuse (denied cgroups, events)", abuse::run),
+        ("proxy", "10: a served path through the metadata proxy vs direct", proxy::run),
     ];
     if let Some(only) = &opts.only
         && let Some(bad) = only.iter().find(|o| !scenarios.iter().any(|s| s.0 == o.as_str()))
     {
-        bail!("no scenario {bad:?}; there are rates, deny, scale, apply, stats, abuse");
+        bail!("no scenario {bad:?}; there are rates, deny, scale, apply, stats, abuse, proxy");
     }
     let wanted = |key: &str| opts.only.as_ref().is_none_or(|o| o.iter().any(|x| x == key));
     for (_, name, f) in scenarios.into_iter().filter(|s| wanted(s.0)) {
@@ -176,6 +178,9 @@ fn complete(rep: &Report, out: &std::path::Path) -> Result<()> {
         missing.push(format!("connect_rate_ratio_gate_{k}"));
     }
     missing.push("ns_per_run_connect_connect4".into());
+    for k in ["p50_us_direct", "p50_us_proxied", "p99_us_proxied", "rps_ratio", "agent_rss_mib"] {
+        missing.push(format!("proxy_{k}"));
+    }
     for p in ["egress", "tc", "empty_program"] {
         missing.push(format!("ns_per_test_run_{p}"));
     }
