@@ -34,21 +34,12 @@ fn audit_then_report_then_suggest_then_enforce_from_evidence() {
     // The agent harvests once a second and keeps identities every ten.
     std::thread::sleep(Duration::from_millis(1500));
     let pin = env.agent().pin_dir.to_string_lossy().into_owned();
-    let out = env
-        .gate_agent(
-            &["report", "--json", "--pin-dir", &pin, "--state-dir", &state_arg],
-            Duration::from_secs(10),
-        )
-        .expect("report");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let records = json(&out);
-    let find = |w: &str| {
-        records.as_array().and_then(|r| r.iter().find(|x| x["identity"]["workload"] == w)).cloned()
-    };
-    let tools = find("tools/agent").unwrap_or_else(|| panic!("tools/agent missing: {records:#}"));
+    let records = env.report(&state_arg);
+    let find = |w: &str| records.iter().find(|x| x["identity"]["workload"] == w).cloned();
+    let tools = find("tools/agent").unwrap_or_else(|| panic!("tools/agent missing: {records:#?}"));
     assert_eq!(tools["endpoint"], "ec2-imds", "{tools}");
     assert!(tools["audited"].as_u64() >= Some(1) && tools["denied"] == 0, "{tools}");
-    let cloud = find("cloud-agent").unwrap_or_else(|| panic!("cloud-agent missing: {records:#}"));
+    let cloud = find("cloud-agent").unwrap_or_else(|| panic!("cloud-agent missing: {records:#?}"));
     assert!(cloud["allowed"].as_u64() >= Some(1), "{cloud}");
     let table = env
         .gate_agent(
@@ -59,30 +50,11 @@ fn audit_then_report_then_suggest_then_enforce_from_evidence() {
     assert!(String::from_utf8_lossy(&table.stdout).contains("tools/agent"));
 
     // suggest: an entry for the audited workload only.
-    let out = env
-        .gate_agent(
-            &["suggest", "--pin-dir", &pin, "--state-dir", &state_arg],
-            Duration::from_secs(10),
-        )
-        .expect("suggest");
-    let suggested = String::from_utf8_lossy(&out.stdout).into_owned();
+    let suggested = env.suggest(&state_arg);
     assert!(suggested.contains("cgroup: \"tools/agent\""), "{suggested}");
     assert!(!suggested.contains("cloud-agent"), "already allowed: {suggested}");
     // Review, paste under allow:, enforce: `check` takes it, and the workload is served.
-    let indented: String = suggested.lines().map(|l| format!("  {l}\n")).collect();
-    let enforced = policy("enforce").replace("allow:\n", &format!("allow:\n{indented}"));
-    let file = state.0.join("enforced.yaml");
-    std::fs::write(&file, &enforced).expect("write");
-    let out = env
-        .gate_agent(&["check", &file.to_string_lossy()], Duration::from_secs(10))
-        .expect("check");
-    assert!(out.status.success(), "{}\n{enforced}", String::from_utf8_lossy(&out.stderr));
-    let tmp = env.policy_file.with_extension("tmp");
-    std::fs::write(&tmp, &enforced).expect("write");
-    std::fs::rename(&tmp, &env.policy_file).expect("rename");
-    env.agent()
-        .wait_log(|v| v["message"] == "policy applied", Duration::from_secs(5))
-        .expect("applied");
+    env.enforce_suggested(&suggested, &state.0);
     env.assert_served("gated/tools/agent", "tcp", IMDS_V4, "80");
     env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
 }

@@ -28,13 +28,6 @@ fn prog_ids(status: &serde_json::Value) -> Vec<(String, u64, u64)> {
     v
 }
 
-/// Rewrite the policy file the way editors and ConfigMap volumes do: write aside, rename over.
-fn replace_policy(env: &Env, text: &str) {
-    let tmp = env.policy_file.with_extension("tmp");
-    std::fs::write(&tmp, text).expect("write policy");
-    std::fs::rename(&tmp, &env.policy_file).expect("rename policy");
-}
-
 #[test]
 fn sigkill_keeps_the_gate_closed_and_a_restart_adopts_it() {
     privileged!(sigkill_keeps_the_gate_closed_and_a_restart_adopts_it);
@@ -193,7 +186,7 @@ fn policy_file_edits_are_live_and_a_bad_edit_keeps_the_last_good() {
     // Protect NTP too.
     let extra = "  - {name: ntp-test, cidr: 169.254.169.123/32, ports: [123], protocols: [UDP]}\n";
     let with_ntp = policy("enforce").replace("allow:\n", &format!("{extra}allow:\n"));
-    replace_policy(&env, &with_ntp);
+    env.replace_policy(&with_ntp);
     env.agent()
         .wait_log(
             |v| v["message"] == "policy applied" && v["generation"] == 2,
@@ -204,7 +197,7 @@ fn policy_file_edits_are_live_and_a_bad_edit_keeps_the_last_good() {
     env.assert_served("gated/cloud-agent", "udp", NTP_V4, "123");
 
     // A bad edit is refused, named, counted; the last good policy stays in force.
-    replace_policy(&env, &with_ntp.replace("ports: [123]", "ports: [70000]"));
+    env.replace_policy(&with_ntp.replace("ports: [123]", "ports: [70000]"));
     let refused = env
         .agent()
         .wait_log(

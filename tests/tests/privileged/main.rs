@@ -158,6 +158,59 @@ impl Env {
         integration_tests::agent::run_to_end(&self.bins.agent, &self.net.node_path(), args, timeout)
     }
 
+    /// Rewrite the policy file the way editors and ConfigMap volumes do: write aside, rename
+    /// over.
+    fn replace_policy(&self, text: &str) {
+        let tmp = self.policy_file.with_extension("tmp");
+        std::fs::write(&tmp, text).expect("write policy");
+        std::fs::rename(&tmp, &self.policy_file).expect("rename policy");
+    }
+
+    /// `gate-agent report --json` on the running agent's gate and `state` dir: its records.
+    fn report(&self, state: &str) -> Vec<serde_json::Value> {
+        let pin = self.agent().pin_dir.to_string_lossy().into_owned();
+        let out = self
+            .gate_agent(
+                &["report", "--json", "--pin-dir", &pin, "--state-dir", state],
+                Duration::from_secs(10),
+            )
+            .expect("report");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+        v.as_array().cloned().unwrap_or_else(|| panic!("not a list: {v}"))
+    }
+
+    /// `gate-agent suggest` on the running agent's gate and `state` dir.
+    fn suggest(&self, state: &str) -> String {
+        let pin = self.agent().pin_dir.to_string_lossy().into_owned();
+        let out = self
+            .gate_agent(
+                &["suggest", "--pin-dir", &pin, "--state-dir", state],
+                Duration::from_secs(10),
+            )
+            .expect("suggest");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Review done: paste `suggested` under `allow:` of the enforce policy, have `check` take
+    /// it (a copy in `dir`), and apply it; the policy applied.
+    fn enforce_suggested(&self, suggested: &str, dir: &std::path::Path) -> String {
+        let indented: String = suggested.lines().map(|l| format!("  {l}\n")).collect();
+        let enforced = policy("enforce").replace("allow:\n", &format!("allow:\n{indented}"));
+        let file = dir.join("enforced.yaml");
+        std::fs::write(&file, &enforced).expect("write");
+        let out = self
+            .gate_agent(&["check", &file.to_string_lossy()], Duration::from_secs(10))
+            .expect("check");
+        assert!(out.status.success(), "{}\n{enforced}", String::from_utf8_lossy(&out.stderr));
+        self.replace_policy(&enforced);
+        self.agent()
+            .wait_log(|v| v["message"] == "policy applied", Duration::from_secs(5))
+            .expect("applied");
+        enforced
+    }
+
     /// `gate-agent cleanup --pin-dir <pin>`: detach and unpin the gate.
     fn cleanup(&self, pin: &str) -> Output {
         self.gate_agent(&["cleanup", "--pin-dir", pin], Duration::from_secs(10)).expect("cleanup")

@@ -169,9 +169,7 @@ fn a_policy_that_cannot_be_written_is_retried_and_never_taken_for_applied() {
     assert!(junk.len() > 1000, "filled {}", junk.len());
     let with_other = policy("enforce")
         .replace("allow:", &format!("  - {{name: other, cidr: {other}/32, ports: [80]}}\nallow:"));
-    let tmp = env.policy_file.with_extension("tmp");
-    std::fs::write(&tmp, &with_other).expect("write");
-    std::fs::rename(&tmp, &env.policy_file).expect("rename");
+    env.replace_policy(&with_other);
     env.agent()
         .wait_log(|v| v["message"] == "will retry applying this policy", Duration::from_secs(3))
         .expect("the failed apply is scheduled for a retry");
@@ -216,9 +214,7 @@ fn policy_flips_under_a_connect_hammer_never_open_the_gate() {
         }
         flips += 1;
         let text = if i % 2 == 0 { &b } else { &a };
-        let tmp = env.policy_file.with_extension("tmp");
-        std::fs::write(&tmp, text).expect("write");
-        std::fs::rename(&tmp, &env.policy_file).expect("rename");
+        env.replace_policy(text);
         env.agent().signal(libc::SIGHUP);
         assert!(
             eventually(Duration::from_secs(5), || applied(&env) > i),

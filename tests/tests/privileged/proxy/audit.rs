@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use integration_tests::{net::IMDS_V4, probe::Outcome};
 
-use super::{Env, INSTANCE_ID, http, policy, proxy_agent_with};
+use super::{Env, INSTANCE_ID, http, proxy_agent_with};
 use crate::TempDir;
 
 const ID: &str = "/latest/meta-data/instance-id";
@@ -44,18 +44,8 @@ fn audit_shows_every_path_then_suggest_narrows_it_and_enforce_serves_only_that()
 
     // The record reaches the state dir within ten seconds.
     let pin = env.agent().pin_dir.to_string_lossy().into_owned();
-    let report = || {
-        let out = env
-            .gate_agent(
-                &["report", "--json", "--pin-dir", &pin, "--state-dir", &state_arg],
-                Duration::from_secs(10),
-            )
-            .expect("report");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report is JSON");
-        v.as_array()
-            .and_then(|r| r.iter().find(|x| x["identity"]["workload"] == "csi-node").cloned())
-    };
+    let report =
+        || env.report(&state_arg).into_iter().find(|x| x["identity"]["workload"] == "csi-node");
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     let csi = loop {
         match report() {
@@ -99,33 +89,14 @@ fn audit_shows_every_path_then_suggest_narrows_it_and_enforce_serves_only_that()
     );
     assert_eq!(out.status.code(), Some(2));
 
-    let out = env
-        .gate_agent(
-            &["suggest", "--pin-dir", &pin, "--state-dir", &state_arg],
-            Duration::from_secs(10),
-        )
-        .expect("suggest");
-    let suggested = String::from_utf8_lossy(&out.stdout).into_owned();
+    let suggested = env.suggest(&state_arg);
     for p in [ID, REGION] {
         assert!(suggested.contains(&format!("    - \"{p}\"\n")), "{p}: {suggested}");
     }
     assert!(suggested.contains(&format!("    # - \"{CREDENTIALS}\"")), "{suggested}");
 
     // Enforce with the suggested entry: its paths, and nothing else.
-    let indented: String = suggested.lines().map(|l| format!("  {l}\n")).collect();
-    let enforced = policy("enforce").replace("allow:\n", &format!("allow:\n{indented}"));
-    let file = state.0.join("enforced.yaml");
-    std::fs::write(&file, &enforced).expect("write");
-    let out = env
-        .gate_agent(&["check", &file.to_string_lossy()], Duration::from_secs(10))
-        .expect("check");
-    assert!(out.status.success(), "{}\n{enforced}", String::from_utf8_lossy(&out.stderr));
-    let tmp = env.policy_file.with_extension("tmp");
-    std::fs::write(&tmp, &enforced).expect("write");
-    std::fs::rename(&tmp, &env.policy_file).expect("rename");
-    env.agent()
-        .wait_log(|v| v["message"] == "policy applied", Duration::from_secs(5))
-        .expect("applied");
+    env.enforce_suggested(&suggested, &state.0);
     assert!(served(&env, ID) && served(&env, REGION));
     assert!(!served(&env, CREDENTIALS), "enforce served the credentials");
     let out = explain(CREDENTIALS);
