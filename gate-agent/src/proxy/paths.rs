@@ -180,11 +180,20 @@ impl PathLog {
             drop(inner);
             self.records()
         };
-        let json = serde_json::to_vec(&records).map_err(io::Error::other)?;
-        std::fs::create_dir_all(state_dir)?;
-        let tmp = state_dir.join(format!("{PATHS_FILE}.tmp"));
-        std::fs::write(&tmp, json)?;
-        std::fs::rename(tmp, state_dir.join(PATHS_FILE))
+        let written = (|| {
+            let json = serde_json::to_vec(&records).map_err(io::Error::other)?;
+            std::fs::create_dir_all(state_dir)?;
+            let tmp = state_dir.join(format!("{PATHS_FILE}.tmp"));
+            std::fs::write(&tmp, json)?;
+            std::fs::rename(tmp, state_dir.join(PATHS_FILE))
+        })();
+        // Not written: try again at the next save, changed or not.
+        if written.is_err()
+            && let Ok(mut inner) = self.inner.lock()
+        {
+            inner.dirty = true;
+        }
+        written
     }
 }
 
@@ -311,6 +320,13 @@ mod tests {
         let again = PathLog::load(&dir.0);
         assert_eq!(again.records(), log.records());
         assert_eq!(read(&dir.0).expect("read"), log.records());
+        // A save that fails is tried again.
+        let blocked = Scratch::new("blocked");
+        std::fs::write(blocked.0.join("file"), b"").expect("write");
+        log.note(7, IMDS, "GET", "/latest/meta-data/instance-id", Seen::Served, 43);
+        assert!(log.save(&blocked.0.join("file")).is_err(), "a file is no directory");
+        log.save(&dir.0).expect("retried");
+        assert_eq!(read(&dir.0).expect("read").len(), 2);
         // Unreadable: afresh, never an error that stops the proxy.
         std::fs::write(dir.0.join(PATHS_FILE), b"{not json").expect("write");
         assert!(PathLog::load(&dir.0).records().is_empty());
