@@ -4,16 +4,7 @@ use std::time::Duration;
 
 use integration_tests::net::IMDS_V4;
 
-use super::{Env, policy};
-
-/// A directory removed on drop.
-struct TempDir(std::path::PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use super::{Env, TempDir, policy};
 
 fn json(out: &std::process::Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout)
@@ -23,8 +14,9 @@ fn json(out: &std::process::Output) -> serde_json::Value {
 #[test]
 fn audit_then_report_then_suggest_then_enforce_from_evidence() {
     privileged!(audit_then_report_then_suggest_then_enforce_from_evidence);
+    // Declared first, dropped last: after the agent, which writes to it.
+    let state = TempDir::new("mg-state");
     let mut env = Env::new("audit");
-    let state = TempDir(std::env::temp_dir().join(integration_tests::sys::unique("mg-state")));
     let state_arg = state.0.to_string_lossy().into_owned();
     env.start_agent_with(&["--state-dir", &state_arg]);
     // A workload the policy does not know uses the metadata service; an allowed one too.
@@ -109,8 +101,8 @@ fn must_gather_collects_every_nodes_gate_and_the_clusters_objects() {
     use integration_tests::kubeapi::{self, KubeApi};
     use serde_json::json;
     privileged!(must_gather_collects_every_nodes_gate_and_the_clusters_objects);
+    let dir = TempDir::new("mg-gather");
     let mut env = Env::new("enforce");
-    let dir = TempDir(std::env::temp_dir().join(integration_tests::sys::unique("mg-gather")));
     std::fs::create_dir_all(dir.0.join("state")).expect("temp dir");
     let state = dir.0.join("state").to_string_lossy().into_owned();
     env.start_agent_with(&["--state-dir", &state]);

@@ -31,11 +31,12 @@ fn served(env: &Env, path: &str) -> bool {
 #[test]
 fn audit_shows_every_path_then_suggest_narrows_it_and_enforce_serves_only_that() {
     privileged!(audit_shows_every_path_then_suggest_narrows_it_and_enforce_serves_only_that);
+    // Declared first, dropped last: the agent writes its path record as it stops.
+    let state = TempDir::new("mg-state");
     let mut env = Env::new("audit");
     for c in ["gated/csi-node", "gated/agent"] {
         env.cg.create(c).expect("cgroup");
     }
-    let state = TempDir::new("mg-state");
     let state_arg = state.0.to_string_lossy().into_owned();
     env.agent = Some(proxy_agent_with(&env, "gated/agent", &["--state-dir", &state_arg]));
     for path in [ID, REGION, CREDENTIALS] {
