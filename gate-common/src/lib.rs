@@ -13,6 +13,7 @@
 //!   [`verdict::match_endpoint`] agree with a plain reading of the policy.
 //! * [`http`] (host only): what the metadata proxy may serve: path rules and request targets,
 //!   read strictly, judged without I/O.
+//! * [`metrics`] (host only): the catalog of the agent's metric families (names, help, labels).
 //! * [`user`] (feature `user`): typed views of the ABI for user space: one vocabulary for
 //!   hooks, verdicts, modes and attach points, the allow set, and `aya::Pod` glue.
 #![cfg_attr(target_arch = "bpf", no_std)]
@@ -22,6 +23,8 @@ pub mod abi;
 pub mod compile;
 #[cfg(not(target_arch = "bpf"))]
 pub mod http;
+#[cfg(not(target_arch = "bpf"))]
+pub mod metrics;
 pub mod packet;
 pub mod sockets;
 #[cfg(feature = "user")]

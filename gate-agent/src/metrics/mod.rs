@@ -3,10 +3,7 @@
 //! [`families`], the catalog that the shipped alerting rules are checked against.
 use std::sync::{Arc, Mutex};
 
-// Parts of the catalog (`ALL`, labels, sample names) are read only by the scrape test and by
-// xtask, which compiles the file in by path.
-#[cfg_attr(not(test), allow(dead_code))]
-pub(crate) mod families;
+use gate_common::metrics as families;
 
 use prometheus_client::{
     collector::Collector,

@@ -2,15 +2,14 @@
 //! kustomize` and check what comes out, without a cluster.
 //!
 //! (Longer than the other modules: one rule per cross-object contract, each next to the others
-//! it interacts with; the Prometheus objects' checks live in [`monitoring`], [`crd`] and
-//! [`promql`].)
+//! it interacts with; the Prometheus objects' checks live in [`monitoring`] and [`promql`].)
 //!
 //! - every object deserializes into its k8s-openapi type, and no field is lost on the way
 //!   (a misspelt or misplaced field would be silently dropped by the API server);
-//! - the OpenShift SecurityContextConstraints, which k8s-openapi does not know, is checked
-//!   structurally (apiVersion, required fields, field types, strategy and volume names);
-//! - the Prometheus Operator's ServiceMonitor and PrometheusRule, which k8s-openapi does not
-//!   know either, are checked against the fields, types and enums of their CRDs ([`crd`]);
+//! - the kinds k8s-openapi does not know (OpenShift's SecurityContextConstraints and
+//!   MachineConfig, the Prometheus Operator's ServiceMonitor and PrometheusRule) are
+//!   validated against their CRDs' schemas, vendored under xtask/schemas/ ([`schema`]), a
+//!   field the schema does not define counting as an error (the API server would prune it);
 //! - any other kind is an error;
 //! - cross-object rules the API server or the agent would otherwise only enforce at deploy
 //!   time: Bidirectional mount propagation needs a privileged container, the DaemonSet's
@@ -23,9 +22,9 @@
 //!   RBAC, the Service selecting the agent's pods, the ServiceMonitor selecting the Service by
 //!   a port it has and verifying what it can, and every alerting rule naming only metrics,
 //!   labels, namespaces, DaemonSets and jobs that exist.
-mod crd;
 mod monitoring;
 mod promql;
+mod schema;
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -230,10 +229,10 @@ fn check_object(o: &Object) -> Vec<String> {
         }
         ("rbac.authorization.k8s.io/v1", "Role") => typed::<Role>(&o.value),
         ("rbac.authorization.k8s.io/v1", "RoleBinding") => typed::<RoleBinding>(&o.value),
-        ("security.openshift.io/v1", "SecurityContextConstraints") => scc_structure(&o.value),
-        ("machineconfiguration.openshift.io/v1", "MachineConfig") => machineconfig(&o.value),
-        ("monitoring.coreos.com/v1", "ServiceMonitor") => custom(&o.value, &crd::SERVICE_MONITOR),
-        ("monitoring.coreos.com/v1", "PrometheusRule") => custom(&o.value, &crd::PROMETHEUS_RULE),
+        ("machineconfiguration.openshift.io/v1", "MachineConfig") => {
+            custom(api, o.kind(), &o.value).and_then(|()| machineconfig(&o.value))
+        }
+        (api, kind) if schema::known(api, kind) => custom(api, kind, &o.value),
         (api, kind) => Err(vec![format!(
             "unknown kind {kind:?} (apiVersion {api:?}); deploy/ ships only DaemonSet, \
              Namespace, ServiceAccount, ConfigMap, Service, Pod (e2e), ClusterRole, \
@@ -268,10 +267,9 @@ fn typed<T: DeserializeOwned + Serialize>(value: &Value) -> std::result::Result<
     }
 }
 
-/// A custom resource: its metadata as ObjectMeta, the rest against the CRD's shape.
-fn custom(value: &Value, shape: &crd::Shape) -> std::result::Result<(), Vec<String>> {
-    let mut errs = Vec::new();
-    crd::check(value, shape, "", &mut errs);
+/// A custom resource: its metadata as ObjectMeta, the whole against its CRD's schema.
+fn custom(api: &str, kind: &str, value: &Value) -> std::result::Result<(), Vec<String>> {
+    let mut errs = schema::validate(api, kind, value);
     if let Err(meta) = typed::<ObjectMeta>(value.get("metadata").unwrap_or(&Value::Null)) {
         errs.extend(meta.into_iter().map(|e| format!("metadata: {e}")));
     }
@@ -307,8 +305,8 @@ const BOOT_SCRIPT: &str = "deploy/boot/metadata-gate-boot.sh";
 /// The DaemonSet whose image the boot step runs on a node's first boot.
 const DAEMONSET: &str = "deploy/base/daemonset.yaml";
 
-/// A MachineConfig (machineconfiguration.openshift.io/v1, which k8s-openapi does not know):
-/// a role label, an Ignition 3 config, the boot unit identical to [`BOOT_UNIT`], the script
+/// What a MachineConfig of ours carries (its schema is checked by [`custom`]; the schema
+/// leaves `spec.config` free): a role label, an Ignition 3 config, the boot unit identical to [`BOOT_UNIT`], the script
 /// identical to [`BOOT_SCRIPT`] and executable, and a boot.env naming the DaemonSet's image.
 fn machineconfig(v: &Value) -> std::result::Result<(), Vec<String>> {
     use base64::Engine as _;
@@ -410,178 +408,6 @@ fn daemonset_image() -> Option<String> {
     let containers = ds.pointer("/spec/template/spec/containers")?.as_array()?;
     let agent = containers.iter().find(|c| c["name"] == "agent")?;
     agent["image"].as_str().map(str::to_owned)
-}
-
-// ---- SecurityContextConstraints ------------------------------------------------------------
-
-/// Fields of security.openshift.io/v1 SecurityContextConstraints (openshift/api
-/// security/v1/types.go).
-const SCC_FIELDS: &[&str] = &[
-    "apiVersion",
-    "kind",
-    "metadata",
-    "priority",
-    "allowPrivilegedContainer",
-    "defaultAddCapabilities",
-    "requiredDropCapabilities",
-    "allowedCapabilities",
-    "allowHostDirVolumePlugin",
-    "volumes",
-    "allowedFlexVolumes",
-    "allowHostNetwork",
-    "allowHostPorts",
-    "allowHostPID",
-    "allowHostIPC",
-    "defaultAllowPrivilegeEscalation",
-    "allowPrivilegeEscalation",
-    "seLinuxContext",
-    "runAsUser",
-    "supplementalGroups",
-    "fsGroup",
-    "readOnlyRootFilesystem",
-    "users",
-    "groups",
-    "seccompProfiles",
-    "allowedUnsafeSysctls",
-    "forbiddenSysctls",
-    "userNamespaceLevel",
-];
-const SCC_REQUIRED_BOOLS: &[&str] = &[
-    "allowPrivilegedContainer",
-    "allowHostDirVolumePlugin",
-    "allowHostNetwork",
-    "allowHostPorts",
-    "allowHostPID",
-    "allowHostIPC",
-    "readOnlyRootFilesystem",
-];
-/// Required by the CRD, but nullable.
-const SCC_REQUIRED_NULLABLE: &[&str] = &[
-    "priority",
-    "allowedCapabilities",
-    "defaultAddCapabilities",
-    "requiredDropCapabilities",
-    "volumes",
-];
-const SCC_STRING_LISTS: &[&str] = &[
-    "allowedCapabilities",
-    "defaultAddCapabilities",
-    "requiredDropCapabilities",
-    "volumes",
-    "users",
-    "groups",
-    "seccompProfiles",
-    "allowedUnsafeSysctls",
-    "forbiddenSysctls",
-];
-const SCC_VOLUMES: &[&str] = &[
-    "*",
-    "awsElasticBlockStore",
-    "azureDisk",
-    "azureFile",
-    "cephFS",
-    "cinder",
-    "configMap",
-    "csi",
-    "downwardAPI",
-    "emptyDir",
-    "ephemeral",
-    "fc",
-    "flexVolume",
-    "flocker",
-    "gcePersistentDisk",
-    "gitRepo",
-    "glusterfs",
-    "hostPath",
-    "image",
-    "iscsi",
-    "nfs",
-    "none",
-    "persistentVolumeClaim",
-    "photonPersistentDisk",
-    "portworxVolume",
-    "projected",
-    "quobyte",
-    "rbd",
-    "scaleIO",
-    "secret",
-    "storageOS",
-    "vsphere",
-];
-
-fn scc_structure(v: &Value) -> std::result::Result<(), Vec<String>> {
-    let mut errs = Vec::new();
-    let Some(obj) = v.as_object() else { return Err(vec!["not a mapping".into()]) };
-    for k in obj.keys() {
-        if !SCC_FIELDS.contains(&k.as_str()) {
-            errs.push(format!("unknown field {k}"));
-        }
-    }
-    if v.pointer("/metadata/namespace").is_some() {
-        errs.push("is cluster-scoped: remove metadata.namespace".into());
-    }
-    for f in SCC_REQUIRED_BOOLS {
-        match obj.get(*f) {
-            Some(Value::Bool(_)) => {}
-            Some(_) => errs.push(format!("{f} must be true or false")),
-            None => errs.push(format!("{f} is required")),
-        }
-    }
-    for f in SCC_REQUIRED_NULLABLE {
-        if !obj.contains_key(*f) {
-            errs.push(format!("{f} is required (may be null)"));
-        }
-    }
-    if let Some(p) = obj.get("priority")
-        && !(p.is_null() || p.is_i64())
-    {
-        errs.push("priority must be an integer or null".into());
-    }
-    for f in SCC_STRING_LISTS {
-        match obj.get(*f) {
-            None | Some(Value::Null) => {}
-            Some(Value::Array(items)) if items.iter().all(Value::is_string) => {}
-            Some(_) => errs.push(format!("{f} must be a list of strings")),
-        }
-    }
-    for vol in string_list(v, "/volumes") {
-        if !SCC_VOLUMES.contains(&vol.as_str()) {
-            errs.push(format!("volumes: unknown volume type {vol:?}"));
-        }
-    }
-    for cap in string_list(v, "/allowedCapabilities") {
-        if cap.starts_with("CAP_") || cap != cap.to_ascii_uppercase() {
-            errs.push(format!(
-                "allowedCapabilities: write {cap:?} as the upper-case name without CAP_"
-            ));
-        }
-    }
-    let strategies: [(&str, &[&str]); 4] = [
-        ("runAsUser", &["MustRunAs", "MustRunAsRange", "MustRunAsNonRoot", "RunAsAny"]),
-        ("seLinuxContext", &["MustRunAs", "RunAsAny"]),
-        ("fsGroup", &["MustRunAs", "RunAsAny"]),
-        ("supplementalGroups", &["MustRunAs", "RunAsAny"]),
-    ];
-    for (f, allowed) in strategies {
-        match v.pointer(&format!("/{f}/type")).and_then(Value::as_str) {
-            Some(t) if allowed.contains(&t) => {}
-            Some(t) => errs.push(format!("{f}.type {t:?} is not one of {allowed:?}")),
-            None => errs.push(format!("{f}.type is required (one of {allowed:?})")),
-        }
-    }
-    if v.pointer("/runAsUser/type").and_then(Value::as_str) == Some("MustRunAs")
-        && !v.pointer("/runAsUser/uid").is_some_and(Value::is_u64)
-    {
-        errs.push("runAsUser: MustRunAs needs uid".into());
-    }
-    if v.pointer("/runAsUser/type").and_then(Value::as_str) == Some("MustRunAsRange") {
-        let min = v.pointer("/runAsUser/uidRangeMin").and_then(Value::as_u64);
-        let max = v.pointer("/runAsUser/uidRangeMax").and_then(Value::as_u64);
-        if min.zip(max).is_none_or(|(min, max)| min > max) {
-            errs.push("runAsUser: MustRunAsRange needs uidRangeMin <= uidRangeMax".into());
-        }
-    }
-    if errs.is_empty() { Ok(()) } else { Err(errs) }
 }
 
 /// The value of `--name=VALUE` or `--name VALUE` among `args`.
@@ -769,6 +595,20 @@ fn check_scc(
         ));
     }
     problems.extend(scc_admits_users(scc, spec, containers));
+    // What the CRD's schema leaves open and OpenShift refuses on admission.
+    for (f, known) in SCC_STRATEGIES {
+        let t = scc.str_at(&format!("/{f}/type"));
+        if !t.is_some_and(|t| known.contains(&t)) {
+            problems.push(format!("{scc_label}: {f}.type {t:?} is not one of {known:?}"));
+        }
+    }
+    for cap in &allowed {
+        if cap.starts_with("CAP_") || *cap != cap.to_ascii_uppercase() {
+            problems.push(format!(
+                "{scc_label}: allowedCapabilities: write {cap:?} as the upper-case name without CAP_"
+            ));
+        }
+    }
     let scc_bool = |f: &str| scc.value.get(f).and_then(Value::as_bool).unwrap_or(false);
     for (pod_field, scc_field) in [
         ("hostNetwork", "allowHostNetwork"),
@@ -827,6 +667,14 @@ fn check_scc(
     }
     problems
 }
+
+/// The strategies of an SCC and the types OpenShift knows for each.
+const SCC_STRATEGIES: [(&str, &[&str]); 4] = [
+    ("runAsUser", &["MustRunAs", "MustRunAsRange", "MustRunAsNonRoot", "RunAsAny"]),
+    ("seLinuxContext", &["MustRunAs", "RunAsAny"]),
+    ("fsGroup", &["MustRunAs", "RunAsAny"]),
+    ("supplementalGroups", &["MustRunAs", "RunAsAny"]),
+];
 
 /// Each container's user (its own runAsUser, else the pod's, else the SCC's default, which
 /// always fits) is one the SCC's runAsUser strategy admits.
@@ -985,12 +833,28 @@ mod tests {
     }
 
     #[test]
-    fn scc_structure_needs_its_required_fields() {
+    fn scc_fields_are_checked_against_the_crd_schema() {
         let o = obj(
-            "apiVersion: security.openshift.io/v1\nkind: SecurityContextConstraints\nmetadata: {name: s}\nallowHostNetwork: yes\n",
+            "apiVersion: security.openshift.io/v1\nkind: SecurityContextConstraints\nmetadata: {name: s}\nallowHostNetwork: \"yes\"\nallowHostPorts: false\nrunAsUser: {type: RunAsAny, uidd: 1}\n",
         );
         let problems = check_object(&o);
-        assert!(problems.iter().any(|p| p.contains("allowPrivilegedContainer is required")));
-        assert!(problems.iter().any(|p| p.contains("runAsUser.type is required")));
+        let has = |w: &str| problems.iter().any(|p| p.contains(w));
+        assert!(has("/allowHostNetwork: \"yes\" is not of type \"boolean\""), "{problems:#?}");
+        assert!(has("\"allowPrivilegedContainer\" is a required property"), "{problems:#?}");
+        assert!(has("/runAsUser: Additional properties are not allowed ('uidd'"), "{problems:#?}");
+    }
+
+    #[test]
+    fn a_misspelt_service_monitor_field_fails_the_schema() {
+        let o = obj(
+            "apiVersion: monitoring.coreos.com/v1\nkind: ServiceMonitor\nmetadata: {name: m, namespace: n}\nspec:\n  selector: {}\n  endpoints: [{port: p, intervall: 30s}]\n",
+        );
+        let problems = check_object(&o);
+        assert_eq!(problems.len(), 1, "{problems:#?}");
+        assert!(
+            problems[0]
+                .contains("/spec/endpoints/0: Additional properties are not allowed ('intervall'"),
+            "{problems:#?}"
+        );
     }
 }

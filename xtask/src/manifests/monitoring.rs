@@ -29,10 +29,8 @@ use serde_json::Value;
 use super::promql;
 use super::{Object, flag, string_list};
 
-/// The agent's metric catalog, compiled in from the agent's source.
-#[allow(dead_code)]
-#[path = "../../../gate-agent/src/metrics/families.rs"]
-mod families;
+/// The agent's metric catalog.
+use gate_common::metrics as families;
 
 /// Metrics of other exporters the rules may use, with their labels: kube-state-metrics v2
 /// (docs/metrics/workload/pod-metrics.md and daemonset-metrics.md) and Prometheus' own `up`
@@ -804,7 +802,7 @@ fn check_rule(
                 ),
                 None => format!(
                     "metric {} is neither exported by the agent \
-                     (gate-agent/src/metrics/families.rs) nor a known kube-state-metrics or \
+                     (gate-common/src/metrics.rs) nor a known kube-state-metrics or \
                      Prometheus metric",
                     s.metric
                 ),
@@ -1041,7 +1039,7 @@ mod tests {
             )],
             &["labels.severity Some(\"page\")", "annotations.summary is missing"],
         );
-        refused(&[(RULES, "rate(metadata", "rate((metadata")], &["expr does not read: unbalanced"]);
+        refused(&[(RULES, "rate(metadata", "rate((metadata")], &["expr does not read"]);
     }
 
     #[test]
