@@ -281,6 +281,7 @@ impl GatedRoot {
         }
         let mount = std::fs::File::open(&self.mount)?;
         let mut h = Handle { bytes: 8, ty: FILEID_KERNFS, id: id.to_ne_bytes() };
+        // By hand: rustix 1.1 has no open_by_handle_at.
         // SAFETY: a valid mount fd and handle; the kernel writes nothing back.
         let fd = unsafe {
             libc::syscall(

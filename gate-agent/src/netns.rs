@@ -74,7 +74,10 @@ pub(crate) fn run_in<T: Send>(
 fn enter(fd: BorrowedFd<'_>) -> io::Result<()> {
     // setns(2) changes the namespace of the calling thread only, which is the short-lived
     // thread of `run_in`.
-    Ok(rustix::thread::move_into_link_name_space(fd, Some(rustix::thread::LinkNameSpaceType::Network))?)
+    Ok(rustix::thread::move_into_link_name_space(
+        fd,
+        Some(rustix::thread::LinkNameSpaceType::Network),
+    )?)
 }
 
 #[cfg(test)]

@@ -2,12 +2,7 @@
 //! lives (the kernel drops it when the process ends, however it ends, so no lock is ever
 //! stale). A second `run` on the same pin dir, and `cleanup` while an agent runs, are
 //! refused with the holder's pid, read from `/proc/locks`.
-use std::{
-    fs::File,
-    io,
-    os::unix::fs::MetadataExt as _,
-    path::Path,
-};
+use std::{fs::File, io, os::unix::fs::MetadataExt as _, path::Path};
 
 use rustix::fs::{FlockOperation, flock};
 

@@ -195,8 +195,9 @@ impl Gate {
                 report.held = held.len();
                 return Ok(report);
             }
-            let mut rtnl = NlSocket::open(libc::NETLINK_ROUTE as isize, std::time::Duration::from_secs(5))
-                .map_err(|e| LoaderError::Tc(format!("rtnetlink socket: {e}")))?;
+            let mut rtnl =
+                NlSocket::open(libc::NETLINK_ROUTE as isize, std::time::Duration::from_secs(5))
+                    .map_err(|e| LoaderError::Tc(format!("rtnetlink socket: {e}")))?;
             let mut wanted = BTreeSet::new();
             for t in &plan.targets {
                 let key = t.direction.clsact_key(t.ifindex);
@@ -390,7 +391,11 @@ fn attach_clsact(
 /// Whether our clsact filter (our priority and handle) is on `ifindex` in `dir`. Only the
 /// filter's header is read: a filter of someone else's that the crate cannot parse does not
 /// hide ours.
-fn clsact_present(sock: &mut NlSocket, ifindex: u32, dir: TcDirection) -> Result<bool, NetlinkError> {
+fn clsact_present(
+    sock: &mut NlSocket,
+    ifindex: u32,
+    dir: TcDirection,
+) -> Result<bool, NetlinkError> {
     let minor = match dir {
         TcDirection::Ingress => NlTcHandle::MIN_INGRESS,
         TcDirection::Egress => NlTcHandle::MIN_EGRESS,

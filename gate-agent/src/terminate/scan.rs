@@ -363,7 +363,8 @@ mod tests {
 
     fn kernel() -> FakeKernel {
         let imds = v4([169, 254, 169, 254]);
-        let v6 = std::net::IpAddr::from([0xfd, 0, 0x0e, 0xc2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x02, 0x54]);
+        let v6 =
+            std::net::IpAddr::from([0xfd, 0, 0x0e, 0xc2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x02, 0x54]);
         let (inet, inet6) = (libc::AF_INET, libc::AF_INET6);
         FakeKernel {
             socks: vec![
@@ -386,7 +387,10 @@ mod tests {
         let mut k = kernel();
         let r = scan_with(&mut k, "test", &judge, &index);
         assert_eq!(r.scanned, 8);
-        assert_eq!(k.destroyed, vec![k.socks[0].1.clone(), k.socks[1].1.clone(), k.socks[2].1.clone()]);
+        assert_eq!(
+            k.destroyed,
+            vec![k.socks[0].1.clone(), k.socks[1].1.clone(), k.socks[2].1.clone()]
+        );
         let got: Vec<_> = r.destroyed.iter().map(|c| (c.cgroup_id, c.proto, c.endpoint)).collect();
         assert_eq!(got, vec![(13, PROTO_TCP, 0), (10, PROTO_TCP, 0), (13, PROTO_UDP, 1)]);
         assert_eq!(r.destroyed[0].cgroup, PathBuf::from("pod-a"));

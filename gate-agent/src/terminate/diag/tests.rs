@@ -122,7 +122,10 @@ fn destroy_request_carries_the_socket_id_and_cookie() {
     let s = DiagSock { family: libc::AF_INET as u8, state: 1, id, cgroup_id: Some(9) };
     let r = encode(destroy_request(&s, PROTO_UDP), ACKED, 3);
     assert_eq!(r.len(), 72);
-    assert_eq!(u16::from_ne_bytes(r[4..6].try_into().unwrap()), netlink_packet_sock_diag::SOCK_DESTROY);
+    assert_eq!(
+        u16::from_ne_bytes(r[4..6].try_into().unwrap()),
+        netlink_packet_sock_diag::SOCK_DESTROY
+    );
     assert_eq!(u16::from_ne_bytes(r[6..8].try_into().unwrap()), 0x01 | 0x04);
     assert_eq!(u32::from_ne_bytes(r[8..12].try_into().unwrap()), 3);
     assert_eq!((r[16], r[17]), (libc::AF_INET as u8, PROTO_UDP));
@@ -196,8 +199,12 @@ fn acks() {
 #[test]
 fn malformed_input_is_an_error_not_a_panic() {
     let a = sockid(v4([1, 2, 3, 4]), 1, v4([5, 6, 7, 8]), 2);
-    let good =
-        sock_msg(1, libc::AF_INET as u8, a.clone(), &[attr(INET_DIAG_CGROUP_ID, &1u64.to_ne_bytes())]);
+    let good = sock_msg(
+        1,
+        libc::AF_INET as u8,
+        a.clone(),
+        &[attr(INET_DIAG_CGROUP_ID, &1u64.to_ne_bytes())],
+    );
     // Every truncation, and every corrupted length byte, fails cleanly.
     for cut in 0..good.len() {
         let _ = parse_dump(&good[..cut], 1);
