@@ -3,9 +3,7 @@
 //!
 //! On cgroup v2 a cgroup's id (what `bpf_get_current_cgroup_id` returns) is the inode number of
 //! its directory, so ids are read with a plain `stat`.
-use std::ffi::CString;
 use std::io;
-use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
@@ -106,15 +104,7 @@ fn unescape_octal(s: &str) -> std::ffi::OsString {
 
 /// `statfs(2)` f_type of the filesystem holding `path`.
 fn fs_type(path: &Path) -> io::Result<i64> {
-    let c = CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))?;
-    // SAFETY: `statfs` is plain integers, for which all-zero is a valid value.
-    let mut buf: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is NUL-terminated and outlives the call; `buf` is a valid, writable `statfs`.
-    let rc = unsafe { libc::statfs(c.as_ptr(), &mut buf) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let buf = rustix::fs::statfs(path)?;
     #[allow(clippy::unnecessary_cast)] // f_type's integer type differs between libcs
     Ok(buf.f_type as i64)
 }
@@ -291,6 +281,7 @@ impl GatedRoot {
         }
         let mount = std::fs::File::open(&self.mount)?;
         let mut h = Handle { bytes: 8, ty: FILEID_KERNFS, id: id.to_ne_bytes() };
+        // By hand: rustix 1.1 has no open_by_handle_at.
         // SAFETY: a valid mount fd and handle; the kernel writes nothing back.
         let fd = unsafe {
             libc::syscall(

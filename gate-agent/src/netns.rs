@@ -8,7 +8,7 @@
 use std::{
     fs::File,
     io,
-    os::fd::{AsFd as _, AsRawFd as _, BorrowedFd},
+    os::fd::{AsFd as _, BorrowedFd},
     path::Path,
 };
 
@@ -72,12 +72,12 @@ pub(crate) fn run_in<T: Send>(
 
 /// Move the calling thread into the network namespace `fd`.
 fn enter(fd: BorrowedFd<'_>) -> io::Result<()> {
-    // SAFETY: setns(2) with a valid, open namespace fd; it changes the namespace of the calling
-    // thread only, which is the short-lived thread of `run_in`.
-    if unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    // setns(2) changes the namespace of the calling thread only, which is the short-lived
+    // thread of `run_in`.
+    Ok(rustix::thread::move_into_link_name_space(
+        fd,
+        Some(rustix::thread::LinkNameSpaceType::Network),
+    )?)
 }
 
 #[cfg(test)]

@@ -116,9 +116,7 @@ pub(crate) struct Denial {
 /// CLOCK_MONOTONIC now, in ns: the clock of the kernel programs' timestamps
 /// (bpf_ktime_get_ns).
 pub(crate) fn monotonic_now_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
@@ -385,13 +383,11 @@ fn hook_name(pin: String, target: LinkTarget) -> String {
     else {
         return pin;
     };
-    let mut buf = [0u8; libc::IF_NAMESIZE];
-    // SAFETY: the buffer holds IF_NAMESIZE bytes, as if_indextoname(3) requires.
-    let named = unsafe { libc::if_indextoname(attached, buf.as_mut_ptr().cast()) };
-    let name = (!named.is_null())
-        .then(|| std::ffi::CStr::from_bytes_until_nul(&buf).ok()?.to_str().ok().map(str::to_owned))
-        .flatten()
-        .unwrap_or_else(|| ifindex.to_string());
+    // What if_indextoname(3) does: SIOCGIFNAME on a socket of this namespace.
+    use rustix::net::{AddressFamily, SocketType, netdevice::index_to_name, socket};
+    let name = socket(AddressFamily::INET, SocketType::DGRAM, None)
+        .and_then(|s| index_to_name(s, attached))
+        .unwrap_or_else(|_| ifindex.to_string());
     format!("tc-{}-{name}", dir.name())
 }
 

@@ -2,12 +2,9 @@
 //! lives (the kernel drops it when the process ends, however it ends, so no lock is ever
 //! stale). A second `run` on the same pin dir, and `cleanup` while an agent runs, are
 //! refused with the holder's pid, read from `/proc/locks`.
-use std::{
-    fs::File,
-    io,
-    os::{fd::AsRawFd as _, unix::fs::MetadataExt as _},
-    path::Path,
-};
+use std::{fs::File, io, os::unix::fs::MetadataExt as _, path::Path};
+
+use rustix::fs::{FlockOperation, flock};
 
 use super::LoaderError;
 
@@ -24,9 +21,8 @@ pub(crate) fn lock(pin_dir: &Path) -> Result<PinLock, LoaderError> {
         path: pin_dir.to_path_buf(),
         source,
     })?;
-    // SAFETY: flock on a valid fd we own.
-    if unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let e = io::Error::last_os_error();
+    if let Err(e) = flock(&dir, FlockOperation::NonBlockingLockExclusive) {
+        let e = io::Error::from(e);
         if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
             return Err(LoaderError::Locked {
                 pin_dir: pin_dir.to_path_buf(),
@@ -62,8 +58,8 @@ fn holder_in(locks: &str, dev: u64, ino: u64) -> Option<u32> {
 /// Whether a pin dir is locked by a running agent, for `cleanup` (which refuses then).
 pub(crate) fn running_agent(pin_dir: &Path) -> Option<u32> {
     let dir = File::open(pin_dir).ok()?;
-    // SAFETY: flock on a valid fd we own; released when `dir` drops.
-    let free = unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+    // Released when `dir` drops.
+    let free = flock(&dir, FlockOperation::NonBlockingLockExclusive).is_ok();
     if free { None } else { Some(holder(pin_dir).unwrap_or(0)) }
 }
 

@@ -10,7 +10,6 @@
 //! both enforce for that moment, never neither.
 use std::{
     fs, io,
-    os::unix::ffi::OsStrExt as _,
     path::{Path, PathBuf},
 };
 
@@ -69,15 +68,13 @@ pub(crate) fn bpf_lsm_active() -> Result<bool, String> {
 }
 
 fn mount_securityfs(dir: &Path) -> io::Result<()> {
-    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RDONLY;
+    use rustix::mount::MountFlags;
+    let flags = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC | MountFlags::RDONLY;
     super::pins::mount_pseudo(c"securityfs", c"securityfs", dir, flags, c"")
 }
 
 fn unmount(dir: &Path) -> io::Result<()> {
-    let target = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
-    // SAFETY: a NUL-terminated path that outlives the call.
-    let rc = unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
-    if rc != 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    Ok(rustix::mount::unmount(dir, rustix::mount::UnmountFlags::DETACH)?)
 }
 
 /// Load the LSM programs where the BPF LSM is active; otherwise, or where the kernel refuses

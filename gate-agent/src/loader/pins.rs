@@ -6,11 +6,11 @@
 use std::{
     ffi::CStr,
     fs, io,
-    os::unix::ffi::OsStrExt as _,
     path::{Path, PathBuf},
 };
 
 use gate_common::abi::ABI_VERSION;
+use rustix::mount::MountFlags;
 
 use super::LoaderError;
 
@@ -102,19 +102,13 @@ pub(crate) fn other_versions(pin_dir: &Path) -> Vec<(u32, PathBuf)> {
 }
 
 fn statfs_type(path: &Path) -> io::Result<i64> {
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())?;
-    // SAFETY: statfs is plain C data, for which all-zero bytes are a valid value.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: valid NUL-terminated path and out-pointer.
-    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let st = rustix::fs::statfs(path)?;
     #[allow(clippy::unnecessary_cast)]
     Ok(st.f_type as i64)
 }
 
 fn mount_bpffs(path: &Path) -> io::Result<()> {
-    mount_pseudo(c"bpffs", c"bpf", path, 0, c"mode=0700")
+    mount_pseudo(c"bpffs", c"bpf", path, MountFlags::empty(), c"mode=0700")
 }
 
 /// mount(2) of a filesystem without a device (bpffs, securityfs): `fstype` on `target`, named
@@ -123,15 +117,10 @@ pub(super) fn mount_pseudo(
     source: &CStr,
     fstype: &CStr,
     target: &Path,
-    flags: libc::c_ulong,
+    flags: MountFlags,
     data: &CStr,
 ) -> io::Result<()> {
-    let target = std::ffi::CString::new(target.as_os_str().as_bytes())?;
-    // SAFETY: NUL-terminated strings that outlive the call.
-    let rc = unsafe {
-        libc::mount(source.as_ptr(), target.as_ptr(), fstype.as_ptr(), flags, data.as_ptr().cast())
-    };
-    if rc != 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    Ok(rustix::mount::mount(source, target, fstype, flags, data)?)
 }
 
 /// Remove one versioned dir: its clsact filters (which no pin holds), then its pins.

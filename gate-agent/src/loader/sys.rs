@@ -29,6 +29,14 @@ fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
     if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(rc) }
 }
 
+/// A bpf(2) command that returns a new file descriptor.
+fn bpf_fd<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<OwnedFd> {
+    let fd = bpf(cmd, attr)?;
+    // SAFETY: the commands passed here (BPF_OBJ_GET, BPF_LINK_CREATE, BPF_LINK_GET_FD_BY_ID)
+    // return a new file descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
 #[repr(C)]
 struct ObjGetAttr {
     pathname: u64,
@@ -41,9 +49,7 @@ pub(super) fn obj_get(path: &Path) -> io::Result<OwnedFd> {
     let c = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
     let mut attr = ObjGetAttr { pathname: c.as_ptr() as u64, bpf_fd: 0, file_flags: 0 };
-    let fd = bpf(BPF_OBJ_GET, &mut attr)?;
-    // SAFETY: BPF_OBJ_GET returned a new file descriptor we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    bpf_fd(BPF_OBJ_GET, &mut attr)
 }
 
 #[repr(C)]
@@ -67,9 +73,7 @@ pub(super) fn link_create_cgroup(
         attach_type,
         flags: 0,
     };
-    let fd = bpf(BPF_LINK_CREATE, &mut attr)?;
-    // SAFETY: BPF_LINK_CREATE returned a new file descriptor we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    bpf_fd(BPF_LINK_CREATE, &mut attr)
 }
 
 /// Pin a bpf object (link, program, map) at `path` on bpffs.
@@ -92,9 +96,7 @@ struct GetFdByIdAttr {
 /// is open the link stays attached, pinned or not.
 pub(super) fn link_fd_by_id(id: u32) -> io::Result<OwnedFd> {
     let mut attr = GetFdByIdAttr { id, next_id: 0, open_flags: 0 };
-    let fd = bpf(BPF_LINK_GET_FD_BY_ID, &mut attr)?;
-    // SAFETY: BPF_LINK_GET_FD_BY_ID returned a new file descriptor we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    bpf_fd(BPF_LINK_GET_FD_BY_ID, &mut attr)
 }
 
 #[repr(C)]
@@ -197,7 +199,5 @@ const _: () = assert!(size_of::<RawLinkInfo>() == 32);
 /// finished when it returns (`membarrier(MEMBARRIER_CMD_GLOBAL)` is `synchronize_rcu()`).
 /// Fails on kernels that refuse the command (nohz_full CPUs).
 pub(super) fn rcu_grace_period() -> io::Result<()> {
-    // SAFETY: membarrier takes plain integers.
-    let rc = unsafe { libc::syscall(libc::SYS_membarrier, libc::MEMBARRIER_CMD_GLOBAL, 0, 0) };
-    if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    Ok(rustix::thread::membarrier(rustix::thread::MembarrierCommand::Global)?)
 }

@@ -31,12 +31,17 @@ use aya::{
 };
 use gate_common::{
     abi::{TcClsact, fixed_str, fixed_str_value, names},
-    user::{AttachPoint, Program, TcDirection, bytes_of},
+    user::{AttachPoint, Program, TcDirection},
 };
 
 use super::{Gate, LinkTarget, LoaderError, map_err, sys};
+use netlink_packet_route::{
+    RouteNetlinkMessage,
+    tc::{TcHandle as NlTcHandle, TcHeader, TcMessage},
+};
+
 use crate::{
-    netlink::{NlSocket, read},
+    netlink::{DUMP, NetlinkError, NlSocket},
     netns::{self, Netns},
 };
 
@@ -190,8 +195,9 @@ impl Gate {
                 report.held = held.len();
                 return Ok(report);
             }
-            let mut rtnl = NlSocket::open(libc::NETLINK_ROUTE, std::time::Duration::from_secs(5))
-                .map_err(|e| LoaderError::Tc(format!("rtnetlink socket: {e}")))?;
+            let mut rtnl =
+                NlSocket::open(libc::NETLINK_ROUTE as isize, std::time::Duration::from_secs(5))
+                    .map_err(|e| LoaderError::Tc(format!("rtnetlink socket: {e}")))?;
             let mut wanted = BTreeSet::new();
             for t in &plan.targets {
                 let key = t.direction.clsact_key(t.ifindex);
@@ -382,46 +388,33 @@ fn attach_clsact(
     Ok(())
 }
 
-/// `struct tcmsg`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-struct TcMsg {
-    family: u8,
-    pad1: u8,
-    pad2: u16,
-    ifindex: i32,
-    handle: u32,
-    parent: u32,
-    info: u32,
-}
-const _: () = assert!(size_of::<TcMsg>() == 20);
-// SAFETY: integers only, no padding (size asserted above).
-unsafe impl aya::Pod for TcMsg {}
-
-const RTM_NEWTFILTER: u16 = 44;
-const RTM_GETTFILTER: u16 = 46;
-
-/// Whether our clsact filter (our priority and handle) is on `ifindex` in `dir`.
+/// Whether our clsact filter (our priority and handle) is on `ifindex` in `dir`. Only the
+/// filter's header is read: a filter of someone else's that the crate cannot parse does not
+/// hide ours.
 fn clsact_present(
     sock: &mut NlSocket,
     ifindex: u32,
     dir: TcDirection,
-) -> Result<bool, crate::netlink::NetlinkError> {
-    // TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_INGRESS / TC_H_MIN_EGRESS)
-    let parent = match dir {
-        TcDirection::Ingress => 0xffff_fff2,
-        TcDirection::Egress => 0xffff_fff3,
+) -> Result<bool, NetlinkError> {
+    let minor = match dir {
+        TcDirection::Ingress => NlTcHandle::MIN_INGRESS,
+        TcDirection::Egress => NlTcHandle::MIN_EGRESS,
     };
-    let req = TcMsg { ifindex: ifindex as i32, parent, ..Default::default() };
-    let ours = |p: &Vec<u8>| {
-        read::<TcMsg>(p, "tcmsg").is_ok_and(|m| {
-            m.handle == u32::from(CLSACT_HANDLE) && (m.info >> 16) as u16 == CLSACT_PRIORITY
-        })
-    };
-    match sock.dump(RTM_GETTFILTER, &[bytes_of(&req)], RTM_NEWTFILTER) {
-        Ok(filters) => Ok(filters.iter().any(ours)),
+    let mut req = TcMessage::with_index(ifindex as i32);
+    req.header.parent = NlTcHandle { major: NlTcHandle::CLSACT.major, minor };
+    let mut found = false;
+    let r = sock.request(RouteNetlinkMessage::GetTrafficFilter(req), DUMP, |ty, payload| {
+        found |= ty == libc::RTM_NEWTFILTER
+            && TcHeader::parse(payload).is_ok_and(|h| {
+                u32::from(h.handle) == u32::from(CLSACT_HANDLE)
+                    && (h.info >> 16) as u16 == CLSACT_PRIORITY
+            });
+        Ok(())
+    });
+    match r {
+        Ok(()) => Ok(found),
         // No clsact qdisc on the interface (EINVAL / ENOENT): no filter either.
-        Err(crate::netlink::NetlinkError::Kernel(libc::EINVAL | libc::ENOENT)) => Ok(false),
+        Err(NetlinkError::Kernel(libc::EINVAL | libc::ENOENT)) => Ok(false),
         Err(e) => Err(e),
     }
 }

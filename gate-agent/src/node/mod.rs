@@ -13,7 +13,6 @@ pub(crate) mod classify;
 pub(crate) mod rtnl;
 
 use std::{
-    os::fd::AsRawFd as _,
     path::PathBuf,
     sync::{Arc, Mutex},
     time::Duration,
@@ -133,7 +132,7 @@ impl NodeLevel {
     fn events(&self) -> Result<NlSocket, NodeError> {
         let groups = rtnl::RTMGRP_LINK | rtnl::RTMGRP_TC;
         let sock = netns::run_in(self.netns(), "mg-rtnl", || {
-            NlSocket::subscribe(libc::NETLINK_ROUTE, groups)
+            NlSocket::subscribe(libc::NETLINK_ROUTE as isize, groups)
         })?;
         Ok(sock.map_err(NetlinkError::Io)?)
     }
@@ -204,10 +203,7 @@ pub(crate) async fn watch(
             } => {
                 if let Ok(Some(mut guard)) = ready {
                     // Drain what is queued; a burst of events is one sync.
-                    let _ = guard.try_io(|fd| {
-                        let mut sock = &fd.get_ref().0;
-                        drain(&mut sock)
-                    });
+                    let _ = guard.try_io(|fd| drain(&fd.get_ref().0));
                     guard.clear_ready();
                     tokio::time::sleep(settle).await;
                 }
@@ -230,20 +226,9 @@ pub(crate) async fn watch(
 }
 
 /// Read and discard every queued event datagram (the sync re-reads the state).
-fn drain(sock: &mut &NlSocket) -> std::io::Result<()> {
-    let mut buf = [0u8; 16 * 1024];
+fn drain(sock: &NlSocket) -> std::io::Result<()> {
     loop {
-        // SAFETY: valid fd; buffer valid for its length.
-        let n = unsafe {
-            libc::recv(
-                sock.fd().as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                libc::MSG_DONTWAIT,
-            )
-        };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
+        if let Err(e) = sock.discard() {
             match e.raw_os_error() {
                 // Events were lost (queue overflow): nothing to do, the sync re-reads all.
                 Some(libc::ENOBUFS) | Some(libc::EINTR) => continue,

@@ -2,34 +2,19 @@
 //! its interfaces, with their link type.
 use std::time::Duration;
 
-use gate_common::user::bytes_of;
+use netlink_packet_core::{NlasIterator, ParseableParametrized as _};
+use netlink_packet_route::{
+    AddressFamily, RouteNetlinkMessage,
+    link::{LinkAttribute, LinkFlags, LinkHeader, LinkMessage},
+};
 
-use crate::netlink::{NetlinkError, NlSocket, WireError, attrs, read};
+use crate::netlink::{DUMP, DecodeError, NetlinkError, NlSocket};
 
-const RTM_NEWLINK: u16 = 16;
-const RTM_GETLINK: u16 = 18;
-const IFLA_IFNAME: u16 = 3;
-const IFF_LOOPBACK: u32 = 0x8;
+/// `struct ifinfomsg`, ahead of the attributes.
+const LINK_HEADER_LEN: usize = 16;
 /// Multicast groups: links, tc (qdiscs and filters).
-pub(crate) const RTMGRP_LINK: u32 = 0x1;
-pub(crate) const RTMGRP_TC: u32 = 0x8;
-
-/// `struct ifinfomsg`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-struct IfInfoMsg {
-    family: u8,
-    pad: u8,
-    ty: u16,
-    index: i32,
-    flags: u32,
-    change: u32,
-}
-
-const _: () = assert!(size_of::<IfInfoMsg>() == 16);
-
-// SAFETY: integers only, no padding (size asserted above).
-unsafe impl aya::Pod for IfInfoMsg {}
+pub(crate) const RTMGRP_LINK: u32 = libc::RTMGRP_LINK as u32;
+pub(crate) const RTMGRP_TC: u32 = libc::RTMGRP_TC as u32;
 
 /// An interface of the namespace.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,28 +28,38 @@ pub(crate) struct Link {
 
 /// A request socket on the calling thread's namespace.
 pub(crate) fn open() -> std::io::Result<NlSocket> {
-    NlSocket::open(libc::NETLINK_ROUTE, Duration::from_secs(5))
+    NlSocket::open(libc::NETLINK_ROUTE as isize, Duration::from_secs(5))
 }
 
 /// Every interface of the namespace.
 pub(crate) fn links(sock: &mut NlSocket) -> Result<Vec<Link>, NetlinkError> {
-    let req = IfInfoMsg::default();
-    let replies = sock.dump(RTM_GETLINK, &[bytes_of(&req)], RTM_NEWLINK)?;
-    replies.iter().map(|p| parse_link(p).map_err(NetlinkError::from)).collect()
+    let mut links = Vec::new();
+    sock.request(RouteNetlinkMessage::GetLink(LinkMessage::default()), DUMP, |ty, payload| {
+        if ty == libc::RTM_NEWLINK {
+            links.push(parse_link(payload)?);
+        }
+        Ok(())
+    })?;
+    Ok(links)
 }
 
-fn parse_link(payload: &[u8]) -> Result<Link, WireError> {
-    let msg: IfInfoMsg = read(payload, "ifinfomsg")?;
+/// The header and the name; the other attributes are not read, so one the crate cannot
+/// parse does not hide the interface.
+fn parse_link(payload: &[u8]) -> Result<Link, DecodeError> {
+    let hdr = LinkHeader::parse(payload)?;
     let mut link = Link {
-        ifindex: msg.index as u32,
+        ifindex: hdr.index,
         name: String::new(),
-        loopback: msg.flags & IFF_LOOPBACK != 0,
-        link_type: msg.ty,
+        loopback: hdr.flags.contains(LinkFlags::Loopback),
+        link_type: hdr.link_layer_type.into(),
     };
-    for (ty, data) in attrs(payload.get(size_of::<IfInfoMsg>()..).unwrap_or_default())? {
-        if ty == IFLA_IFNAME {
-            let end = data.iter().position(|&b| b == 0).unwrap_or(data.len());
-            link.name = String::from_utf8_lossy(&data[..end]).into_owned();
+    for nla in NlasIterator::new(payload.get(LINK_HEADER_LEN..).unwrap_or_default()) {
+        let nla = nla?;
+        if nla.kind() == libc::IFLA_IFNAME
+            && let Ok(LinkAttribute::IfName(name)) =
+                LinkAttribute::parse_with_param(&nla, AddressFamily::Unspec)
+        {
+            link.name = name;
         }
     }
     Ok(link)
@@ -72,16 +67,22 @@ fn parse_link(payload: &[u8]) -> Result<Link, WireError> {
 
 #[cfg(test)]
 mod tests {
+    use netlink_packet_core::Emitable as _;
+    use netlink_packet_route::link::LinkLayerType;
+
     use super::*;
-    use crate::netlink::attr;
 
     #[test]
     fn parses_links() {
-        let msg = IfInfoMsg { index: 7, flags: IFF_LOOPBACK, ty: 772, ..Default::default() };
-        let mut p = bytes_of(&msg).to_vec();
-        p.extend(attr(IFLA_IFNAME, b"lo\0"));
+        let mut msg = LinkMessage::default();
+        msg.header.index = 7;
+        msg.header.flags = LinkFlags::Loopback;
+        msg.header.link_layer_type = LinkLayerType::Loopback;
+        msg.attributes.push(LinkAttribute::IfName("lo".into()));
         // An attribute the agent does not read (IFLA_MASTER) is skipped.
-        p.extend(attr(10, &3u32.to_ne_bytes()));
+        msg.attributes.push(LinkAttribute::Controller(3));
+        let mut p = vec![0; msg.buffer_len()];
+        msg.emit(&mut p);
         let l = parse_link(&p).unwrap();
         assert_eq!(l, Link { ifindex: 7, name: "lo".into(), loopback: true, link_type: 772 });
     }

@@ -53,7 +53,6 @@ mod diag;
 mod pregate_sockets;
 mod scan;
 
-pub(crate) use diag::WireError;
 pub(crate) use scan::terminate_established;
 
 /// What can stop a scan, or one namespace of it.
@@ -62,7 +61,7 @@ pub(crate) enum TerminateError {
     #[error("network namespace {netns}: {op}: {source}")]
     Io { netns: String, op: &'static str, source: io::Error },
     #[error("network namespace {netns}: malformed sock_diag reply: {error}")]
-    Wire { netns: String, error: WireError },
+    Wire { netns: String, error: crate::netlink::DecodeError },
     #[error(transparent)]
     Netns(#[from] NetnsError),
     #[error("the blocking scan task failed: {0}")]

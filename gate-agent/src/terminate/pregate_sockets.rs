@@ -109,14 +109,11 @@ mod tests {
 
     #[test]
     fn own_packet_socket_is_found() {
-        // SAFETY: plain socket(2); the descriptor is owned below.
-        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
-        if fd < 0 {
+        use rustix::net::{AddressFamily, SocketType, socket};
+        let Ok(_owned) = socket(AddressFamily::PACKET, SocketType::RAW, None) else {
             eprintln!("skipped: no AF_PACKET socket without CAP_NET_RAW");
             return;
-        }
-        // SAFETY: fd was just returned by socket(2) and is not owned elsewhere.
-        let _owned = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        };
         let packet = packet_inodes("/proc/self/net/packet");
         let mine: Vec<u64> =
             socket_inodes(std::process::id()).into_iter().filter(|i| packet.contains(i)).collect();

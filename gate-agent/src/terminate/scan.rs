@@ -17,11 +17,12 @@ use gate_common::{
 use super::{
     Conn, Judge, Report, TerminateError, Unsupported,
     diag::{
-        Diag, DiagError, DiagSocket, TCP_CONNECTED_STATES, UDP_CONNECTED_STATES, support_probe,
+        Diag, DiagSocket, TCP_CONNECTED_STATES, UDP_CONNECTED_STATES, scan_error, support_probe,
     },
 };
 use crate::{
     cgroup::GatedRoot,
+    netlink::NetlinkError,
     netns::{self, Netns},
 };
 
@@ -154,7 +155,7 @@ fn scan_with(sock: &mut impl Diag, label: &str, judge: &Judge, index: &CgroupInd
         for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
             let socks = match sock.dump(family, proto, states) {
                 Ok(v) => v,
-                Err(DiagError::Kernel(e))
+                Err(NetlinkError::Kernel(e))
                     if proto == PROTO_UDP
                         && matches!(e, libc::ENOENT | libc::EOPNOTSUPP | libc::EINVAL) =>
                 {
@@ -162,7 +163,7 @@ fn scan_with(sock: &mut impl Diag, label: &str, judge: &Judge, index: &CgroupInd
                     continue;
                 }
                 Err(e) => {
-                    report.errors.push(e.into_error(label, "dumping sockets"));
+                    report.errors.push(scan_error(e, label, "dumping sockets"));
                     continue;
                 }
             };
@@ -197,16 +198,16 @@ fn scan_with(sock: &mut impl Diag, label: &str, judge: &Judge, index: &CgroupInd
                 match sock.destroy(&s, proto) {
                     Ok(()) => report.destroyed.push(conn),
                     // Closed meanwhile: nothing left to do.
-                    Err(DiagError::Kernel(libc::ENOENT)) => {}
-                    Err(DiagError::Kernel(libc::EOPNOTSUPP)) if proto == PROTO_UDP => {
+                    Err(NetlinkError::Kernel(libc::ENOENT)) => {}
+                    Err(NetlinkError::Kernel(libc::EOPNOTSUPP)) if proto == PROTO_UDP => {
                         report.udp_unsupported = true;
                         report.refused += 1;
                     }
-                    Err(DiagError::Kernel(libc::EOPNOTSUPP)) => {
+                    Err(NetlinkError::Kernel(libc::EOPNOTSUPP)) => {
                         report.unsupported = Some(Unsupported::SockDestroy);
                         report.refused += 1;
                     }
-                    Err(e) => report.errors.push(e.into_error(label, "SOCK_DESTROY")),
+                    Err(e) => report.errors.push(scan_error(e, label, "SOCK_DESTROY")),
                 }
             }
         }
@@ -229,7 +230,7 @@ mod tests {
     use crate::{
         policy::Policy,
         terminate::diag::{
-            DiagSock, InetDiagSockId,
+            DiagSock,
             tests::{mapped, sockid, v4},
         },
     };
@@ -299,38 +300,42 @@ mod tests {
     }
 
     impl Diag for FakeKernel {
-        fn dump(&mut self, family: u8, proto: u8, _: u32) -> Result<Vec<DiagSock>, DiagError> {
+        fn dump(&mut self, family: u8, proto: u8, _: u32) -> Result<Vec<DiagSock>, NetlinkError> {
             if let (PROTO_UDP, Some(e)) = (proto, self.udp_dump_errno) {
-                return Err(DiagError::Kernel(e));
+                return Err(NetlinkError::Kernel(e));
             }
             Ok(self
                 .socks
                 .iter()
                 .filter(|(p, s)| *p == proto && s.family == family)
-                .map(|(_, s)| *s)
+                .map(|(_, s)| s.clone())
                 .collect())
         }
-        fn destroy(&mut self, s: &DiagSock, proto: u8) -> Result<(), DiagError> {
+        fn destroy(&mut self, s: &DiagSock, proto: u8) -> Result<(), NetlinkError> {
             let unsupported = self.destroy_errno == libc::EOPNOTSUPP
                 || (proto == PROTO_UDP && self.udp_destroy_unsupported);
-            if s.id == InetDiagSockId::default() {
+            if s.id == netlink_packet_sock_diag::inet::SocketId::new_v4() {
                 // The support probe: the kernel checks support before the lookup.
                 let e = if unsupported { libc::EOPNOTSUPP } else { libc::ENOENT };
-                return Err(DiagError::Kernel(e));
+                return Err(NetlinkError::Kernel(e));
             }
             if unsupported {
-                return Err(DiagError::Kernel(libc::EOPNOTSUPP));
+                return Err(NetlinkError::Kernel(libc::EOPNOTSUPP));
             }
             if self.destroy_errno != 0 {
-                return Err(DiagError::Kernel(self.destroy_errno));
+                return Err(NetlinkError::Kernel(self.destroy_errno));
             }
-            self.destroyed.push(*s);
+            self.destroyed.push(s.clone());
             Ok(())
         }
     }
 
-    fn sock(family: i32, dst: [u8; 16], dport: u16, cgroup: Option<u64>) -> DiagSock {
-        let src = if family == libc::AF_INET { v4([169, 254, 0, 1]) } else { [0; 16] };
+    fn sock(family: i32, dst: std::net::IpAddr, dport: u16, cgroup: Option<u64>) -> DiagSock {
+        let src = if family == libc::AF_INET {
+            v4([169, 254, 0, 1])
+        } else {
+            std::net::Ipv6Addr::UNSPECIFIED.into()
+        };
         DiagSock {
             family: family as u8,
             state: 1,
@@ -358,7 +363,8 @@ mod tests {
 
     fn kernel() -> FakeKernel {
         let imds = v4([169, 254, 169, 254]);
-        let v6 = [0xfd, 0, 0x0e, 0xc2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x02, 0x54];
+        let v6 =
+            std::net::IpAddr::from([0xfd, 0, 0x0e, 0xc2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x02, 0x54]);
         let (inet, inet6) = (libc::AF_INET, libc::AF_INET6);
         FakeKernel {
             socks: vec![
@@ -381,7 +387,10 @@ mod tests {
         let mut k = kernel();
         let r = scan_with(&mut k, "test", &judge, &index);
         assert_eq!(r.scanned, 8);
-        assert_eq!(k.destroyed, vec![k.socks[0].1, k.socks[1].1, k.socks[2].1]);
+        assert_eq!(
+            k.destroyed,
+            vec![k.socks[0].1.clone(), k.socks[1].1.clone(), k.socks[2].1.clone()]
+        );
         let got: Vec<_> = r.destroyed.iter().map(|c| (c.cgroup_id, c.proto, c.endpoint)).collect();
         assert_eq!(got, vec![(13, PROTO_TCP, 0), (10, PROTO_TCP, 0), (13, PROTO_UDP, 1)]);
         assert_eq!(r.destroyed[0].cgroup, PathBuf::from("pod-a"));
