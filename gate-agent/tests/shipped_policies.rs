@@ -76,8 +76,10 @@ fn check(path: &Path) -> Result<Policy, String> {
         .and_then(|s| s.to_str())
         .ok_or_else(|| format!("{file}: file name is not UTF-8"))?;
     let text = std::fs::read_to_string(path).map_err(|e| format!("{file}: cannot read: {e}"))?;
-    let cm: serde_json::Value =
-        serde_saphyr::from_str(&text).map_err(|e| format!("{file}: not valid YAML: {e}"))?;
+    // YAML 1.2 booleans only, as the agent reads policies: `n` and `yes` are strings.
+    let strict = serde_saphyr::options! { strict_booleans: true };
+    let cm: serde_json::Value = serde_saphyr::from_str_with_options(&text, strict)
+        .map_err(|e| format!("{file}: not valid YAML: {e}"))?;
     let field =
         |v: &serde_json::Value, key: &str| v.get(key).and_then(|v| v.as_str()).map(str::to_owned);
 

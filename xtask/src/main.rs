@@ -20,7 +20,10 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "xtask", about = "metadata-gate project tasks: setup, lint, tests, kernel matrix, demo, manifest checks, kind e2e, benchmarks")]
+#[command(
+    name = "xtask",
+    about = "metadata-gate project tasks: setup, lint, tests, kernel matrix, demo, manifest checks, kind e2e, benchmarks"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,

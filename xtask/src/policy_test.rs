@@ -25,6 +25,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
+
 use integration_tests::{
     agent::Agent,
     cgroups::CgroupTree,
@@ -33,6 +34,8 @@ use integration_tests::{
     sys::{enter_netns, missing_privileges, sh, unique},
 };
 use serde_json::Value;
+
+use crate::util::yaml_options;
 
 const EPERM: i32 = 1;
 /// The allow entry the test adds (standalone mode: a cgroup below the gated root).
@@ -227,7 +230,7 @@ fn targets(list: &Value, label: &str) -> Result<(Vec<Target>, Vec<String>)> {
 fn test_policy(file: &Path) -> Result<String> {
     let text =
         std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-    let doc: serde_json::Value = serde_saphyr::from_str(&text)?;
+    let doc: serde_json::Value = serde_saphyr::from_str_with_options(&text, yaml_options())?;
     let mut policy: serde_json::Value = match doc.get("kind").and_then(|k| k.as_str()) {
         Some("ConfigMap") => {
             let inner = doc
@@ -235,7 +238,7 @@ fn test_policy(file: &Path) -> Result<String> {
                 .and_then(|d| d.get("policy.yaml"))
                 .and_then(|p| p.as_str())
                 .context("the ConfigMap has no data[\"policy.yaml\"]")?;
-            serde_saphyr::from_str(inner)?
+            serde_saphyr::from_str_with_options(inner, yaml_options())?
         }
         _ => doc,
     };

@@ -90,7 +90,7 @@ pub(super) fn deserialize(source: &str, text: &str) -> Result<RawPolicy> {
 /// The defaults keep the limits: 64 levels of nesting, 50 000 aliases and at most ten times
 /// as many as anchors, 1 000 000 events replayed from aliases, 250 000 nodes, duplicate keys
 /// refused.
-fn yaml_options() -> serde_saphyr::Options {
+pub(super) fn yaml_options() -> serde_saphyr::Options {
     serde_saphyr::options! {
         with_snippet: false,
         strict_booleans: true,
