@@ -109,8 +109,12 @@ pub(crate) const DEFAULT_STATE_DIR: &str = "/var/lib/metadata-gate";
     long_about = "Keeps workloads away from cloud instance-metadata services.\n\n\
         eBPF programs attached to a gated cgroup refuse connect() and UDP sendto() to \
         protected endpoints with EPERM and drop any other packet to them on egress, unless the \
-        process's cgroup (or an ancestor below the gated root) is allow-listed. Processes \
-        outside the gated cgroup are not affected.\n\n\
+        process's cgroup (or an ancestor below the gated root) is allow-listed. A tc program on \
+        every interface refuses the frames no cgroup hook judged (AF_PACKET, rewritten and \
+        forwarded packets), and BPF LSM programs, where the kernel runs them, close the side \
+        doors (qdisc bypass, AF_XDP, packet capture). Workloads allowed only some paths are \
+        sent to the agent's metadata proxy, which serves those paths and refuses the rest. \
+        Processes outside the gated cgroup are not affected.\n\n\
         Lifecycle: `run` pins its programs, links and maps under --pin-dir/v<ABI>, so the gate \
         stays closed when the agent stops, crashes or is upgraded. A new `run` adopts the \
         pinned gate without opening it: the policy is swapped in atomically and each program \
@@ -158,8 +162,9 @@ pub(crate) enum Command {
         json: bool,
     },
     /// Who touched the protected endpoints: every workload with its counts of allowed,
-    /// denied and audited accesses per endpoint and the last time (audit, then report, then
-    /// enforce). Reads the pinned gate, and the agent's state dir for pod names and owners
+    /// denied, audited and proxied accesses per endpoint, the last time, and the paths it
+    /// asked the metadata proxy for (audit, then report, then enforce). Reads the pinned
+    /// gate, and the agent's state dir for pod names, owners and paths
     Report {
         #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
         pin_dir: PathBuf,
@@ -172,7 +177,9 @@ pub(crate) enum Command {
         json: bool,
     },
     /// Allow entries for the workloads that were denied or audited (`report`), to review and
-    /// paste under `allow:`: namespace, the owner's labels, service account, containers
+    /// paste under `allow:`: namespace, the owner's labels, service account, containers, and
+    /// for a workload seen through the metadata proxy the smallest `paths` that serve what it
+    /// asked for
     Suggest {
         #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
         pin_dir: PathBuf,

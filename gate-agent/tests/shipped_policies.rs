@@ -76,10 +76,12 @@ fn check(path: &Path) -> Result<Policy, String> {
         .and_then(|s| s.to_str())
         .ok_or_else(|| format!("{file}: file name is not UTF-8"))?;
     let text = std::fs::read_to_string(path).map_err(|e| format!("{file}: cannot read: {e}"))?;
-    let cm: serde_yaml::Value =
-        serde_yaml::from_str(&text).map_err(|e| format!("{file}: not valid YAML: {e}"))?;
+    // YAML 1.2 booleans only, as the agent reads policies: `n` and `yes` are strings.
+    let strict = serde_saphyr::options! { strict_booleans: true };
+    let cm: serde_json::Value = serde_saphyr::from_str_with_options(&text, strict)
+        .map_err(|e| format!("{file}: not valid YAML: {e}"))?;
     let field =
-        |v: &serde_yaml::Value, key: &str| v.get(key).and_then(|v| v.as_str()).map(str::to_owned);
+        |v: &serde_json::Value, key: &str| v.get(key).and_then(|v| v.as_str()).map(str::to_owned);
 
     if field(&cm, "apiVersion").as_deref() != Some("v1")
         || field(&cm, "kind").as_deref() != Some("ConfigMap")
@@ -98,9 +100,9 @@ fn check(path: &Path) -> Result<Policy, String> {
         return Err(format!("{file}: ConfigMap {name}: metadata.namespace must be {NAMESPACE}"));
     }
     let data = cm.get("data").ok_or_else(|| format!("{file}: ConfigMap {name}: no data"))?;
-    if let Some(keys) = data.as_mapping() {
+    if let Some(keys) = data.as_object() {
         for k in keys.keys() {
-            if k.as_str() != Some("policy.yaml") {
+            if k != "policy.yaml" {
                 return Err(format!(
                     "{file}: ConfigMap {name}: unexpected data key {k:?}; only policy.yaml"
                 ));
@@ -291,7 +293,7 @@ fn fixtures() -> Vec<Component> {
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     let f: Fixtures =
-        serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     f.components
 }
 

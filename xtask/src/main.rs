@@ -1,7 +1,7 @@
 //! Project orchestration: `cargo xtask <command>`. Orchestration only; no product logic here.
 //!
-//! One module per command (`setup`, `lint`, `test`, `demo`, `policy_test`, `manifests`, `kind`,
-//! `bench`);
+//! One module per command (`setup`, `lint`, `test`, `kernels`, `demo`, `policy_test`,
+//! `manifests`, `kind`, `bench`);
 //! what several of them use lives in `bins` (building and locating the binaries) and `util`
 //! (running commands).
 mod bench;
@@ -20,7 +20,10 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "xtask", about = "metadata-gate project tasks")]
+#[command(
+    name = "xtask",
+    about = "metadata-gate project tasks: setup, lint, tests, kernel matrix, demo, manifest checks, kind e2e, benchmarks"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
@@ -28,8 +31,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Install what a fresh machine lacks: nightly rust-src, bpf-linker 0.10.1, iproute2, and
-    /// the pinned Python SDKs of the privileged test proxy::sdk (under target/)
+    /// Install what a fresh machine lacks: nightly rust-src, bpf-linker 0.10.1, the Debian
+    /// packages the tests, the bench and the kernel VMs use (iproute2, nftables, iptables,
+    /// QEMU, a static busybox …), virtme-ng, and the pinned Python SDKs of the privileged test
+    /// proxy::sdk (under target/)
     Setup,
     /// The whole test suite: format, clippy (host and eBPF), unit + property tests, and the
     /// privileged kernel tests (root; under CI=true they must run, never skip)

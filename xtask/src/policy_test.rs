@@ -25,6 +25,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
+
 use integration_tests::{
     agent::Agent,
     cgroups::CgroupTree,
@@ -33,6 +34,8 @@ use integration_tests::{
     sys::{enter_netns, missing_privileges, sh, unique},
 };
 use serde_json::Value;
+
+use crate::util::yaml_options;
 
 const EPERM: i32 = 1;
 /// The allow entry the test adds (standalone mode: a cgroup below the gated root).
@@ -227,29 +230,28 @@ fn targets(list: &Value, label: &str) -> Result<(Vec<Target>, Vec<String>)> {
 fn test_policy(file: &Path) -> Result<String> {
     let text =
         std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-    let doc: serde_yaml::Value = serde_yaml::from_str(&text)?;
-    let mut policy: serde_yaml::Value = match doc.get("kind").and_then(|k| k.as_str()) {
+    let doc: serde_json::Value = serde_saphyr::from_str_with_options(&text, yaml_options())?;
+    let mut policy: serde_json::Value = match doc.get("kind").and_then(|k| k.as_str()) {
         Some("ConfigMap") => {
             let inner = doc
                 .get("data")
                 .and_then(|d| d.get("policy.yaml"))
                 .and_then(|p| p.as_str())
                 .context("the ConfigMap has no data[\"policy.yaml\"]")?;
-            serde_yaml::from_str(inner)?
+            serde_saphyr::from_str_with_options(inner, yaml_options())?
         }
         _ => doc,
     };
-    let map = policy.as_mapping_mut().context("a policy is a mapping")?;
+    let map = policy.as_object_mut().context("a policy is a mapping")?;
     map.insert("mode".into(), "enforce".into());
-    let entry: serde_yaml::Value =
-        serde_yaml::from_str(&format!("{{name: policy-test-{ALLOWED}, cgroup: {ALLOWED}}}"))?;
-    match map.get_mut("allow").and_then(|a| a.as_sequence_mut()) {
+    let entry = serde_json::json!({"name": format!("policy-test-{ALLOWED}"), "cgroup": ALLOWED});
+    match map.get_mut("allow").and_then(|a| a.as_array_mut()) {
         Some(list) => list.push(entry),
         None => {
-            map.insert("allow".into(), serde_yaml::Value::Sequence(vec![entry]));
+            map.insert("allow".into(), serde_json::Value::Array(vec![entry]));
         }
     }
-    Ok(serde_yaml::to_string(&policy)?)
+    Ok(serde_saphyr::to_string(&policy)?)
 }
 
 /// Put the addresses the test net lacks on the far side, with a route to each from the node.

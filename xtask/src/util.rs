@@ -37,3 +37,9 @@ pub(crate) fn show(cmd: &Command) -> String {
     }
     s
 }
+
+/// How xtask reads YAML into untyped values: YAML 1.2 booleans only (`n`, `yes` and `on` stay
+/// strings), as serde_yaml did and as the agent reads policies.
+pub(crate) fn yaml_options() -> serde_saphyr::Options {
+    serde_saphyr::options! { strict_booleans: true }
+}

@@ -288,7 +288,7 @@ impl Engine {
             LsmState::Inactive(why) => tracing::warn!(
                 why,
                 "LSM programs not attached: 32-bit compat and io_uring setsockopt and packet \
-                 capture stay open to gated workloads (see the README's kernel requirements)"
+                 capture stay open to gated workloads (see docs/kernels.md)"
             ),
         }
         if let Some(state) = &engine.state {

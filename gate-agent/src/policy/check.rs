@@ -329,8 +329,9 @@ fn load(path: &Path) -> Result<(Policy, Option<String>), PolicyError> {
 
 /// `(name, namespace, data["policy.yaml"])` of a ConfigMap manifest; `None` for anything else.
 fn configmap(text: &str) -> Option<(String, String, Option<String>)> {
-    let v: serde_yaml::Value = serde_yaml::from_str(text).ok()?;
-    let s = |v: &serde_yaml::Value, k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_owned);
+    let v: serde_json::Value =
+        serde_saphyr::from_str_with_options(text, super::validate::yaml_options()).ok()?;
+    let s = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_owned);
     if s(&v, "kind").as_deref() != Some("ConfigMap") || s(&v, "apiVersion").as_deref() != Some("v1")
     {
         return None;

@@ -52,7 +52,7 @@ pub fn policy_for(platform: &str) -> Result<String, ShippedError> {
         let known: Vec<_> = SHIPPED.iter().map(|(s, _)| *s).collect();
         ShippedError::Unknown(platform.to_owned(), known.join(", "))
     })?;
-    let cm: ConfigMap = serde_yaml::from_str(yaml)
+    let cm: ConfigMap = serde_saphyr::from_str(yaml)
         .map_err(|e| ShippedError::Malformed(platform.to_owned(), e.to_string()))?;
     cm.data
         .get("policy.yaml")

@@ -147,13 +147,67 @@ fn empty_and_non_mapping_documents() {
 
 #[test]
 fn yaml_syntax_errors_name_the_line() {
+    // The YAML crate points at the bracket left open.
     let e = parse("platform: AWS\nendpoints: [\n").unwrap_err();
-    assert_eq!(e.field, "line 3 column 1", "{e}");
-    assert!(e.reason.contains("not valid YAML"), "{e}");
+    assert_eq!(e.field, "line 2 column 12", "{e}");
+    assert!(e.reason.contains("not valid YAML: unclosed bracket"), "{e}");
     let e = parse("platform: AWS\n  mode: audit\n").unwrap_err();
     assert!(e.field.starts_with("line 2 "), "{e}");
     let e = parse("platform: AWS\n---\nplatform: GCP\n").unwrap_err();
-    assert!(e.reason.contains("more than one document"), "{e}");
+    assert!(e.reason.contains("multiple found"), "{e}");
+    let e = parse("platform: AWS\nplatform: GCP\nendpoints: []\n").unwrap_err();
+    assert_eq!(e.field, "line 2 column 1", "{e}");
+    assert!(e.reason.contains("duplicate mapping key `platform`"), "{e}");
+}
+
+/// Policy text comes from a ConfigMap anyone with edit rights on it writes: a hostile
+/// document is refused with an error, quickly, never a hang, a stack overflow or an
+/// exhausted memory.
+#[test]
+fn hostile_yaml_is_refused() {
+    use std::time::{Duration, Instant};
+    let deep = format!("platform: AWS\nendpoints: {}{}\n", "[".repeat(10_000), "]".repeat(10_000));
+    let block: String =
+        (0..200).map(|i| format!("{}- \n", "  ".repeat(i))).collect::<Vec<_>>().concat();
+    let deep_block = format!("platform: AWS\nendpoints:\n{block}");
+    // The billion laughs: nine levels of ten aliases each, 10^9 strings once expanded.
+    let mut laughs = String::from("a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n");
+    for i in 1..10 {
+        let p = i - 1;
+        laughs += &format!("a{i}: &a{i} [{}]\n", vec![format!("*a{p}"); 10].join(", "));
+    }
+    let laughs = format!("platform: AWS\nendpoints: []\n{laughs}");
+    let laughs_in_a_field = format!(
+        "platform: AWS\nmode: audit\nendpoints: []\nallow:\n  - &e {{name: x, cgroup: x}}\n{}",
+        "  - *e\n".repeat(2_000)
+    );
+    for (what, text) in [
+        ("deep flow nesting", deep),
+        ("deep block nesting", deep_block),
+        ("alias bomb", laughs),
+        ("one anchor, many aliases", laughs_in_a_field),
+    ] {
+        let t = Instant::now();
+        let e = parse(&text).expect_err(what);
+        assert!(t.elapsed() < Duration::from_secs(10), "{what}: took {:?}", t.elapsed());
+        assert!(!e.reason.is_empty(), "{what}: {e}");
+    }
+}
+
+#[test]
+fn yaml_1_1_forms_are_not_read_as_meant() {
+    // `yes` is a string in YAML 1.2, as serde_yaml read it: no boolean here.
+    assert_err(
+        "platform: AWS\nallowNoEndpoints: yes\nendpoints: []\n",
+        "allowNoEndpoints",
+        "found the string \"yes\"",
+    );
+    // `<<` merges nothing: it was an unknown field, it is refused.
+    let e = parse(
+        "platform: AWS\nendpoints:\n  - &b {name: a, cidr: 10.0.0.1/32}\n  - {<<: *b, name: c}\n",
+    )
+    .unwrap_err();
+    assert!(e.reason.contains("merge"), "{e}");
 }
 
 #[test]
@@ -179,7 +233,7 @@ fn wrong_types_name_their_path() {
     assert_err(
         &with_endpoints("  - {name: a, cidr: 10.0.0.1/32, ports: 80}\n"),
         "endpoints[0].ports",
-        "invalid type",
+        "expected a list, found the number 80",
     );
     assert_err(
         &with_endpoints("  - {name: a, cidr: 10.0.0.1/32, ports: [\"80\"]}\n"),
@@ -189,7 +243,7 @@ fn wrong_types_name_their_path() {
     assert_err(
         &with_allow("  - {name: x, namespace: ns, hostNetwork: maybe}\n"),
         "allow[0].hostNetwork",
-        "invalid type",
+        "invalid boolean (true or false expected), found the string \"maybe\"",
     );
 }
 

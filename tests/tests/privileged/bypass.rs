@@ -1260,7 +1260,7 @@ fn qdisc_bypass_set_before_the_gate_is_named() {
         assert!(
             w.c.env.imds.wait_for(&ti, Duration::from_secs(3)),
             "{gate:?}: a PACKET_QDISC_BYPASS socket set before the gate no longer reaches the \
-             metadata service: the limit is closed, update README's threat model and this test"
+             metadata service: the limit is closed, update docs/threat-model.md and this test"
         );
         eprintln!(
             "bypass: host network: PACKET_QDISC_BYPASS set before the gate: {gate:?}: open, named"

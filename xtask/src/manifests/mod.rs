@@ -36,10 +36,10 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Service, ServiceAcco
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
-use serde::de::{Deserialize, DeserializeOwned};
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::util::{output, root, show};
+use crate::util::{output, root, show, yaml_options};
 
 /// Kustomize directories, relative to the workspace root. Each must render.
 pub(crate) const TARGETS: &[&str] = &[
@@ -190,9 +190,10 @@ fn relative(path: &Path) -> String {
 /// Split a multi-document YAML stream into JSON values; empty documents are skipped.
 fn split(origin: &str, text: &str) -> Result<Vec<Object>> {
     let mut objects = Vec::new();
-    for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let value = Value::deserialize(doc)
-            .with_context(|| format!("{origin}: YAML document {} is not valid", i + 1))?;
+    let docs: Vec<Value> = serde_saphyr::from_multiple_with_options(text, yaml_options())
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .with_context(|| format!("{origin}: a YAML document is not valid"))?;
+    for (i, value) in docs.into_iter().enumerate() {
         match value {
             Value::Null => {}
             Value::Object(_) => objects.push(Object { origin: origin.to_owned(), value }),
@@ -404,7 +405,7 @@ fn verify_boot_unit() -> Result<Vec<String>> {
 /// The agent container's image in the base DaemonSet.
 fn daemonset_image() -> Option<String> {
     let text = std::fs::read_to_string(root().join(DAEMONSET)).ok()?;
-    let ds: Value = serde_yaml::from_str(&text).ok()?;
+    let ds: Value = serde_saphyr::from_str_with_options(&text, yaml_options()).ok()?;
     let containers = ds.pointer("/spec/template/spec/containers")?.as_array()?;
     let agent = containers.iter().find(|c| c["name"] == "agent")?;
     agent["image"].as_str().map(str::to_owned)
@@ -442,7 +443,7 @@ fn check_policy_configmaps(objects: &[Object]) -> Vec<String> {
             problems.push(format!("{}: data[\"policy.yaml\"] is missing", o.label()));
             continue;
         };
-        let platform = serde_yaml::from_str::<serde_yaml::Value>(text)
+        let platform = serde_saphyr::from_str_with_options::<Value>(text, yaml_options())
             .ok()
             .and_then(|p| p.get("platform").and_then(|p| p.as_str()).map(str::to_owned));
         let Some(platform) = platform else {
@@ -749,7 +750,8 @@ mod tests {
     use super::*;
 
     fn obj(yaml: &str) -> Object {
-        let value: Value = serde_yaml::from_str(yaml).expect("test YAML");
+        let value: Value =
+            serde_saphyr::from_str_with_options(yaml, yaml_options()).expect("test YAML");
         Object { origin: "test".into(), value }
     }
 
