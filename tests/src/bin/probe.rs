@@ -586,22 +586,25 @@ fn run_bytes(rest: &[String]) -> Option<Outcome> {
                 _ => usage,
             }
         }
-        [cmd, kind, id, frames] if cmd == "test-run" => match (kind.as_str(), id.parse(), hex(frames)) {
-            ("tc", Ok(id), Some(f)) => test_run(id, testrun::Kind::Tc, &f),
-            ("egress", Ok(id), Some(f)) => test_run(id, testrun::Kind::Egress, &f),
-            _ => usage,
-        },
+        [cmd, kind, id, frames] if cmd == "test-run" => {
+            match (kind.as_str(), id.parse(), hex(frames)) {
+                ("tc", Ok(id), Some(f)) => test_run(id, testrun::Kind::Tc, &f),
+                ("egress", Ok(id), Some(f)) => test_run(id, testrun::Kind::Egress, &f),
+                _ => usage,
+            }
+        }
         _ => return None,
     })
 }
 
 fn test_run(id: u32, kind: testrun::Kind, frames: &[Vec<u8>]) -> Outcome {
-    let codes: anyhow::Result<Vec<String>> = testrun::SkbProgram::by_id(id, kind).and_then(|p| {
-        frames.iter().map(|f| Ok((p.run(f, 1)?.code as i32).to_string())).collect()
-    });
+    let codes: anyhow::Result<Vec<String>> = testrun::SkbProgram::by_id(id, kind)
+        .and_then(|p| frames.iter().map(|f| Ok((p.run(f, 1)?.code as i32).to_string())).collect());
     match codes {
         Ok(c) => Outcome { ok: true, errno: None, stage: "test-run", reply: Some(c.join(",")) },
-        Err(e) => Outcome { ok: false, errno: None, stage: "test-run", reply: Some(format!("{e:#}")) },
+        Err(e) => {
+            Outcome { ok: false, errno: None, stage: "test-run", reply: Some(format!("{e:#}")) }
+        }
     }
 }
 
