@@ -1,102 +1,46 @@
-//! Just enough bpf(2) to reach into a pinned map from a test: fill it with junk (to make the
-//! agent's next write fail, as a full map would) and take the junk out again.
-use std::{
-    ffi::CString,
-    io,
-    os::{
-        fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
-        unix::ffi::OsStrExt as _,
-    },
-    path::Path,
-};
+//! Reaching into a pinned map from a test, through aya's typed maps: fill the gate's IPv4
+//! prefix trie with junk (to make the agent's next write fail, as a full map would) and take
+//! the junk out again.
+use std::path::Path;
 
 use anyhow::{Context as _, Result};
+use aya::maps::{
+    Map, MapData, MapError,
+    lpm_trie::{Key, LpmTrie},
+};
 
-const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
-const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
-const BPF_OBJ_GET: libc::c_long = 7;
-
-fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
-    // SAFETY: `attr` is a properly sized bpf_attr prefix for `cmd`.
-    let rc = unsafe {
-        libc::syscall(libc::SYS_bpf, cmd, attr as *mut T as *mut libc::c_void, size_of::<T>())
-    };
-    if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(rc) }
-}
-
-#[repr(C)]
-struct ObjGet {
-    pathname: u64,
-    bpf_fd: u32,
-    file_flags: u32,
-}
-
-#[repr(C)]
-struct Elem {
-    map_fd: u32,
-    _pad: u32,
-    key: u64,
-    value: u64,
-    flags: u64,
-}
-
-/// A pinned map, opened.
-pub struct PinnedMap(OwnedFd);
-
-impl PinnedMap {
-    pub fn open(path: &Path) -> Result<PinnedMap> {
-        let c = CString::new(path.as_os_str().as_bytes())?;
-        let mut attr = ObjGet { pathname: c.as_ptr() as u64, bpf_fd: 0, file_flags: 0 };
-        let fd =
-            bpf(BPF_OBJ_GET, &mut attr).with_context(|| format!("opening {}", path.display()))?;
-        // SAFETY: a new fd we own.
-        Ok(PinnedMap(unsafe { OwnedFd::from_raw_fd(fd as i32) }))
-    }
-
-    pub fn insert(&self, key: &[u8], value: &[u8]) -> io::Result<()> {
-        let mut attr = Elem {
-            map_fd: self.0.as_raw_fd() as u32,
-            _pad: 0,
-            key: key.as_ptr() as u64,
-            value: value.as_ptr() as u64,
-            flags: 0,
-        };
-        bpf(BPF_MAP_UPDATE_ELEM, &mut attr).map(drop)
-    }
-
-    pub fn remove(&self, key: &[u8]) -> io::Result<()> {
-        let mut attr = Elem {
-            map_fd: self.0.as_raw_fd() as u32,
-            _pad: 0,
-            key: key.as_ptr() as u64,
-            value: 0,
-            flags: 0,
-        };
-        bpf(BPF_MAP_DELETE_ELEM, &mut attr).map(drop)
-    }
-}
+/// A PREFIX_V4 key's data after its prefix length: the generation (4 bytes) and the address.
+type KeyData = [u8; 8];
+/// A PREFIX_V4 value (`PrefixValue`, 12 bytes), contents irrelevant here.
+type Value = [u8; 12];
 
 /// The gate's IPv4 prefix trie filled to the brim with entries of generation 2, which no
 /// lookup ever reads (programs look up generation 0 or 1): the next policy write fails as
 /// on a full map. Dropping it takes them out.
 pub struct JunkV4 {
-    map: PinnedMap,
-    keys: Vec<[u8; 12]>,
+    map: LpmTrie<MapData, KeyData, Value>,
+    keys: Vec<Key<KeyData>>,
 }
 
 impl JunkV4 {
     pub fn fill(pin: &Path) -> Result<JunkV4> {
-        let map = PinnedMap::open(pin)?;
+        let data = MapData::from_pin(pin).with_context(|| format!("opening {}", pin.display()))?;
+        let mut map: LpmTrie<MapData, KeyData, Value> = Map::from_map_data(data)
+            .and_then(LpmTrie::try_from)
+            .with_context(|| format!("{} as an IPv4 prefix trie", pin.display()))?;
         let mut keys = Vec::new();
-        // struct { u32 prefixlen; u8 generation[4]; u8 addr[4] }, value: 12 bytes.
         for i in 0u32.. {
-            let mut key = [0u8; 12];
-            key[..4].copy_from_slice(&64u32.to_ne_bytes());
-            key[4..8].copy_from_slice(&2u32.to_be_bytes());
-            key[8..].copy_from_slice(&i.to_be_bytes());
-            match map.insert(&key, &[0u8; 12]) {
+            let mut data = [0u8; 8];
+            data[..4].copy_from_slice(&2u32.to_be_bytes());
+            data[4..].copy_from_slice(&i.to_be_bytes());
+            let key = Key::new(64, data);
+            match map.insert(&key, [0u8; 12], 0) {
                 Ok(()) => keys.push(key),
-                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::E2BIG)) => break,
+                Err(MapError::SyscallError(e))
+                    if matches!(e.io_error.raw_os_error(), Some(libc::ENOSPC | libc::E2BIG)) =>
+                {
+                    break;
+                }
                 Err(e) => return Err(e).context("filling the prefix trie"),
             }
         }

@@ -11,7 +11,8 @@
 //! [`bins::Bins`].
 //!
 //! Hand-built packets and frames (checksums, VLAN tags, IPv6 extension chains, fragments)
-//! come from [`frame`].
+//! come from [`frame`]; [`testrun`] runs the gate's packet programs on them
+//! (BPF_PROG_TEST_RUN).
 //!
 //! Safety rules: the fake metadata service lives at 169.254.169.254 inside a test netns;
 //! workloads ([`probe`]) run inside the other test netns and assert the route first; nothing
@@ -29,3 +30,4 @@ pub mod probe;
 pub mod python;
 pub mod sys;
 pub mod tap;
+pub mod testrun;

@@ -53,11 +53,12 @@ pub(crate) const KERNELS: &[Kernel] = &[
 
 /// Which privileged tests run on which kernel. Under TCG a test takes 12 to 90 s instead of 1
 /// to 5 (31 tests: 18 minutes on 6.1 against 1 natively), so every kernel runs the core
-/// (packet cases, kill-and-adopt, upgrade, AF_PACKET), the tests of what differs between
-/// kernels (tc and clsact, frame parsing, setsockopt, link repair) run on one or two of them,
-/// and what is user-space logic (cluster mode, inspection, policy edits, logs) runs natively
-/// only (`HOST`): about 12 minutes a kernel, within CI's 90. `cargo xtask test-kernels
-/// --kernel K FILTER` runs any test on any kernel; a test missing here fails the run.
+/// (packet cases, the programs' test runs, kill-and-adopt, upgrade, AF_PACKET), the tests of
+/// what differs between kernels (tc and clsact, frame parsing, setsockopt, link repair) run
+/// on one or two of them, and what is user-space logic (cluster mode, inspection, policy
+/// edits, logs) runs natively only (`HOST`): about 12 minutes a kernel, within CI's 90.
+/// `cargo xtask test-kernels --kernel K FILTER` runs any test on any kernel; a test missing
+/// here fails the run.
 #[rustfmt::skip]
 pub(crate) const MATRIX: &[(&str, &[&str])] = &[
     // test                                                                            kernels
@@ -69,6 +70,8 @@ pub(crate) const MATRIX: &[(&str, &[&str])] = &[
     ("enforcement::udp_denial_is_one_event_from_egress",                               K5_10),
     ("lifecycle::sigkill_keeps_the_gate_closed_and_a_restart_adopts_it",               ALL),
     ("lifecycle::upgrade_swaps_programs_without_an_open_window",                       ALL),
+    ("progrun::egress_program_decides_every_parser_edge_as_the_host_does",             ALL),
+    ("progrun::tc_program_reads_ethernet_and_ip_edges_and_the_callers_cgroup",         ALL),
     ("tc::af_packet_frames_from_a_gated_cgroup_never_arrive",                          ALL),
     ("bypass::qdisc_bypass_and_af_xdp_setup_are_refused_to_gated_workloads",           OLD),
     ("bypass::qdisc_bypass_through_the_32_bit_abi_is_refused",                         ALL),

@@ -23,6 +23,10 @@
 //! * `hold-frame-bypass IFACE SLL_PROTO`: set PACKET_QDISC_BYPASS up now, print
 //!   `{"stage":"connected"}`, then send the frames of the next stdin line.
 //!
+//! * `test-run tc|egress PROG_ID FRAMES`: run the loaded packet program PROG_ID once on each
+//!   frame with BPF_PROG_TEST_RUN, from this cgroup (the kernel gives the run's socket the
+//!   caller's cgroup, from 5.15 on); `reply` lists the return codes (as i32), comma-separated.
+//!
 //! * `exec PROGRAM [ARGS…]`: become PROGRAM (execvp) once in the cgroup and the netns: a
 //!   workload of any language (the clouds' Python SDKs), which never runs outside them. It
 //!   prints nothing of its own.
@@ -38,7 +42,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use integration_tests::frame;
+use integration_tests::{frame, testrun};
 use serde_json::json;
 
 #[path = "probe/sidedoor.rs"]
@@ -582,8 +586,26 @@ fn run_bytes(rest: &[String]) -> Option<Outcome> {
                 _ => usage,
             }
         }
+        [cmd, kind, id, frames] if cmd == "test-run" => {
+            match (kind.as_str(), id.parse(), hex(frames)) {
+                ("tc", Ok(id), Some(f)) => test_run(id, testrun::Kind::Tc, &f),
+                ("egress", Ok(id), Some(f)) => test_run(id, testrun::Kind::Egress, &f),
+                _ => usage,
+            }
+        }
         _ => return None,
     })
+}
+
+fn test_run(id: u32, kind: testrun::Kind, frames: &[Vec<u8>]) -> Outcome {
+    let codes: anyhow::Result<Vec<String>> = testrun::SkbProgram::by_id(id, kind)
+        .and_then(|p| frames.iter().map(|f| Ok((p.run(f, 1)?.code as i32).to_string())).collect());
+    match codes {
+        Ok(c) => Outcome { ok: true, errno: None, stage: "test-run", reply: Some(c.join(",")) },
+        Err(e) => {
+            Outcome { ok: false, errno: None, stage: "test-run", reply: Some(format!("{e:#}")) }
+        }
+    }
 }
 
 /// connect() + send the token in a tight loop until stdin yields a line.

@@ -14,6 +14,7 @@
 //! | [`tc`] | AF_PACKET frames, a forwarding workload interface, the clsact fallback |
 //! | [`lifecycle`] | kill and adopt, upgrade, policy file edits, log rate limits, cleanup, ABI hand-over |
 //! | [`resilience`] | one agent per gate, repairs, a recreated root, retried applies, policy flips under load |
+//! | [`progrun`] | the packet programs run by BPF_PROG_TEST_RUN on hand-built packets: parser and verdict edges (truncated headers, IPv4 options, IPv6 chains, fragments, VLAN tags), gated vs allowed callers |
 //! | [`proxy`] | the metadata proxy: served paths, refused paths, connections without a record, its port, the proxy down; the clouds' Python SDKs through it (`proxy::sdk`) |
 //! | [`inspect`] | audit → report → suggest → enforce, `explain` against the live maps |
 //! | [`cluster`] | cluster mode against a Kubernetes API double |
@@ -45,6 +46,7 @@ mod cluster;
 mod enforcement;
 mod inspect;
 mod lifecycle;
+mod progrun;
 mod proxy;
 mod resilience;
 mod tc;

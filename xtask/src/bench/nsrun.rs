@@ -12,14 +12,16 @@
 //! The fast path alone, without the statistics' clock reads: BPF_PROG_TEST_RUN runs the
 //! attached egress and node-level programs a million times on one packet to the benchmark's
 //! unprotected destination (the kernel reads the clock once for all of them), and an empty
-//! program the same way, the floor of that loop.
-use std::{
-    collections::BTreeMap,
-    os::fd::{FromRawFd as _, OwnedFd},
-};
+//! program the same way, the floor of that loop. Both go through aya (`enable_stats`,
+//! `TestRun`: see `integration_tests::testrun`).
+use std::{collections::BTreeMap, os::fd::OwnedFd};
 
 use anyhow::{Context as _, Result, bail};
-use integration_tests::agent::Agent;
+use aya::sys::{Stats, enable_stats};
+use integration_tests::{
+    agent::Agent,
+    testrun::{Kind, SkbProgram, empty_tc},
+};
 use serde_json::{Value, json};
 
 use super::{
@@ -31,10 +33,6 @@ use super::{
 };
 
 const SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
-/// `enum bpf_cmd`: BPF_ENABLE_STATS.
-const BPF_ENABLE_STATS: libc::c_long = 32;
-/// `enum bpf_stats_type`: BPF_STATS_RUN_TIME.
-const BPF_STATS_RUN_TIME: u32 = 0;
 
 /// BPF run-time statistics on while this lives.
 pub(super) enum StatsOn {
@@ -46,17 +44,8 @@ pub(super) enum StatsOn {
 
 impl StatsOn {
     pub(super) fn enable() -> Result<StatsOn> {
-        // union bpf_attr for BPF_ENABLE_STATS: { __u32 type; }, padded.
-        let mut attr = [0u8; 64];
-        attr[..4].copy_from_slice(&BPF_STATS_RUN_TIME.to_ne_bytes());
-        // SAFETY: bpf(2) with a valid, sized attribute buffer; a non-negative return is a
-        // new file descriptor that nothing else owns.
-        let fd = unsafe {
-            libc::syscall(libc::SYS_bpf, BPF_ENABLE_STATS, attr.as_mut_ptr(), attr.len() as u32)
-        };
-        if fd >= 0 {
-            // SAFETY: see above.
-            return Ok(StatsOn::Fd { _held: unsafe { OwnedFd::from_raw_fd(fd as i32) } });
+        if let Ok(fd) = enable_stats(Stats::RunTime) {
+            return Ok(StatsOn::Fd { _held: fd });
         }
         let old = std::fs::read_to_string(SYSCTL).with_context(|| format!("read {SYSCTL}"))?;
         std::fs::write(SYSCTL, "1").with_context(|| format!("write {SYSCTL}"))?;
@@ -94,57 +83,12 @@ fn counters(agent: &Agent) -> Result<BTreeMap<String, (u64, u64)>> {
     Ok(out)
 }
 
-/// `enum bpf_cmd`: BPF_PROG_LOAD, BPF_PROG_TEST_RUN, BPF_PROG_GET_FD_BY_ID.
-const BPF_PROG_LOAD: libc::c_long = 5;
-const BPF_PROG_TEST_RUN: libc::c_long = 10;
-const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
-/// `enum bpf_prog_type`: BPF_PROG_TYPE_SCHED_CLS.
-const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
 /// Runs per BPF_PROG_TEST_RUN.
 const TEST_RUNS: u32 = 1_000_000;
 
-fn bpf(cmd: libc::c_long, attr: &mut [u8; 128]) -> std::io::Result<i64> {
-    // SAFETY: bpf(2) with a valid attribute buffer of the size given.
-    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), attr.len() as u32) };
-    if r < 0 { Err(std::io::Error::last_os_error()) } else { Ok(r) }
-}
-
-fn owned(fd: i64) -> OwnedFd {
-    // SAFETY: a descriptor bpf(2) just returned, owned by nobody else.
-    unsafe { OwnedFd::from_raw_fd(fd as i32) }
-}
-
-/// A descriptor of the loaded program `id`.
-fn prog_fd(id: u32) -> std::io::Result<OwnedFd> {
-    let mut attr = [0u8; 128];
-    attr[..4].copy_from_slice(&id.to_ne_bytes());
-    bpf(BPF_PROG_GET_FD_BY_ID, &mut attr).map(owned)
-}
-
-/// An empty tc program (`return TC_ACT_UNSPEC`): the floor of the test-run loop.
-fn empty_prog() -> std::io::Result<OwnedFd> {
-    // r0 = -1; exit
-    let insns: [u8; 16] = [0xb7, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x95, 0, 0, 0, 0, 0, 0, 0];
-    let license = c"GPL";
-    let mut attr = [0u8; 128];
-    attr[..4].copy_from_slice(&BPF_PROG_TYPE_SCHED_CLS.to_ne_bytes());
-    attr[4..8].copy_from_slice(&2u32.to_ne_bytes());
-    attr[8..16].copy_from_slice(&(insns.as_ptr() as u64).to_ne_bytes());
-    attr[16..24].copy_from_slice(&(license.as_ptr() as u64).to_ne_bytes());
-    bpf(BPF_PROG_LOAD, &mut attr).map(owned)
-}
-
-/// Mean nanoseconds per run of `fd` on `packet` (an Ethernet frame), over [`TEST_RUNS`].
-fn test_run(fd: &OwnedFd, packet: &[u8]) -> std::io::Result<f64> {
-    use std::os::fd::AsRawFd as _;
-    let mut attr = [0u8; 128];
-    attr[..4].copy_from_slice(&(fd.as_raw_fd() as u32).to_ne_bytes());
-    attr[8..12].copy_from_slice(&(packet.len() as u32).to_ne_bytes());
-    attr[16..24].copy_from_slice(&(packet.as_ptr() as u64).to_ne_bytes());
-    attr[32..36].copy_from_slice(&TEST_RUNS.to_ne_bytes());
-    bpf(BPF_PROG_TEST_RUN, &mut attr)?;
-    let duration = u32::from_ne_bytes([attr[36], attr[37], attr[38], attr[39]]);
-    Ok(f64::from(duration))
+/// Mean nanoseconds per run of `prog` on `frame`, over [`TEST_RUNS`].
+fn test_run(prog: &SkbProgram, frame: &[u8]) -> Result<f64> {
+    Ok(prog.run(frame, TEST_RUNS)?.per_run.as_nanos() as f64)
 }
 
 /// The fast path's own cost, by BPF_PROG_TEST_RUN: (attach point, ns per run) of the
@@ -173,10 +117,11 @@ fn fast_path(agent: &Agent) -> Result<Vec<(String, f64)>> {
             continue;
         }
         done.push(id);
-        let fd = prog_fd(id).with_context(|| format!("program {id} ({point})"))?;
-        out.push((point.to_owned(), test_run(&fd, &frame).context("BPF_PROG_TEST_RUN")?));
+        let kind = if point == "tc" { Kind::Tc } else { Kind::Egress };
+        let prog = SkbProgram::by_id(id, kind).with_context(|| point.to_owned())?;
+        out.push((point.to_owned(), test_run(&prog, &frame)?));
     }
-    let empty = empty_prog().context("loading an empty program")?;
+    let empty = empty_tc()?;
     out.push(("empty program".to_owned(), test_run(&empty, &frame)?));
     Ok(out)
 }
