@@ -43,7 +43,7 @@ use crate::{
     access::Identity,
     cgroup::{GatedRoot, cgroup2_mount},
     config::{AgentConfig, ClusterConfig},
-    engine::{AllowSource, Engine, Offer},
+    engine::{AllowSource, Engine, GateOps, Offer},
     events::{CgroupNames, Denied, Namer},
     policy::Policy,
 };
@@ -345,6 +345,42 @@ fn denial_note(d: &Denied, container: Option<&str>) -> String {
     }
 }
 
+/// A policy ConfigMap's text: before the engine runs, a good policy waits for the pod list
+/// (the newest good one wins, a bad one leaves it waiting); once the engine runs, it is
+/// offered. Returns why it was refused, for the Event on the ConfigMap.
+async fn on_policy<G: GateOps>(
+    engine: Option<&mut Engine<G>>,
+    pending: &mut Option<Policy>,
+    source: &str,
+    text: Result<String, String>,
+) -> Option<String> {
+    match engine {
+        Some(engine) => {
+            let offer = match text {
+                Ok(text) => engine.offer(source, &text, "configmap changed").await,
+                Err(why) => {
+                    engine.refuse(source, "configmap changed", &why);
+                    Offer::Rejected(why)
+                }
+            };
+            match offer {
+                Offer::Rejected(why) => Some(why),
+                Offer::Applied | Offer::Unchanged => None,
+            }
+        }
+        None => match text.and_then(|t| Policy::parse(source, &t).map_err(|e| e.to_string())) {
+            Ok(p) => {
+                *pending = Some(p);
+                None
+            }
+            Err(why) => {
+                tracing::error!(configmap = %source, error = %why, "policy rejected; waiting for a good one");
+                Some(why)
+            }
+        },
+    }
+}
+
 /// Wait for the first good policy and the first full pod list, then start the engine and
 /// keep policy, pods and platform current.
 pub(crate) async fn run(cfg: &AgentConfig, args: &ClusterConfig) -> Result<()> {
@@ -426,30 +462,9 @@ pub(crate) async fn run(cfg: &AgentConfig, args: &ClusterConfig) -> Result<()> {
                 Event::Apply(cm) | Event::InitApply(cm) => {
                     let source = st.source();
                     let text = policy_text(&cm);
-                    match &mut engine {
-                        Some(engine) => {
-                            let offer = match text {
-                                Ok(text) => engine.offer(&source, &text, "configmap changed").await,
-                                Err(why) => {
-                                    engine.refuse(&source, "configmap changed", &why);
-                                    Offer::Rejected(why)
-                                }
-                            };
-                            if let Offer::Rejected(why) = offer {
-                                st.rejected(&why).await;
-                            }
-                        }
-                        None => {
-                            match text
-                                .and_then(|t| Policy::parse(&source, &t).map_err(|e| e.to_string()))
-                            {
-                                Ok(p) => pending = Some(p),
-                                Err(why) => {
-                                    tracing::error!(configmap = %source, error = %why, "policy rejected; waiting for a good one");
-                                    st.rejected(&why).await;
-                                }
-                            }
-                        }
+                    if let Some(why) = on_policy(engine.as_mut(), &mut pending, &source, text).await
+                    {
+                        st.rejected(&why).await;
                     }
                 }
                 Event::Delete(_) => {
@@ -482,11 +497,62 @@ pub(crate) async fn run(cfg: &AgentConfig, args: &ClusterConfig) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{
+        engine::fake::{Fake, GOOD, INVALID, OTHER, Rig, policy},
+        loader::Start,
+    };
 
     #[test]
     fn policy_text_needs_the_key() {
         let cm = ConfigMap::default();
         assert_eq!(policy_text(&cm).unwrap_err(), "data.policy.yaml: missing");
+    }
+
+    const CM: &str = "configmap ns/metadata-gate-policy-aws";
+
+    /// No engine yet.
+    fn idle() -> Option<&'static mut Engine<Fake>> {
+        None
+    }
+
+    #[tokio::test]
+    async fn before_start_a_good_policy_waits_and_a_bad_one_is_refused() {
+        let mut pending = None;
+        let why = on_policy(idle(), &mut pending, CM, Ok(INVALID.into())).await;
+        assert!(why.is_some_and(|w| w.contains("cidr")));
+        assert!(pending.is_none(), "nothing to start with");
+        assert!(on_policy(idle(), &mut pending, CM, Ok(GOOD.into())).await.is_none());
+        assert_eq!(pending.as_ref().map(Policy::hash), Some(policy(GOOD).hash()));
+        // A bad one later leaves the good one waiting; a missing key is refused too.
+        for text in [Ok(INVALID.into()), Err("data.policy.yaml: missing".to_owned())] {
+            assert!(on_policy(idle(), &mut pending, CM, text).await.is_some());
+            assert_eq!(pending.as_ref().map(Policy::hash), Some(policy(GOOD).hash()));
+        }
+        // The newest good one wins.
+        assert!(on_policy(idle(), &mut pending, CM, Ok(OTHER.into())).await.is_none());
+        assert_eq!(pending.as_ref().map(Policy::hash), Some(policy(OTHER).hash()));
+    }
+
+    #[tokio::test]
+    async fn after_start_a_policy_is_offered_and_a_bad_one_refused() {
+        let mut rig = Rig::start(Start::Fresh, GOOD);
+        let mut pending = None;
+        let got = on_policy(Some(&mut rig.engine), &mut pending, CM, Ok(OTHER.into())).await;
+        assert!(got.is_none());
+        assert_eq!(rig.enforced(), policy(OTHER).hash());
+        let got = on_policy(Some(&mut rig.engine), &mut pending, CM, Ok(INVALID.into())).await;
+        assert!(got.is_some_and(|w| w.contains("cidr")));
+        assert_eq!(rig.enforced(), policy(OTHER).hash());
+        // The live policy again clears the refusal; a ConfigMap without the key is refused.
+        assert!(
+            on_policy(Some(&mut rig.engine), &mut pending, CM, Ok(OTHER.into())).await.is_none()
+        );
+        assert_eq!(rig.rejected(), 0);
+        let missing = Err("data.policy.yaml: missing".to_owned());
+        let got = on_policy(Some(&mut rig.engine), &mut pending, CM, missing).await;
+        assert_eq!(got.as_deref(), Some("data.policy.yaml: missing"));
+        assert_eq!((rig.rejected(), rig.enforced()), (1, policy(OTHER).hash()));
+        assert!(pending.is_none(), "a running engine takes the policy itself");
     }
 }
 
