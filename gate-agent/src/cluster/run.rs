@@ -25,8 +25,11 @@ use gate_common::{
     abi::{GRANTS_ALL, allow_value},
     user::AllowSet,
 };
-use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod};
-use kube::{api::DynamicObject, runtime::watcher::Event};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::{
+    api::DynamicObject,
+    runtime::{reflector::ObjectRef, watcher::Event},
+};
 use tokio::{
     signal::unix::{Signal, SignalKind, signal},
     sync::mpsc,
@@ -118,6 +121,7 @@ fn identity(pod: &PodInfo, container: Option<&ContainerInfo>) -> Identity {
         service_account: Some(pod.service_account.clone()),
         host_network: Some(pod.host_network),
         labels: pod.labels.clone(),
+        pod_uid: Some(pod.uid.clone()),
     }
 }
 
@@ -215,14 +219,8 @@ struct State {
 }
 
 impl State {
-    fn configmap_ref(&self) -> ObjectReference {
-        ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("ConfigMap".into()),
-            namespace: Some(self.cm_ns.clone()),
-            name: Some(self.cm_name.clone()),
-            ..Default::default()
-        }
+    fn configmap_ref(&self) -> ObjectRef<ConfigMap> {
+        ObjectRef::new(&self.cm_name).within(&self.cm_ns)
     }
 
     fn source(&self) -> String {
@@ -231,7 +229,7 @@ impl State {
 
     async fn rejected(&mut self, why: &str) {
         let note = format!("metadata-gate refused this policy, the last good one stays: {why}");
-        let object = self.configmap_ref();
+        let object = self.configmap_ref().into();
         self.events.publish(object, true, kevents::REJECTED_REASON, note).await;
     }
 
@@ -301,28 +299,22 @@ impl State {
         }
     }
 
-    /// A Kubernetes Event on the pod of a logged denial.
+    /// A Kubernetes Event on the pod of a logged denial (named once, when it was logged).
     async fn on_denied(&mut self, d: Denied) {
-        let Some(rel) = d.cgroup.as_deref() else { return };
-        let canonical = self.cgroups.canonical(rel);
-        let (object, container) = {
-            let Ok(idx) = self.index.read() else { return };
-            let Some((pod, container)) = idx.owner(&canonical) else { return };
-            (
-                ObjectReference {
-                    api_version: Some("v1".into()),
-                    kind: Some("Pod".into()),
-                    namespace: Some(pod.namespace.clone()),
-                    name: Some(pod.name.clone()),
-                    uid: Some(pod.uid.clone()),
-                    ..Default::default()
-                },
-                container.map(|c| c.name.clone()),
-            )
-        };
-        let note = denial_note(&d, container.as_deref());
-        self.events.publish(object, true, kevents::BLOCKED_REASON, note).await;
+        let Some(object) = pod_ref(&d.workload) else { return };
+        let note = denial_note(&d, d.workload.container.as_deref());
+        self.events.publish(object.into(), true, kevents::BLOCKED_REASON, note).await;
     }
+}
+
+/// The pod a workload runs in, if it is one.
+fn pod_ref(w: &Identity) -> Option<ObjectRef<Pod>> {
+    let (Some(namespace), Some(name)) = (w.namespace.as_deref(), w.pod.as_deref()) else {
+        return None;
+    };
+    let mut pod = ObjectRef::new(name).within(namespace);
+    pod.extra.uid.clone_from(&w.pod_uid);
+    Some(pod)
 }
 
 /// The note of a denial's Event: the kernel's (who, to where), or the metadata proxy's (which
@@ -581,7 +573,7 @@ mod notes {
             _pad: [0; 2],
             comm,
         };
-        Denied { cgroup: None, event, endpoint: "ec2-imds".into(), request }
+        Denied { workload: Default::default(), event, endpoint: "ec2-imds".into(), request }
     }
 
     #[test]
@@ -600,5 +592,35 @@ mod notes {
             "GET /latest/meta-data/iam/info to 169.254.169.254:80 refused by the metadata proxy: \
              path not allowed (entry csi); only the listed paths are served"
         );
+    }
+}
+
+#[cfg(test)]
+mod refs {
+    use k8s_openapi::api::core::v1::ObjectReference;
+
+    use super::*;
+
+    #[test]
+    fn a_denial_names_its_pod_by_uid_and_nothing_else_is_a_pod() {
+        let w = Identity {
+            workload: "ns/p/c".into(),
+            namespace: Some("ns".into()),
+            pod: Some("p".into()),
+            container: Some("c".into()),
+            pod_uid: Some("u-1".into()),
+            ..Identity::default()
+        };
+        let object: ObjectReference = pod_ref(&w).map(Into::into).unwrap();
+        let want = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: Some("ns".into()),
+            name: Some("p".into()),
+            uid: Some("u-1".into()),
+            ..Default::default()
+        };
+        assert_eq!(object, want);
+        assert!(pod_ref(&Identity::cgroup("system.slice/x")).is_none());
     }
 }

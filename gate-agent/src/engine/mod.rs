@@ -253,6 +253,8 @@ impl Engine<Gate> {
         let server =
             server::serve(cfg.listen, ready.clone(), metrics::registry(shared, &agent_metrics))
                 .await?;
+        // The proxy names the workloads it refuses as the event reader does.
+        let proxy_names = names.again();
         if let Some((ring, tally)) = ring {
             let sinks = sinks.clone();
             tokio::spawn(async move {
@@ -269,7 +271,7 @@ impl Engine<Gate> {
             &root,
             &policy,
             &agent_metrics,
-            sinks.notify.clone(),
+            sinks.notify.clone().map(|tx| (tx, proxy_names)),
         )?;
         let node_watch = AbortOnDrop(tokio::spawn(node::watch(
             node.clone(),
