@@ -142,7 +142,7 @@ enum Input {
     Pods(Box<Event<Pod>>),
     Infrastructure(Box<Event<DynamicObject>>),
     /// A denial that was logged: a Kubernetes Event on its pod.
-    Denied(Denied),
+    Denied(Box<Denied>),
     /// Time to re-resolve the allow set and interfaces.
     Tick,
     /// A watch ended, which a watch never does on its own.
@@ -195,7 +195,7 @@ impl Inputs {
                     Input::Tick
                 }
             },
-            Some(d) = self.denied.recv(), if running => Input::Denied(d),
+            Some(d) = self.denied.recv(), if running => Input::Denied(Box::new(d)),
             _ = self.tick.tick(), if running => Input::Tick,
         }
     }
@@ -472,7 +472,7 @@ pub(crate) async fn run(cfg: &AgentConfig, args: &ClusterConfig) -> Result<()> {
                 }
             }
             Input::Infrastructure(ev) => st.on_infrastructure(*ev, &mut inputs),
-            Input::Denied(d) => st.on_denied(d).await,
+            Input::Denied(d) => st.on_denied(*d).await,
             Input::Tick => {
                 if let Some(engine) = &mut engine {
                     engine.sync().await;
