@@ -40,6 +40,10 @@ pub(crate) struct Identity {
     pub host_network: Option<bool>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// The pod's uid, for the Kubernetes Event on it; not kept for `report` (a pod of the
+    /// same name later is another object).
+    #[serde(skip)]
+    pub pod_uid: Option<String>,
 }
 
 impl Identity {

@@ -2,7 +2,7 @@
 //! rate limit), and the kernel's access tally → per-workload counters, log summaries and the
 //! identities `gate-agent report` names workloads by.
 use std::{
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{Arc, Mutex, RwLock},
     time::{Duration, Instant},
 };
@@ -83,31 +83,48 @@ impl CgroupNames {
     /// Who the cgroup belongs to.
     pub(crate) fn identity(&mut self, id: u64) -> Identity {
         match self.path(id) {
-            Some(p) => self
-                .namer
-                .as_ref()
-                .and_then(|n| n(&p))
-                .map(|mut i| {
-                    i.cgroup = Some(p.display().to_string());
-                    i
-                })
-                .unwrap_or_else(|| Identity::cgroup(&p.display().to_string())),
+            Some(p) => self.identity_at(&p),
             None if id == 0 => Identity { workload: "(no socket)".into(), ..Identity::default() },
             None => Identity { workload: format!("cgroup-id:{id}"), ..Identity::default() },
         }
     }
 
-    /// What logs and metrics call the cgroup's workload.
-    pub(crate) fn name(&mut self, id: u64) -> String {
-        self.identity(id).workload
+    /// Who the cgroup at `rel` (relative to the gated root) belongs to.
+    fn identity_at(&self, rel: &Path) -> Identity {
+        self.namer
+            .as_ref()
+            .and_then(|n| n(rel))
+            .map(|mut i| {
+                i.cgroup = Some(rel.display().to_string());
+                i
+            })
+            .unwrap_or_else(|| Identity::cgroup(&rel.display().to_string()))
+    }
+
+    /// Who the cgroup belongs to, found by file handle only (no cache, no walk), if it still
+    /// exists under the gated root: for the metadata proxy's refusals.
+    pub(crate) fn identity_by_handle(&self, id: u64) -> Option<Identity> {
+        let rel = self.root.path_by_handle(id).ok().flatten()?;
+        Some(self.identity_at(&rel))
+    }
+
+    /// Another namer of the same tree, with a cache of its own.
+    pub(crate) fn again(&self) -> CgroupNames {
+        CgroupNames {
+            root: self.root.clone(),
+            cache: Default::default(),
+            namer: self.namer.clone(),
+            walked: None,
+        }
     }
 }
 
 /// A denial that was logged (so within the rate limit), for cluster mode's Kubernetes Events.
 #[derive(Clone, Debug)]
 pub(crate) struct Denied {
-    /// cgroup path relative to the gated root, if it still exists.
-    pub cgroup: Option<PathBuf>,
+    /// Who was refused, named once when the denial was logged (cluster mode: the pod and
+    /// container; no pod, no Event).
+    pub workload: Identity,
     pub event: DenyEvent,
     pub endpoint: String,
     /// A request the metadata proxy refused: its method and path, and why (with the entry);
@@ -244,7 +261,8 @@ pub(crate) async fn run(
                 let now = Instant::now();
                 while let Some(item) = ring.next() {
                     let Some(ev) = read_pod::<DenyEvent>(&item) else { continue };
-                    let cgroup = names.name(ev.cgroup_id);
+                    let identity = names.identity(ev.cgroup_id);
+                    let cgroup = identity.workload.clone();
                     if limiter.admit(&cgroup, now) == Admit::Log
                         && let Ok(eps) = sinks.endpoints.read()
                     {
@@ -252,7 +270,7 @@ pub(crate) async fn run(
                         if let Some(tx) = &sinks.notify {
                             let endpoint = endpoint_name(&ev, &eps);
                             let _ = tx.send(Denied {
-                                cgroup: names.path(ev.cgroup_id),
+                                workload: identity,
                                 event: ev,
                                 endpoint,
                                 request: None,

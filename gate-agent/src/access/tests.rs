@@ -27,6 +27,7 @@ fn pod(container: &str, host_network: bool) -> Identity {
             .into_iter()
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
             .collect(),
+        pod_uid: None,
     }
 }
 

@@ -25,8 +25,11 @@ use gate_common::{
     abi::{GRANTS_ALL, allow_value},
     user::AllowSet,
 };
-use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod};
-use kube::{api::DynamicObject, runtime::watcher::Event};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::{
+    api::DynamicObject,
+    runtime::{reflector::ObjectRef, watcher::Event},
+};
 use tokio::{
     signal::unix::{Signal, SignalKind, signal},
     sync::mpsc,
@@ -43,7 +46,7 @@ use crate::{
     access::Identity,
     cgroup::{GatedRoot, cgroup2_mount},
     config::{AgentConfig, ClusterConfig},
-    engine::{AllowSource, Engine, Offer},
+    engine::{AllowSource, Engine, GateOps, Offer},
     events::{CgroupNames, Denied, Namer},
     policy::Policy,
 };
@@ -118,6 +121,7 @@ fn identity(pod: &PodInfo, container: Option<&ContainerInfo>) -> Identity {
         service_account: Some(pod.service_account.clone()),
         host_network: Some(pod.host_network),
         labels: pod.labels.clone(),
+        pod_uid: Some(pod.uid.clone()),
     }
 }
 
@@ -138,7 +142,7 @@ enum Input {
     Pods(Box<Event<Pod>>),
     Infrastructure(Box<Event<DynamicObject>>),
     /// A denial that was logged: a Kubernetes Event on its pod.
-    Denied(Denied),
+    Denied(Box<Denied>),
     /// Time to re-resolve the allow set and interfaces.
     Tick,
     /// A watch ended, which a watch never does on its own.
@@ -191,7 +195,7 @@ impl Inputs {
                     Input::Tick
                 }
             },
-            Some(d) = self.denied.recv(), if running => Input::Denied(d),
+            Some(d) = self.denied.recv(), if running => Input::Denied(Box::new(d)),
             _ = self.tick.tick(), if running => Input::Tick,
         }
     }
@@ -215,14 +219,8 @@ struct State {
 }
 
 impl State {
-    fn configmap_ref(&self) -> ObjectReference {
-        ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("ConfigMap".into()),
-            namespace: Some(self.cm_ns.clone()),
-            name: Some(self.cm_name.clone()),
-            ..Default::default()
-        }
+    fn configmap_ref(&self) -> ObjectRef<ConfigMap> {
+        ObjectRef::new(&self.cm_name).within(&self.cm_ns)
     }
 
     fn source(&self) -> String {
@@ -231,7 +229,7 @@ impl State {
 
     async fn rejected(&mut self, why: &str) {
         let note = format!("metadata-gate refused this policy, the last good one stays: {why}");
-        let object = self.configmap_ref();
+        let object = self.configmap_ref().into();
         self.events.publish(object, true, kevents::REJECTED_REASON, note).await;
     }
 
@@ -301,28 +299,22 @@ impl State {
         }
     }
 
-    /// A Kubernetes Event on the pod of a logged denial.
+    /// A Kubernetes Event on the pod of a logged denial (named once, when it was logged).
     async fn on_denied(&mut self, d: Denied) {
-        let Some(rel) = d.cgroup.as_deref() else { return };
-        let canonical = self.cgroups.canonical(rel);
-        let (object, container) = {
-            let Ok(idx) = self.index.read() else { return };
-            let Some((pod, container)) = idx.owner(&canonical) else { return };
-            (
-                ObjectReference {
-                    api_version: Some("v1".into()),
-                    kind: Some("Pod".into()),
-                    namespace: Some(pod.namespace.clone()),
-                    name: Some(pod.name.clone()),
-                    uid: Some(pod.uid.clone()),
-                    ..Default::default()
-                },
-                container.map(|c| c.name.clone()),
-            )
-        };
-        let note = denial_note(&d, container.as_deref());
-        self.events.publish(object, true, kevents::BLOCKED_REASON, note).await;
+        let Some(object) = pod_ref(&d.workload) else { return };
+        let note = denial_note(&d, d.workload.container.as_deref());
+        self.events.publish(object.into(), true, kevents::BLOCKED_REASON, note).await;
     }
+}
+
+/// The pod a workload runs in, if it is one.
+fn pod_ref(w: &Identity) -> Option<ObjectRef<Pod>> {
+    let (Some(namespace), Some(name)) = (w.namespace.as_deref(), w.pod.as_deref()) else {
+        return None;
+    };
+    let mut pod = ObjectRef::new(name).within(namespace);
+    pod.extra.uid.clone_from(&w.pod_uid);
+    Some(pod)
 }
 
 /// The note of a denial's Event: the kernel's (who, to where), or the metadata proxy's (which
@@ -342,6 +334,42 @@ fn denial_note(d: &Denied, container: Option<&str>) -> String {
             d.event.proto_name(),
             d.endpoint,
         ),
+    }
+}
+
+/// A policy ConfigMap's text: before the engine runs, a good policy waits for the pod list
+/// (the newest good one wins, a bad one leaves it waiting); once the engine runs, it is
+/// offered. Returns why it was refused, for the Event on the ConfigMap.
+async fn on_policy<G: GateOps>(
+    engine: Option<&mut Engine<G>>,
+    pending: &mut Option<Policy>,
+    source: &str,
+    text: Result<String, String>,
+) -> Option<String> {
+    match engine {
+        Some(engine) => {
+            let offer = match text {
+                Ok(text) => engine.offer(source, &text, "configmap changed").await,
+                Err(why) => {
+                    engine.refuse(source, "configmap changed", &why);
+                    Offer::Rejected(why)
+                }
+            };
+            match offer {
+                Offer::Rejected(why) => Some(why),
+                Offer::Applied | Offer::Unchanged => None,
+            }
+        }
+        None => match text.and_then(|t| Policy::parse(source, &t).map_err(|e| e.to_string())) {
+            Ok(p) => {
+                *pending = Some(p);
+                None
+            }
+            Err(why) => {
+                tracing::error!(configmap = %source, error = %why, "policy rejected; waiting for a good one");
+                Some(why)
+            }
+        },
     }
 }
 
@@ -426,30 +454,9 @@ pub(crate) async fn run(cfg: &AgentConfig, args: &ClusterConfig) -> Result<()> {
                 Event::Apply(cm) | Event::InitApply(cm) => {
                     let source = st.source();
                     let text = policy_text(&cm);
-                    match &mut engine {
-                        Some(engine) => {
-                            let offer = match text {
-                                Ok(text) => engine.offer(&source, &text, "configmap changed").await,
-                                Err(why) => {
-                                    engine.refuse(&source, "configmap changed", &why);
-                                    Offer::Rejected(why)
-                                }
-                            };
-                            if let Offer::Rejected(why) = offer {
-                                st.rejected(&why).await;
-                            }
-                        }
-                        None => {
-                            match text
-                                .and_then(|t| Policy::parse(&source, &t).map_err(|e| e.to_string()))
-                            {
-                                Ok(p) => pending = Some(p),
-                                Err(why) => {
-                                    tracing::error!(configmap = %source, error = %why, "policy rejected; waiting for a good one");
-                                    st.rejected(&why).await;
-                                }
-                            }
-                        }
+                    if let Some(why) = on_policy(engine.as_mut(), &mut pending, &source, text).await
+                    {
+                        st.rejected(&why).await;
                     }
                 }
                 Event::Delete(_) => {
@@ -465,7 +472,7 @@ pub(crate) async fn run(cfg: &AgentConfig, args: &ClusterConfig) -> Result<()> {
                 }
             }
             Input::Infrastructure(ev) => st.on_infrastructure(*ev, &mut inputs),
-            Input::Denied(d) => st.on_denied(d).await,
+            Input::Denied(d) => st.on_denied(*d).await,
             Input::Tick => {
                 if let Some(engine) = &mut engine {
                     engine.sync().await;
@@ -482,11 +489,62 @@ pub(crate) async fn run(cfg: &AgentConfig, args: &ClusterConfig) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{
+        engine::fake::{Fake, GOOD, INVALID, OTHER, Rig, policy},
+        loader::Start,
+    };
 
     #[test]
     fn policy_text_needs_the_key() {
         let cm = ConfigMap::default();
         assert_eq!(policy_text(&cm).unwrap_err(), "data.policy.yaml: missing");
+    }
+
+    const CM: &str = "configmap ns/metadata-gate-policy-aws";
+
+    /// No engine yet.
+    fn idle() -> Option<&'static mut Engine<Fake>> {
+        None
+    }
+
+    #[tokio::test]
+    async fn before_start_a_good_policy_waits_and_a_bad_one_is_refused() {
+        let mut pending = None;
+        let why = on_policy(idle(), &mut pending, CM, Ok(INVALID.into())).await;
+        assert!(why.is_some_and(|w| w.contains("cidr")));
+        assert!(pending.is_none(), "nothing to start with");
+        assert!(on_policy(idle(), &mut pending, CM, Ok(GOOD.into())).await.is_none());
+        assert_eq!(pending.as_ref().map(Policy::hash), Some(policy(GOOD).hash()));
+        // A bad one later leaves the good one waiting; a missing key is refused too.
+        for text in [Ok(INVALID.into()), Err("data.policy.yaml: missing".to_owned())] {
+            assert!(on_policy(idle(), &mut pending, CM, text).await.is_some());
+            assert_eq!(pending.as_ref().map(Policy::hash), Some(policy(GOOD).hash()));
+        }
+        // The newest good one wins.
+        assert!(on_policy(idle(), &mut pending, CM, Ok(OTHER.into())).await.is_none());
+        assert_eq!(pending.as_ref().map(Policy::hash), Some(policy(OTHER).hash()));
+    }
+
+    #[tokio::test]
+    async fn after_start_a_policy_is_offered_and_a_bad_one_refused() {
+        let mut rig = Rig::start(Start::Fresh, GOOD);
+        let mut pending = None;
+        let got = on_policy(Some(&mut rig.engine), &mut pending, CM, Ok(OTHER.into())).await;
+        assert!(got.is_none());
+        assert_eq!(rig.enforced(), policy(OTHER).hash());
+        let got = on_policy(Some(&mut rig.engine), &mut pending, CM, Ok(INVALID.into())).await;
+        assert!(got.is_some_and(|w| w.contains("cidr")));
+        assert_eq!(rig.enforced(), policy(OTHER).hash());
+        // The live policy again clears the refusal; a ConfigMap without the key is refused.
+        assert!(
+            on_policy(Some(&mut rig.engine), &mut pending, CM, Ok(OTHER.into())).await.is_none()
+        );
+        assert_eq!(rig.rejected(), 0);
+        let missing = Err("data.policy.yaml: missing".to_owned());
+        let got = on_policy(Some(&mut rig.engine), &mut pending, CM, missing).await;
+        assert_eq!(got.as_deref(), Some("data.policy.yaml: missing"));
+        assert_eq!((rig.rejected(), rig.enforced()), (1, policy(OTHER).hash()));
+        assert!(pending.is_none(), "a running engine takes the policy itself");
     }
 }
 
@@ -515,7 +573,7 @@ mod notes {
             _pad: [0; 2],
             comm,
         };
-        Denied { cgroup: None, event, endpoint: "ec2-imds".into(), request }
+        Denied { workload: Default::default(), event, endpoint: "ec2-imds".into(), request }
     }
 
     #[test]
@@ -534,5 +592,35 @@ mod notes {
             "GET /latest/meta-data/iam/info to 169.254.169.254:80 refused by the metadata proxy: \
              path not allowed (entry csi); only the listed paths are served"
         );
+    }
+}
+
+#[cfg(test)]
+mod refs {
+    use k8s_openapi::api::core::v1::ObjectReference;
+
+    use super::*;
+
+    #[test]
+    fn a_denial_names_its_pod_by_uid_and_nothing_else_is_a_pod() {
+        let w = Identity {
+            workload: "ns/p/c".into(),
+            namespace: Some("ns".into()),
+            pod: Some("p".into()),
+            container: Some("c".into()),
+            pod_uid: Some("u-1".into()),
+            ..Identity::default()
+        };
+        let object: ObjectReference = pod_ref(&w).map(Into::into).unwrap();
+        let want = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: Some("ns".into()),
+            name: Some("p".into()),
+            uid: Some("u-1".into()),
+            ..Default::default()
+        };
+        assert_eq!(object, want);
+        assert!(pod_ref(&Identity::cgroup("system.slice/x")).is_none());
     }
 }

@@ -4,10 +4,9 @@ use std::{sync::atomic::Ordering, time::Instant};
 
 use anyhow::Context as _;
 
-use super::{Engine, install};
-use crate::cgroup::GatedRoot;
+use super::{Engine, GateOps, install};
 
-impl Engine {
+impl<G: GateOps> Engine<G> {
     /// Retry a policy whose apply failed, once its backoff has passed.
     pub(super) async fn retry_due(&mut self) {
         let Some(r) = self.retry.as_ref().filter(|r| Instant::now() >= r.at) else { return };
@@ -21,7 +20,7 @@ impl Engine {
     pub(super) fn verify(&mut self) {
         let mut whole = true;
         let mut repaired: Vec<String> = Vec::new();
-        match GatedRoot::open(&self.root.path) {
+        match (self.reopen)(&self.root.path) {
             Ok(now) if now.id != self.root.id => {
                 // Recreated under the same path: the live policy goes onto the new cgroup.
                 let allow = self.allow.allow_set(&self.policy);

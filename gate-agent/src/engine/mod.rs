@@ -19,14 +19,19 @@ use std::{
 use anyhow::{Context as _, Result};
 use gate_common::user::{AllowSet, TerminateState};
 
+#[cfg(test)]
+pub(crate) mod fake;
+mod gate;
 mod heal;
 mod proxy;
+#[cfg(test)]
+mod tests;
 
 use crate::{
     cgroup::GatedRoot,
     config::{AgentConfig, GateConfig},
     events::{self, CgroupNames, EventSinks},
-    loader::{self, Gate, Install, LsmState, Start},
+    loader::{Gate, Install, LsmState, Start},
     metrics::{self, AgentMetrics},
     node::{self, NodeLevel},
     policy::Policy,
@@ -34,6 +39,7 @@ use crate::{
     state::{AllowedPath, StateDir},
     terminate,
 };
+pub(crate) use gate::GateOps;
 use heal::Retry;
 
 /// How a mode finds the allow set of a policy.
@@ -70,8 +76,20 @@ pub(crate) fn bring_up(
     root: &GatedRoot,
     allow: &AllowSet,
 ) -> Result<Gate> {
-    let mut gate = Gate::open(&cfg.pin_dir, cfg.egress, cfg.lsm_programs, cfg.mount_bpffs)
+    let gate = Gate::open(&cfg.pin_dir, cfg.egress, cfg.lsm_programs, cfg.mount_bpffs)
         .context("loading the eBPF programs")?;
+    bring_up_gate(gate, cfg, node, policy, root, allow)
+}
+
+/// [`bring_up`] once the gate is loaded.
+fn bring_up_gate<G: GateOps>(
+    mut gate: G,
+    cfg: &GateConfig,
+    node: &NodeLevel,
+    policy: &Policy,
+    root: &GatedRoot,
+    allow: &AllowSet,
+) -> Result<G> {
     let start = gate.start();
     if start == Start::Adopted {
         let info = gate.info();
@@ -122,11 +140,7 @@ pub(crate) fn bring_up(
     })();
     if let Err(e) = result {
         if start == Start::Fresh {
-            let dir = gate.pin_dir().to_path_buf();
-            drop(gate);
-            if let Err(c) = loader::pins::remove_version(&dir) {
-                tracing::error!(error = %c, "removing the pin dir after a failed start");
-            }
+            gate.discard();
             let _ = std::fs::remove_dir(&cfg.pin_dir);
         } else {
             tracing::error!("adoption failed: the pinned gate keeps enforcing its previous policy");
@@ -172,11 +186,15 @@ pub(crate) enum Offer {
     Rejected(String),
 }
 
-/// The running gate and the policy in force.
-pub(crate) struct Engine {
+/// Opens the gated root again, to see whether it was recreated.
+type Reopen = Box<dyn Fn(&std::path::Path) -> Result<GatedRoot, crate::cgroup::CgroupError> + Send>;
+
+/// The running gate and the policy in force. `G` is the loaded gate; the fast tests put a
+/// fake in its place.
+pub(crate) struct Engine<G: GateOps = Gate> {
     pub policy: Policy,
     pub root: GatedRoot,
-    pub gate: Arc<Mutex<Gate>>,
+    pub gate: Arc<Mutex<G>>,
     pub sinks: EventSinks,
     pub metrics: AgentMetrics,
     pub ready: Arc<AtomicBool>,
@@ -185,7 +203,10 @@ pub(crate) struct Engine {
     state: Option<StateDir>,
     allow: Box<dyn AllowSource>,
     node: Arc<NodeLevel>,
-    _node_watch: AbortOnDrop,
+    /// Keeps the node level current while the engine lives (none in the fast tests).
+    _node_watch: Option<AbortOnDrop>,
+    /// [`GatedRoot::open`]: the repair check looks whether the root was recreated.
+    reopen: Reopen,
     /// The policy text last judged for good: applied, or refused as invalid. One change is
     /// judged once; a text that failed to *apply* is not recorded here but retried.
     last_text: Option<String>,
@@ -193,12 +214,13 @@ pub(crate) struct Engine {
     last_refused: bool,
     /// A valid policy whose apply failed: retried with backoff by [`Engine::sync`].
     retry: Option<Retry>,
-    server: server::Server,
+    /// The health and metrics server (none in the fast tests).
+    _server: Option<server::Server>,
     /// The metadata proxy, where `--proxy-address` asks for one.
     proxy: Option<proxy::ProxyHandle>,
 }
 
-impl Engine {
+impl Engine<Gate> {
     /// Bring the gate up with `policy`, start the event reader and the health/metrics server,
     /// and report ready. `names` turns cgroup ids into workload names for denial events.
     pub(crate) async fn start(
@@ -231,6 +253,8 @@ impl Engine {
         let server =
             server::serve(cfg.listen, ready.clone(), metrics::registry(shared, &agent_metrics))
                 .await?;
+        // The proxy names the workloads it refuses as the event reader does.
+        let proxy_names = names.again();
         if let Some((ring, tally)) = ring {
             let sinks = sinks.clone();
             tokio::spawn(async move {
@@ -247,7 +271,7 @@ impl Engine {
             &root,
             &policy,
             &agent_metrics,
-            sinks.notify.clone(),
+            sinks.notify.clone().map(|tx| (tx, proxy_names)),
         )?;
         let node_watch = AbortOnDrop(tokio::spawn(node::watch(
             node.clone(),
@@ -266,11 +290,12 @@ impl Engine {
             state: cfg.state_dir.as_deref().map(StateDir::new),
             allow,
             node,
-            _node_watch: node_watch,
+            _node_watch: Some(node_watch),
+            reopen: Box::new(GatedRoot::open),
             last_text: None,
             last_refused: false,
             retry: None,
-            server,
+            _server: None,
             proxy,
         };
         // The gate is attached: connections opened before it are cut before we report ready.
@@ -295,7 +320,7 @@ impl Engine {
             report_boot_step(state, &engine.metrics);
         }
         engine.keep_state(true);
-        let (policy, root, http) = (&engine.policy, &engine.root, &engine.server);
+        let (policy, root, http) = (&engine.policy, &engine.root, &server);
         engine.ready.store(true, Ordering::Release);
         tracing::info!(
             policy = %policy.source,
@@ -316,9 +341,12 @@ impl Engine {
         if let Ok(g) = engine.gate.lock() {
             g.retire_other_versions();
         }
+        engine._server = Some(server);
         Ok(engine)
     }
+}
 
+impl<G: GateOps> Engine<G> {
     /// Destroy established connections the live policy denies (`--terminate-established`)
     /// and record in the pinned gate whether the kernel can.
     async fn terminate_established(&mut self, allow: AllowSet) {

@@ -19,9 +19,10 @@ use gate_common::abi::{
 use tokio::sync::{mpsc::UnboundedSender, watch};
 
 use crate::{
+    access::Identity,
     cgroup::{self, GatedRoot},
     config::ProxyListen,
-    events::Denied,
+    events::{CgroupNames, Denied},
     loader::{Gate, RecordReader},
     metrics::AgentMetrics,
     policy::Policy,
@@ -133,7 +134,7 @@ pub(crate) fn start(
     root: &GatedRoot,
     policy: &Policy,
     metrics: &AgentMetrics,
-    notify: Option<UnboundedSender<Denied>>,
+    notify: Option<(UnboundedSender<Denied>, CgroupNames)>,
 ) -> Result<Option<ProxyHandle>> {
     let mut g = gate.lock().map_err(|_| anyhow::anyhow!("gate lock poisoned"))?;
     let Some(listen) = listen else {
@@ -164,7 +165,6 @@ pub(crate) fn start(
     let slot = reader.live_slot()?;
     let (tables, rx) = watch::channel(Some(Arc::new(Table::new(policy, slot))));
     let since = Arc::new(AtomicU64::new(since_ns));
-    let notify = notify.map(|tx| (tx, root.clone()));
     let callers: Arc<dyn Callers> =
         Arc::new(KernelCallers { reader: reader.clone(), since: since.clone(), notify });
     let paths = Arc::new(state_dir.map_or_else(PathLog::default, PathLog::load));
@@ -232,9 +232,8 @@ struct KernelCallers {
     reader: Arc<RecordReader>,
     /// See [`ProxyHandle::follow`].
     since: Arc<AtomicU64>,
-    /// Where refusals go as Kubernetes Events (cluster mode), and the gated root their
-    /// cgroups are named under.
-    notify: Option<(UnboundedSender<Denied>, GatedRoot)>,
+    /// Where refusals go as Kubernetes Events (cluster mode), and who names their cgroups.
+    notify: Option<(UnboundedSender<Denied>, CgroupNames)>,
 }
 
 impl Callers for KernelCallers {
@@ -248,18 +247,15 @@ impl Callers for KernelCallers {
     }
 
     fn refused(&self, caller: &Caller, request: &str, why: &str) {
-        let Some((tx, root)) = &self.notify else { return };
-        let _ = tx.send(refusal(
-            caller,
-            root.path_by_handle(caller.cgroup_id).ok().flatten(),
-            request,
-            why,
-        ));
+        let Some((tx, names)) = &self.notify else { return };
+        // A cgroup gone already names no pod: no Event, as for the kernel's denials.
+        let Some(workload) = names.identity_by_handle(caller.cgroup_id) else { return };
+        let _ = tx.send(refusal(caller, workload, request, why));
     }
 }
 
 /// A request the proxy refused, as a denial for the Kubernetes Event on its pod.
-fn refusal(caller: &Caller, cgroup: Option<PathBuf>, request: &str, why: &str) -> Denied {
+fn refusal(caller: &Caller, workload: Identity, request: &str, why: &str) -> Denied {
     let (family, addr) = match caller.dst.ip() {
         IpAddr::V4(a) => {
             let mut b = [0u8; 16];
@@ -283,7 +279,7 @@ fn refusal(caller: &Caller, cgroup: Option<PathBuf>, request: &str, why: &str) -
         comm: [0; 16],
     };
     Denied {
-        cgroup,
+        workload,
         event,
         endpoint: "metadata proxy".into(),
         request: Some((request.to_owned(), why.to_owned())),

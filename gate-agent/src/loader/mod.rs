@@ -28,6 +28,7 @@ mod tc;
 
 use std::path::{Path, PathBuf};
 
+pub(crate) use attach::{HookChange, Repair};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{MapData, MapError, RingBuf},

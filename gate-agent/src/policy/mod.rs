@@ -35,6 +35,7 @@ use gate_common::http::Access;
 use gate_common::user::PolicyHash;
 use globset::GlobMatcher;
 use ipnet::IpNet;
+use kube::core::{Expression, Selector, SelectorExt as _};
 
 pub mod check;
 pub mod platforms;
@@ -205,12 +206,17 @@ pub struct LabelExpr {
 impl LabelExpr {
     /// Whether a pod's labels satisfy this expression.
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        let value = labels.get(&self.key);
+        self.expression().matches(labels)
+    }
+
+    /// The expression as kube's label selectors have it (same semantics as the API server's).
+    fn expression(&self) -> Expression {
+        let (key, values) = (self.key.clone(), self.values.iter().cloned().collect());
         match self.operator {
-            LabelOperator::In => value.is_some_and(|v| self.values.contains(v)),
-            LabelOperator::NotIn => value.is_none_or(|v| !self.values.contains(v)),
-            LabelOperator::Exists => value.is_some(),
-            LabelOperator::DoesNotExist => value.is_none(),
+            LabelOperator::In => Expression::In(key, values),
+            LabelOperator::NotIn => Expression::NotIn(key, values),
+            LabelOperator::Exists => Expression::Exists(key),
+            LabelOperator::DoesNotExist => Expression::DoesNotExist(key),
         }
     }
 }
@@ -235,8 +241,9 @@ pub struct PodSelector {
 impl PodSelector {
     /// Whether a pod's labels satisfy `matchLabels` and `matchExpressions`.
     pub fn matches_labels(&self, labels: &BTreeMap<String, String>) -> bool {
-        self.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v))
-            && self.match_expressions.iter().all(|e| e.matches(labels))
+        let equal = self.match_labels.iter().map(|(k, v)| Expression::Equal(k.clone(), v.clone()));
+        Selector::from_iter(equal.chain(self.match_expressions.iter().map(LabelExpr::expression)))
+            .matches(labels)
     }
 }
 

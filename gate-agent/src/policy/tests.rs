@@ -545,6 +545,22 @@ fn pod_selector_parses() {
 }
 
 #[test]
+fn not_in_and_exists_match_as_the_api_server_does() {
+    let p = parse(&with_allow(
+        "  - name: x\n    namespace: ns-1\n    podSelector:\n      matchExpressions:\n        - {key: tier, operator: NotIn, values: [x]}\n        - {key: app, operator: Exists}\n",
+    ))
+    .unwrap();
+    let AllowSelector::Pods(s) = &p.allow[0].selector else { panic!() };
+    let labels = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
+        kv.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    };
+    assert!(s.matches_labels(&labels(&[("app", "a")])), "NotIn holds where the key is absent");
+    assert!(s.matches_labels(&labels(&[("app", "a"), ("tier", "y")])));
+    assert!(!s.matches_labels(&labels(&[("app", "a"), ("tier", "x")])));
+    assert!(!s.matches_labels(&labels(&[("tier", "y")])), "Exists needs the key");
+}
+
+#[test]
 fn pod_selector_errors() {
     assert_err(&with_allow("  - {name: x, namespace: \"\"}\n"), "allow[0].namespace", "is empty");
     assert_err(
