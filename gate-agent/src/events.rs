@@ -159,12 +159,12 @@ pub(crate) fn log_event(ev: &DenyEvent, cgroup: &str, endpoints: &[String]) {
     if ev.verdict() == Verdict::Audited {
         tracing::info!(
             cgroup, %dst, port = ev.port, proto, pid = ev.pid, comm, endpoint, sockopt, verdict = "audited", hook,
-            "would be blocked (audit mode: allowed through)"
+            "would be denied (audit mode: allowed through)"
         );
     } else {
         tracing::warn!(
             cgroup, %dst, port = ev.port, proto, pid = ev.pid, comm, endpoint, sockopt, verdict = "denied", hook,
-            "blocked"
+            "denied"
         );
     }
 }
@@ -311,7 +311,7 @@ pub(crate) async fn run(
                 for (cgroup, suppressed) in limiter.flush(now) {
                     tracing::warn!(
                         cgroup, suppressed, window_s = LOG_WINDOW.as_secs(),
-                        "blocked more often than logged: suppressed denial events"
+                        "denied more often than logged: suppressed denial events"
                     );
                 }
                 if known_changed && ticks.is_multiple_of(10) && let Some(dir) = &sinks.state_dir {

@@ -1,4 +1,4 @@
-//! Policy file watching: inotify on the file's directory (so that editors' write-and-rename
+//! Policy file events: inotify on the file's directory (so that editors' write-and-rename
 //! and Kubernetes ConfigMap volume symlink swaps are seen), debounced, plus SIGHUP.
 use std::{
     path::{Path, PathBuf},
@@ -28,15 +28,15 @@ impl Trigger {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum WatchError {
-    #[error("watching {path}: {source}")]
+pub(crate) enum FileEventsError {
+    #[error("following changes to {path}: {source}")]
     Notify { path: PathBuf, source: notify::Error },
     #[error("installing the SIGHUP handler: {0}")]
     Signal(std::io::Error),
 }
 
-/// Keeps the watcher alive; yields debounced reload triggers.
-pub(crate) struct PolicyWatch {
+/// Keeps the inotify watcher alive; yields debounced reload triggers.
+pub(crate) struct PolicyFileEvents {
     _watcher: notify::RecommendedWatcher,
     rx: mpsc::UnboundedReceiver<Trigger>,
     hup: tokio::signal::unix::Signal,
@@ -50,8 +50,8 @@ fn relevant(event: &notify::Event, file_name: &std::ffi::OsStr) -> bool {
     event.paths.iter().any(|p| p.file_name().is_some_and(|n| n == file_name || n == "..data"))
 }
 
-impl PolicyWatch {
-    pub(crate) fn new(policy: &Path) -> Result<PolicyWatch, WatchError> {
+impl PolicyFileEvents {
+    pub(crate) fn new(policy: &Path) -> Result<PolicyFileEvents, FileEventsError> {
         let dir = match policy.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => PathBuf::from("."),
@@ -65,15 +65,15 @@ impl PolicyWatch {
                     let _ = tx.send(Trigger::FileChanged);
                 }
                 Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "policy file watch"),
+                Err(e) => tracing::warn!(error = %e, "policy file events"),
             })
-            .map_err(|source| WatchError::Notify { path: dir.clone(), source })?;
+            .map_err(|source| FileEventsError::Notify { path: dir.clone(), source })?;
         watcher
             .watch(&dir, RecursiveMode::NonRecursive)
-            .map_err(|source| WatchError::Notify { path: dir.clone(), source })?;
+            .map_err(|source| FileEventsError::Notify { path: dir.clone(), source })?;
         let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-            .map_err(WatchError::Signal)?;
-        Ok(PolicyWatch { _watcher: watcher, rx, hup, pending: None })
+            .map_err(FileEventsError::Signal)?;
+        Ok(PolicyFileEvents { _watcher: watcher, rx, hup, pending: None })
     }
 
     /// The next reload trigger, after the debounce; `None` if the watcher died.

@@ -16,7 +16,7 @@ use crate::{
     engine::{AllowSource, Engine},
     events::CgroupNames,
     policy::{AllowSelector, Policy},
-    policy_file::PolicyWatch,
+    policy_file::PolicyFileEvents,
 };
 
 /// Standalone allow set: cgroups under the root that match the policy's globs.
@@ -38,7 +38,7 @@ pub(crate) async fn run(cfg: &AgentConfig, policy_path: &Path, cgroup_root: &Pat
         tracing::warn!(entry = %entry.name, "allow entry selects pods: it applies in cluster mode only");
     }
     let root = GatedRoot::open(cgroup_root)?;
-    let mut watch = PolicyWatch::new(policy_path)?;
+    let mut file_events = PolicyFileEvents::new(policy_path)?;
     let names = CgroupNames::new(root.clone());
     let allow = Box::new(CgroupGlobs(root.clone()));
     let mut engine = Engine::start(cfg, policy, root, allow, names, None).await?;
@@ -51,9 +51,9 @@ pub(crate) async fn run(cfg: &AgentConfig, policy_path: &Path, cgroup_root: &Pat
         tokio::select! {
             _ = term.recv() => break,
             _ = int.recv() => break,
-            trigger = watch.next() => {
+            trigger = file_events.next() => {
                 let Some(trigger) = trigger else {
-                    anyhow::bail!("the policy file watcher stopped");
+                    anyhow::bail!("the policy file's inotify watcher stopped");
                 };
                 match std::fs::read_to_string(policy_path)
                     .with_context(|| format!("reading {source}"))

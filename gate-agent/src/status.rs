@@ -55,7 +55,9 @@ pub(crate) struct TerminateScan {
 
 #[derive(Debug, Serialize)]
 pub(crate) struct Attachment {
-    pub hook: String,
+    /// The attach point's pin name (`connect4`, `egress`, `tc-egress-<ifindex>` …); the
+    /// `hook` of `decisions` and `denials` is the kernel hook that decided instead.
+    pub attach_point: String,
     pub link_id: u32,
     pub program_id: u32,
     pub program: String,
@@ -270,7 +272,7 @@ impl Status {
             let _ = write!(
                 o,
                 "  {:<9} link {:<6} program {:<6} {:<20} tag {}",
-                a.hook, a.link_id, a.program_id, a.program, a.tag
+                a.attach_point, a.link_id, a.program_id, a.program, a.tag
             );
             if a.run_count > 0 {
                 let _ = write!(
@@ -360,7 +362,7 @@ impl Status {
 
 /// The LSM programs enforce where their links are pinned; otherwise the kernel says why not.
 fn lsm_state(attachments: &[Attachment]) -> LsmState {
-    let pinned = |p: AttachPoint| attachments.iter().any(|a| a.hook == p.pin_name());
+    let pinned = |p: AttachPoint| attachments.iter().any(|a| a.attach_point == p.pin_name());
     if AttachPoint::LSM.into_iter().all(pinned) {
         return LsmState::Active;
     }
@@ -405,7 +407,7 @@ fn attachments(layout: &Layout) -> Vec<Attachment> {
                 program: Program::from_kernel_name(kernel_name)
                     .map_or_else(|| kernel_name.to_owned(), |p| p.name().to_owned()),
                 tag: prog.map(|p| format!("{:016x}", p.tag())).unwrap_or_default(),
-                hook: hook_name(hook, info.target),
+                attach_point: hook_name(hook, info.target),
                 link_id: info.id,
                 program_id: info.prog_id,
                 target_id: info.target.id(),

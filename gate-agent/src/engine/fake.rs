@@ -239,7 +239,7 @@ impl Rig {
             state: None,
             allow: Box::new(allow.clone()),
             node: Arc::new(node()),
-            _node_watch: None,
+            _node_links: None,
             reopen: Box::new(reopen),
             last_text: None,
             last_refused: false,

@@ -204,7 +204,7 @@ pub(crate) struct Engine<G: GateOps = Gate> {
     allow: Box<dyn AllowSource>,
     node: Arc<NodeLevel>,
     /// Keeps the node level current while the engine lives (none in the fast tests).
-    _node_watch: Option<AbortOnDrop>,
+    _node_links: Option<AbortOnDrop>,
     /// [`GatedRoot::open`]: the repair check looks whether the root was recreated.
     reopen: Reopen,
     /// The policy text last judged for good: applied, or refused as invalid. One change is
@@ -273,7 +273,7 @@ impl Engine<Gate> {
             &agent_metrics,
             sinks.notify.clone().map(|tx| (tx, proxy_names)),
         )?;
-        let node_watch = AbortOnDrop(tokio::spawn(node::watch(
+        let node_links = AbortOnDrop(tokio::spawn(node::follow_links(
             node.clone(),
             gate.clone(),
             cfg.rescan,
@@ -290,7 +290,7 @@ impl Engine<Gate> {
             state: cfg.state_dir.as_deref().map(StateDir::new),
             allow,
             node,
-            _node_watch: Some(node_watch),
+            _node_links: Some(node_links),
             reopen: Box::new(GatedRoot::open),
             last_text: None,
             last_refused: false,
@@ -500,7 +500,7 @@ impl<G: GateOps> Engine<G> {
     }
 
     /// Bring the allow set up to date (new or vanished cgroups, pods) and retry a failed
-    /// apply whose time has come. The node level keeps itself current (see [`node::watch`]).
+    /// apply whose time has come. The node level keeps itself current (see [`node::follow_links`]).
     pub(crate) async fn sync(&mut self) {
         self.retry_due().await;
         self.verify();

@@ -4,7 +4,7 @@
 //!
 //! [`rtnl`] reads the namespace's interfaces; [`classify`] decides, purely, where the program
 //! belongs and which of its two variants (by what the interface's packets start with);
-//! [`NodeLevel::plan`] turns that into a loader [`TcPlan`]; [`watch`] keeps the kernel in
+//! [`NodeLevel::plan`] turns that into a loader [`TcPlan`]; [`follow_links`] keeps the kernel in
 //! step: on every link change (rtnetlink events, so a pod's interface is guarded as it
 //! appears, not at the next rescan) and every verify period, which also restores an
 //! attachment someone removed. Routes decide nothing: a route anyone can add never removes a
@@ -169,7 +169,7 @@ impl std::os::fd::AsRawFd for EventFd {
 
 /// Keep the attachments in step with the namespace until the task is dropped: on link and tc
 /// events (debounced by `settle`), and every `verify`.
-pub(crate) async fn watch(
+pub(crate) async fn follow_links(
     node: Arc<NodeLevel>,
     gate: Arc<Mutex<Gate>>,
     verify: Duration,
@@ -187,7 +187,7 @@ pub(crate) async fn watch(
     let events = match registered {
         Ok(fd) => Some(fd),
         Err(e) => {
-            tracing::error!(error = %e, "watching link and tc events; relying on the periodic check");
+            tracing::error!(error = %e, "listening for link and tc events failed; relying on the periodic check");
             None
         }
     };

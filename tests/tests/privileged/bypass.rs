@@ -256,7 +256,7 @@ impl World {
         let shown = ip(&self.c.env.net.node, &format!("-o link show dev {iface}")).ok()?;
         let idx: u64 = shown.split(':').next()?.trim().parse().ok()?;
         st["attachments"].as_array()?.iter().find_map(|a| {
-            let ours = a["hook"].as_str()?.starts_with(&format!("tc-{dir}-"));
+            let ours = a["attach_point"].as_str()?.starts_with(&format!("tc-{dir}-"));
             let program = a["program"].as_str()?.to_owned();
             (ours && a["target_id"] == idx).then(|| Some((a["link_id"].as_u64()?, program)))?
         })
@@ -270,7 +270,7 @@ impl World {
         let (_, st) = agent.status().expect("status");
         let program = st["attachments"]
             .as_array()
-            .and_then(|a| a.iter().find(|x| x["hook"] == "setsockopt"))
+            .and_then(|a| a.iter().find(|x| x["attach_point"] == "setsockopt"))
             .map(|x| x["program"].as_str().unwrap_or_default().to_owned());
         match program.as_deref() {
             Some("gate_setsockopt") => true,
@@ -737,7 +737,7 @@ fn qdisc_bypass_and_af_xdp_setup_are_refused_to_gated_workloads() {
             let counted = after - before.get("setsockopt").copied().unwrap_or(0.0);
             assert_eq!(counted, refused, "setsockopt denials counted");
             let logged =
-                |v: &serde_json::Value| v["message"] == "blocked" && v["hook"] == "setsockopt";
+                |v: &serde_json::Value| v["message"] == "denied" && v["hook"] == "setsockopt";
             let line = w.c.env.agent().wait_log(logged, Duration::from_secs(5));
             let line = line.expect("setsockopt denial logged");
             assert_eq!(line["verdict"], "denied", "{line}");

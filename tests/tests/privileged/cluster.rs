@@ -197,7 +197,7 @@ fn cluster_mode_gates_pods_by_identity_and_follows_the_api() {
     c.env.assert_served(&c.ccm, "tcp", IMDS_V4, "80");
     c.refused(&c.web, "tcp", IMDS_V4, "80");
     let line = agent
-        .wait_log(|v| v["message"] == "blocked", Duration::from_secs(5))
+        .wait_log(|v| v["message"] == "denied", Duration::from_secs(5))
         .expect("denial logged");
     assert_eq!(line["cgroup"], "default/web/main", "{line}");
     // …and a Kubernetes Event on the pod.

@@ -67,7 +67,7 @@ fn udp_denial_is_one_event_from_egress() {
     let (_, st) = env.agent().status().expect("status");
     let task = st["attachments"]
         .as_array()
-        .and_then(|a| a.iter().find(|x| x["hook"] == "egress"))
+        .and_then(|a| a.iter().find(|x| x["attach_point"] == "egress"))
         .is_some_and(|x| x["program"] == "gate_egress");
     if task {
         assert!(line["pid"].as_u64().is_some_and(|p| p > 0), "{line}");
@@ -209,7 +209,7 @@ fn audit_mode_counts_and_logs_but_blocks_nothing() {
         .agent()
         .wait_log(|v| v["verdict"] == "audited" && v["cgroup"] == "pod-a", Duration::from_secs(5))
         .expect("audit log line");
-    assert!(line["message"].as_str().is_some_and(|m| m.contains("blocked")), "{line}");
+    assert!(line["message"].as_str().is_some_and(|m| m.contains("denied")), "{line}");
     let (code, metrics) = env.agent().http_get("/metrics").expect("metrics");
     assert_eq!(code, 200);
     assert!(
@@ -229,7 +229,7 @@ fn each_denial_is_one_structured_log_event() {
         .agent()
         .wait_log(|v| v["verdict"] == "denied", Duration::from_secs(5))
         .expect("denial log line");
-    assert!(line["message"].as_str().is_some_and(|m| m.contains("blocked")), "{line}");
+    assert!(line["message"].as_str().is_some_and(|m| m.contains("denied")), "{line}");
     assert_eq!(line["cgroup"], "pod-a", "{line}");
     assert_eq!(line["dst"], IMDS_V4, "{line}");
     assert_eq!(line["port"], 80, "{line}");

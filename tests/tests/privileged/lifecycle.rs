@@ -18,7 +18,7 @@ fn prog_ids(status: &serde_json::Value) -> Vec<(String, u64, u64)> {
         .iter()
         .map(|a| {
             (
-                a["hook"].as_str().unwrap_or_default().to_owned(),
+                a["attach_point"].as_str().unwrap_or_default().to_owned(),
                 a["link_id"].as_u64().unwrap_or(0),
                 a["program_id"].as_u64().unwrap_or(0),
             )
@@ -44,7 +44,7 @@ fn sigkill_keeps_the_gate_closed_and_a_restart_adopts_it() {
     assert_eq!(down["installed"], true, "{down}");
     let hooks: Vec<&str> = down["attachments"]
         .as_array()
-        .map(|a| a.iter().filter_map(|x| x["hook"].as_str()).collect())
+        .map(|a| a.iter().filter_map(|x| x["attach_point"].as_str()).collect())
         .unwrap_or_default();
     // The node-level programs of lo (egress) and the uplink (egress and ingress): tcx links on
     // 6.6+, clsact filters before; the LSM programs where the kernel runs them.
@@ -161,7 +161,7 @@ fn upgrade_swaps_programs_without_an_open_window() {
     let egress = |s: &serde_json::Value| {
         s["attachments"].as_array().and_then(|a| {
             a.iter()
-                .find(|x| x["hook"] == "egress")
+                .find(|x| x["attach_point"] == "egress")
                 .map(|x| x["program"].as_str().unwrap_or("").to_owned())
         })
     };
@@ -266,7 +266,7 @@ fn denial_logs_are_rate_limited_per_workload_and_metrics_count_all() {
     // window), so wait until all 20 are accounted for, and check the limit in each window.
     let account = || {
         let logs = env.agent().logs();
-        let logged = logs.iter().filter(|l| l.contains("\"message\":\"blocked\"")).count();
+        let logged = logs.iter().filter(|l| l.contains("\"message\":\"denied\"")).count();
         let summaries: Vec<serde_json::Value> = logs
             .iter()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())

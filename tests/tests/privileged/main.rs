@@ -262,7 +262,7 @@ fn assert_tc(st: &serde_json::Value, dir: &str, iface: &str) {
     let list = |key: &str| st[key].as_array().cloned().unwrap_or_default();
     if kernel_has_tcx() {
         let hook = format!("tc-{dir}-{iface}");
-        let linked = list("attachments").iter().any(|x| x["hook"] == hook.as_str());
+        let linked = list("attachments").iter().any(|x| x["attach_point"] == hook.as_str());
         assert!(linked, "tcx link on {iface}: {st}");
     } else {
         let filter = format!("{dir} {iface}");

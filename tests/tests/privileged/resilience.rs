@@ -293,7 +293,7 @@ fn a_quiet_workloads_denial_is_logged_while_others_hammer() {
     assert_eq!(code, 200, "the agent stopped being ready under the hammer");
     env.assert_refused("gated/quiet", "tcp", IMDS_V4, "80", "connect");
     let quiet = env.agent().wait_log(
-        |v| v["message"] == "blocked" && v["cgroup"].as_str().is_some_and(|c| c.ends_with("quiet")),
+        |v| v["message"] == "denied" && v["cgroup"].as_str().is_some_and(|c| c.ends_with("quiet")),
         Duration::from_secs(10),
     );
     assert!(quiet.is_some(), "the quiet workload's denial never reached the log");

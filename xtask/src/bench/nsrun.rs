@@ -68,7 +68,7 @@ fn counters(agent: &Agent) -> Result<BTreeMap<String, (u64, u64)>> {
     let (_, status) = agent.status()?;
     let mut seen = BTreeMap::new();
     for a in status["attachments"].as_array().into_iter().flatten() {
-        let hook = a["hook"].as_str().unwrap_or("?");
+        let hook = a["attach_point"].as_str().unwrap_or("?");
         let point = if hook.starts_with("tc-") { "tc" } else { hook }.to_owned();
         let id = a["program_id"].as_u64().unwrap_or(0);
         let run = (a["run_count"].as_u64().unwrap_or(0), a["run_time_ns"].as_u64().unwrap_or(0));
@@ -110,7 +110,7 @@ fn fast_path(agent: &Agent) -> Result<Vec<(String, f64)>> {
     let mut out = Vec::new();
     let mut done = Vec::new();
     for a in status["attachments"].as_array().into_iter().flatten() {
-        let hook = a["hook"].as_str().unwrap_or("?");
+        let hook = a["attach_point"].as_str().unwrap_or("?");
         let point = if hook.starts_with("tc-") { "tc" } else { hook };
         let id = a["program_id"].as_u64().unwrap_or(0) as u32;
         if !matches!(point, "egress" | "tc") || done.contains(&id) {
