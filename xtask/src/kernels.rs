@@ -71,7 +71,7 @@ pub(crate) const MATRIX: &[(&str, &[&str])] = &[
     ("lifecycle::sigkill_keeps_the_gate_closed_and_a_restart_adopts_it",               ALL),
     ("lifecycle::upgrade_swaps_programs_without_an_open_window",                       ALL),
     ("progrun::egress_program_decides_every_parser_edge_as_the_host_does",             ALL),
-    ("progrun::tc_program_reads_ethernet_and_ip_edges_and_the_callers_cgroup",         ALL),
+    ("progrun::tc_program_reads_ethernet_and_ip_edges_and_the_callers_cgroup",         FROM_6_1),
     ("tc::af_packet_frames_from_a_gated_cgroup_never_arrive",                          ALL),
     ("bypass::qdisc_bypass_and_af_xdp_setup_are_refused_to_gated_workloads",           OLD),
     ("bypass::qdisc_bypass_through_the_32_bit_abi_is_refused",                         ALL),
@@ -145,6 +145,8 @@ pub(crate) const MATRIX: &[(&str, &[&str])] = &[
 ];
 const ALL: &[&str] = &["5.10", "6.1", "6.12"];
 const OLD: &[&str] = &["5.10", "6.1"];
+/// Test runs carry the caller's cgroup from 5.15 on.
+const FROM_6_1: &[&str] = &["6.1", "6.12"];
 const K5_10: &[&str] = &["5.10"];
 const K6_1: &[&str] = &["6.1"];
 const K6_12: &[&str] = &["6.12"];

@@ -17,7 +17,7 @@ use integration_tests::{
     frame::{self, ETH_P_8021AD, ETH_P_8021Q, ETH_P_IP, PROTO_TCP, PROTO_UDP},
     net::{IMDS_V4, IMDS_V6, NODE_V4},
     probe::Outcome,
-    sys::kernel_version,
+    sys::{in_ci, kernel_version},
     testrun::{Kind, SkbProgram, gate_program_id},
 };
 
@@ -399,6 +399,9 @@ fn test_run_has_the_callers_cgroup() -> bool {
 fn tc_program_reads_ethernet_and_ip_edges_and_the_callers_cgroup() {
     privileged!(tc_program_reads_ethernet_and_ip_edges_and_the_callers_cgroup);
     if !test_run_has_the_callers_cgroup() {
+        // Not in CI: xtask/src/kernels.rs runs this test on 6.1 and later only, and a skip
+        // there would be a pass that proved nothing.
+        assert!(!in_ci(), "a test run's socket has the caller's cgroup from 5.15 on only");
         eprintln!("skipped: a test run's socket has the caller's cgroup from 5.15 on");
         return;
     }
