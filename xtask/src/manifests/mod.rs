@@ -414,6 +414,10 @@ fn string_list(v: &Value, pointer: &str) -> Vec<String> {
 
 // ---- cross-object rules --------------------------------------------------------------------
 
+fn has_object(objects: &[Object], kind: &str, ns: Option<&str>, name: &str) -> bool {
+    objects.iter().any(|o| o.kind() == kind && o.namespace() == ns && o.name() == name)
+}
+
 /// `metadata-gate-policy-<suffix>` ConfigMaps: in the agent's namespace, key policy.yaml,
 /// named after the policy's platform (lower case; External adds `-<platformName>`).
 fn check_policy_configmaps(objects: &[Object]) -> Vec<String> {
@@ -475,15 +479,12 @@ fn check_daemonsets(objects: &[Object]) -> Vec<String> {
             }
         }
 
-        if !objects.iter().any(|o| o.kind() == "Namespace" && o.name() == ns) {
-            problems.push(format!("{label}: namespace {ns} is not part of this render"));
-        }
         let sa = spec.get("serviceAccountName").and_then(Value::as_str).unwrap_or("default");
-        if !objects
-            .iter()
-            .any(|o| o.kind() == "ServiceAccount" && o.name() == sa && o.namespace() == Some(ns))
-        {
-            problems.push(format!("{label}: service account {ns}/{sa} is not part of this render"));
+        for (kind, in_ns, name) in [("Namespace", None, ns), ("ServiceAccount", Some(ns), sa)] {
+            if !has_object(objects, kind, in_ns, name) {
+                let at = in_ns.map(|n| format!("{n}/")).unwrap_or_default();
+                problems.push(format!("{label}: {kind} {at}{name} is not part of this render"));
+            }
         }
         problems.extend(check_scc(objects, ds, &spec, &containers, ns, sa));
         problems.extend(check_agent_args(objects, &label, &containers, ns));
@@ -518,10 +519,7 @@ fn check_agent_args(
             continue;
         }
         let want = format!("{POLICY_PREFIX}{}", platform.to_ascii_lowercase().replace('/', "-"));
-        let found = objects
-            .iter()
-            .any(|o| o.kind() == "ConfigMap" && o.name() == want && o.namespace() == Some(ns));
-        if !found {
+        if !has_object(objects, "ConfigMap", Some(ns), &want) {
             problems.push(format!(
                 "{label}: --platform {platform} reads ConfigMap {ns}/{want}, which is not part of \
                  this render"
