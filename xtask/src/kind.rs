@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::util::{output, root, run, show};
+use crate::util::{cmd, output, root, run, show};
 
 const CLUSTER: &str = "metadata-gate-e2e";
 const IMAGE: &str = "metadata-gate:dev";
@@ -65,16 +65,9 @@ pub(crate) fn e2e(opts: Options) -> Result<()> {
     {
         run(Command::new("kind").args(["delete", "cluster", "--name", CLUSTER]))?;
     }
-    run(Command::new("kind").args([
-        "create",
-        "cluster",
-        "--name",
-        CLUSTER,
-        "--config",
-        "deploy/kind/cluster.yaml",
-        "--wait",
-        "180s",
-    ]))?;
+    run(&mut cmd(&format!(
+        "kind create cluster --name {CLUSTER} --config deploy/kind/cluster.yaml --wait 180s"
+    )))?;
 
     let result = scenario();
     if result.is_err() {
@@ -113,10 +106,9 @@ fn require_tools() -> Result<()> {
     Ok(())
 }
 
-fn kubectl() -> Command {
-    let mut cmd = Command::new("kubectl");
-    cmd.args(["--context", CONTEXT]);
-    cmd
+/// kubectl on the e2e cluster, with `args` (words separated by spaces, no quoting).
+fn kubectl(args: &str) -> Command {
+    cmd(&format!("kubectl --context {CONTEXT} {args}"))
 }
 
 fn scenario() -> Result<()> {
@@ -133,47 +125,25 @@ fn scenario() -> Result<()> {
     for node in &nodes {
         // The pins must live in the node's bpffs, not in one the agent mounts in its own
         // mount namespace (see the DaemonSet's volumeMounts).
-        run(Command::new("docker").args([
-            "exec",
-            node,
-            "sh",
-            "-c",
-            "mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf",
-        ]))?;
+        let mount = "mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf";
+        run(Command::new("docker").args(["exec", node, "sh", "-c", mount]))?;
     }
     let worker = worker_node()?;
     // The fake IMDS address, in the worker's own network namespace (the node container's).
-    run(Command::new("docker").args([
-        "exec",
-        &worker,
-        "sh",
-        "-c",
-        &format!(
-            "ip link add imds0 type dummy && ip addr add {IMDS}/32 dev imds0 && ip link set imds0 up"
-        ),
-    ]))?;
+    let dummy = format!(
+        "ip link add imds0 type dummy && ip addr add {IMDS}/32 dev imds0 && ip link set imds0 up"
+    );
+    run(Command::new("docker").args(["exec", &worker, "sh", "-c", &dummy]))?;
 
     for file in ["deploy/kind/e2e/fake-imds.yaml", "deploy/kind/e2e/clients.yaml"] {
-        run(kubectl().args(["apply", "-f", file]))?;
+        run(&mut kubectl(&format!("apply -f {file}")))?;
     }
-    run(kubectl().args([
-        "wait",
-        "--for=condition=Ready",
-        "--timeout=180s",
-        "-n",
-        "metadata-gate-e2e",
-        "pod/fake-imds",
-        "pod/pod-network",
-        "pod/host-network",
-    ]))?;
-    run(kubectl().args([
-        "wait",
-        "--for=condition=Ready",
-        "--timeout=180s",
-        "-n",
-        "openshift-cloud-controller-manager",
-        "pod/aws-ccm",
-    ]))?;
+    for pods in [
+        "metadata-gate-e2e pod/fake-imds pod/pod-network pod/host-network",
+        "openshift-cloud-controller-manager pod/aws-ccm",
+    ] {
+        run(&mut kubectl(&format!("wait --for=condition=Ready --timeout=180s -n {pods}")))?;
+    }
 
     eprintln!("\n== baseline, no gate: every client reaches the fake IMDS");
     for c in CLIENTS {
@@ -191,15 +161,10 @@ fn scenario() -> Result<()> {
     }
 
     eprintln!("\n== deploy the gate (deploy/overlays/kind: AWS policy)");
-    run(kubectl().args(["apply", "-k", "deploy/overlays/kind"]))?;
-    run(kubectl().args([
-        "-n",
-        "metadata-gate",
-        "rollout",
-        "status",
-        "daemonset/metadata-gate-agent",
-        "--timeout=300s",
-    ]))?;
+    run(&mut kubectl("apply -k deploy/overlays/kind"))?;
+    run(&mut kubectl(
+        "-n metadata-gate rollout status daemonset/metadata-gate-agent --timeout=300s",
+    ))?;
 
     eprintln!("\n== under the gate");
     let deadline = Duration::from_secs(90);
@@ -236,18 +201,13 @@ fn scenario() -> Result<()> {
 /// What the worker's metrics endpoints answer whom (step 8).
 fn metrics(worker: &str) -> Result<()> {
     eprintln!("\n== metrics of the worker's agent");
-    run(kubectl().args(["apply", "-f", "deploy/kind/e2e/metrics-readers.yaml"]))?;
-    let ip = output(kubectl().args([
-        "get",
-        "node",
-        worker,
-        "-o",
-        "jsonpath={.status.addresses[?(@.type==\"InternalIP\")].address}",
-    ]))
-    .context("the worker's InternalIP")?;
+    run(&mut kubectl("apply -f deploy/kind/e2e/metrics-readers.yaml"))?;
+    let jsonpath = r#"jsonpath={.status.addresses[?(@.type=="InternalIP")].address}"#;
+    let ip = output(&mut kubectl(&format!("get node {worker} -o {jsonpath}")))
+        .context("the worker's InternalIP")?;
     let ip = ip.trim();
     let token = |sa: &str| {
-        output(kubectl().args(["-n", "metadata-gate-e2e", "create", "token", sa]))
+        output(&mut kubectl(&format!("-n metadata-gate-e2e create token {sa}")))
             .map(|t| t.trim().to_owned())
             .with_context(|| format!("a token for {sa}"))
     };
@@ -295,14 +255,9 @@ fn curl(worker: &str, url: &str, token: Option<&str>) -> Result<(String, String)
 }
 
 fn worker_node() -> Result<String> {
-    let out = output(kubectl().args([
-        "get",
-        "nodes",
-        "-l",
-        "metadata-gate-e2e=worker",
-        "-o",
-        "jsonpath={.items[*].metadata.name}",
-    ]))
+    let out = output(&mut kubectl(
+        "get nodes -l metadata-gate-e2e=worker -o jsonpath={.items[*].metadata.name}",
+    ))
     .context("listing the worker node")?;
     match out.split_whitespace().collect::<Vec<_>>()[..] {
         [one] => Ok(one.to_owned()),
@@ -340,8 +295,7 @@ impl Fetch {
 
 /// `wget` the metadata URL inside the client pod.
 fn fetch(c: &Client) -> Result<Fetch> {
-    let mut cmd = kubectl();
-    cmd.args(["exec", "-n", c.namespace, c.pod, "--", "wget", "-q", "-T", "5", "-O", "-", URL]);
+    let mut cmd = kubectl(&format!("exec -n {} {} -- wget -q -T 5 -O - {URL}", c.namespace, c.pod));
     let start = Instant::now();
     let out = cmd.output().with_context(|| format!("starting {}", show(&cmd)))?;
     let elapsed = start.elapsed();
@@ -356,34 +310,16 @@ fn fetch(c: &Client) -> Result<Fetch> {
 /// What helps to understand a failure; errors here are printed, not raised.
 fn diagnostics() {
     eprintln!("\n== diagnostics");
-    let cmds: [&[&str]; 5] = [
-        &["get", "pods", "-A", "-o", "wide"],
-        &["-n", "metadata-gate", "describe", "daemonset/metadata-gate-agent"],
-        &[
-            "-n",
-            "metadata-gate",
-            "logs",
-            "-l",
-            "app.kubernetes.io/name=metadata-gate",
-            "--prefix",
-            "--tail=200",
-        ],
-        &["-n", "metadata-gate-e2e", "logs", "pod/fake-imds", "--tail=50"],
-        &[
-            "-n",
-            "metadata-gate",
-            "logs",
-            "-l",
-            "app.kubernetes.io/name=metadata-gate",
-            "-c",
-            "kube-rbac-proxy",
-            "--prefix",
-            "--tail=50",
-        ],
-    ];
-    for args in cmds {
-        let mut cmd = kubectl();
-        cmd.args(args).current_dir(root());
+    for args in [
+        "get pods -A -o wide",
+        "-n metadata-gate describe daemonset/metadata-gate-agent",
+        "-n metadata-gate logs -l app.kubernetes.io/name=metadata-gate --prefix --tail=200",
+        "-n metadata-gate-e2e logs pod/fake-imds --tail=50",
+        "-n metadata-gate logs -l app.kubernetes.io/name=metadata-gate -c kube-rbac-proxy \
+         --prefix --tail=50",
+    ] {
+        let mut cmd = kubectl(args);
+        cmd.current_dir(root());
         eprintln!("$ {}", show(&cmd));
         if let Err(e) = cmd.status() {
             eprintln!("   ({e})");

@@ -29,9 +29,9 @@ use anyhow::{Context as _, Result, bail};
 use integration_tests::{
     agent::Agent,
     cgroups::CgroupTree,
-    net::{DNS_V4, DNS_V6, IMDS_V4, IMDS_V6, NTP_V4, TestNet},
+    net::{DNS_V4, DNS_V6, IMDS_V4, IMDS_V6, NTP_V4, TestNet, ip},
     probe::{self, token},
-    sys::{enter_netns, missing_privileges, sh, unique},
+    sys::{enter_netns, missing_privileges, unique},
 };
 use serde_json::Value;
 
@@ -261,23 +261,12 @@ fn place_addresses(net: &TestNet, addrs: BTreeSet<IpAddr>) -> Result<()> {
         if present.iter().any(|p| p.parse::<IpAddr>().ok() == Some(a)) {
             continue;
         }
-        let s = a.to_string();
-        if a.is_ipv4() {
-            sh("ip", &["-n", &net.imds, "addr", "add", &format!("{s}/32"), "dev", "vimds"])?;
-            sh("ip", &["-n", &net.node, "route", "add", &format!("{s}/32"), "dev", "vnode"])?;
-        } else {
-            sh(
-                "ip",
-                &["-n", &net.imds, "addr", "add", &format!("{s}/128"), "dev", "vimds", "nodad"],
-            )?;
-            sh(
-                "ip",
-                &["-n", &net.node, "-6", "route", "add", &format!("{s}/128"), "dev", "vnode"],
-            )?;
-        }
-        let r = sh("ip", &["-n", &net.node, "route", "get", &s])?;
+        let (len, v6) = if a.is_ipv4() { (32, "") } else { (128, " nodad") };
+        ip(&net.imds, &format!("addr add {a}/{len} dev vimds{v6}"))?;
+        ip(&net.node, &format!("route add {a}/{len} dev vnode"))?;
+        let r = ip(&net.node, &format!("route get {a}"))?;
         if !r.contains("dev vnode") {
-            bail!("route to {s} in {} does not use the test veth: {r}", net.node);
+            bail!("route to {a} in {} does not use the test veth: {r}", net.node);
         }
     }
     Ok(())

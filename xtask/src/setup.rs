@@ -52,37 +52,30 @@ pub(crate) fn ensure() -> Result<()> {
         ]))?;
     }
 
-    let mut debs = Vec::new();
-    if output(Command::new("ip").arg("-V")).is_none() {
-        debs.push("iproute2");
-    }
-    if output(Command::new("nsenter").arg("--version")).is_none() {
-        debs.push("util-linux");
-    }
-    // `cargo xtask manifests` verifies the boot unit with systemd-analyze.
-    if output(Command::new("systemd-analyze").arg("--version")).is_none() {
-        debs.push("systemd");
-    }
-    // The benchmark's comparison variants and its chart's font.
-    if output(Command::new("nft").arg("--version")).is_none() {
-        debs.push("nftables");
-    }
-    if output(Command::new("iptables-nft-restore").arg("--version")).is_none() {
-        debs.push("iptables");
-    }
+    // (command that answers, Debian package that provides it): the privileged tests' ip and
+    // nsenter; the boot unit's check (`cargo xtask manifests`); the benchmark's comparison
+    // variants; `cargo xtask test-kernels`' QEMU and the depmod virtme-ng builds its
+    // initramfs with.
+    const TOOLS: &[(&str, &str, &str)] = &[
+        ("ip", "-V", "iproute2"),
+        ("nsenter", "--version", "util-linux"),
+        ("systemd-analyze", "--version", "systemd"),
+        ("nft", "--version", "nftables"),
+        ("iptables-nft-restore", "--version", "iptables"),
+        ("qemu-system-x86_64", "--version", "qemu-system-x86"),
+        ("depmod", "--version", "kmod"),
+    ];
+    let mut debs: Vec<&str> = TOOLS
+        .iter()
+        .filter(|(tool, arg, _)| output(Command::new(tool).arg(arg)).is_none())
+        .map(|(_, _, deb)| *deb)
+        .collect();
+    // The benchmark chart's font, virtme-ng's static busybox, test-kernels' archive keyring.
     if !std::path::Path::new("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf").exists() {
         debs.push("fonts-dejavu-core");
     }
-    // `cargo xtask test-kernels`: QEMU, and what virtme-ng builds its initramfs from (a static
-    // busybox; depmod for the unpacked kernels' modules).
-    if output(Command::new("qemu-system-x86_64").arg("--version")).is_none() {
-        debs.push("qemu-system-x86");
-    }
     if !std::path::Path::new("/bin/busybox").exists() || !busybox_is_static() {
         debs.push("busybox-static");
-    }
-    if output(Command::new("depmod").arg("--version")).is_none() {
-        debs.push("kmod");
     }
     if !std::path::Path::new("/usr/share/keyrings/debian-archive-keyring.gpg").exists() {
         debs.push("debian-archive-keyring");

@@ -23,6 +23,14 @@ pub(crate) fn run(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// A command from one line of words separated by spaces (no quoting: for fixed arguments).
+pub(crate) fn cmd(line: &str) -> Command {
+    let mut words = line.split_whitespace();
+    let mut cmd = Command::new(words.next().unwrap_or_default());
+    cmd.args(words);
+    cmd
+}
+
 /// Run quietly and capture stdout; None if the program is missing or fails.
 pub(crate) fn output(cmd: &mut Command) -> Option<String> {
     let out = cmd.stderr(Stdio::null()).output().ok()?;

@@ -1,27 +1,14 @@
 //! `cargo xtask manifests`: render every Kustomize target under deploy/ with `kubectl
 //! kustomize` and check what comes out, without a cluster.
 //!
-//! (Longer than the other modules: one rule per cross-object contract, each next to the others
-//! it interacts with; the Prometheus objects' checks live in [`monitoring`] and [`promql`].)
-//!
-//! - every object deserializes into its k8s-openapi type, and no field is lost on the way
-//!   (a misspelt or misplaced field would be silently dropped by the API server);
-//! - the kinds k8s-openapi does not know (OpenShift's SecurityContextConstraints and
-//!   MachineConfig, the Prometheus Operator's ServiceMonitor and PrometheusRule) are
-//!   validated against their CRDs' schemas, vendored under xtask/schemas/ ([`schema`]), a
-//!   field the schema does not define counting as an error (the API server would prune it);
-//! - any other kind is an error;
-//! - cross-object rules the API server or the agent would otherwise only enforce at deploy
-//!   time: Bidirectional mount propagation needs a privileged container, the DaemonSet's
-//!   service account and namespace exist, the SCC allows exactly what the DaemonSet asks
-//!   for and is granted to its service account, each policy ConfigMap is named after the
-//!   platform its policy names, and a DaemonSet that fixes its platform (`--platform`) finds
-//!   that platform's policy ConfigMap in the same render;
-//! - how the metrics are reached and alerted on ([`monitoring`]): no plain /metrics beyond
-//!   loopback, probes on the probe listener, kube-rbac-proxy in front of the agent with its
-//!   RBAC, the Service selecting the agent's pods, the ServiceMonitor selecting the Service by
-//!   a port it has and verifying what it can, and every alerting rule naming only metrics,
-//!   labels, namespaces, DaemonSets and jobs that exist.
+//! - shape: core kinds round-trip through their k8s-openapi type with no field lost; the
+//!   custom resources (SCC, MachineConfig, ServiceMonitor, PrometheusRule) are validated
+//!   against their CRDs' schemas ([`schema`]); any other kind is an error;
+//! - decisions, across the objects of one render: Bidirectional mounts only in privileged
+//!   containers, the DaemonSet's namespace and service account exist, the SCC allows exactly
+//!   what the DaemonSet asks and is granted to it, policy ConfigMaps are named after their
+//!   platform, the MachineConfigs carry the boot unit as shipped; how the metrics are reached
+//!   and alerted on is in [`monitoring`].
 mod monitoring;
 mod promql;
 mod schema;
@@ -88,6 +75,16 @@ impl Object {
 
     fn namespace(&self) -> Option<&str> {
         self.str_at("/metadata/namespace")
+    }
+
+    /// The containers and init containers of a DaemonSet's pod.
+    fn containers(&self) -> Vec<&Value> {
+        ["containers", "initContainers"]
+            .iter()
+            .filter_map(|k| self.value.pointer(&format!("/spec/template/spec/{k}")))
+            .filter_map(Value::as_array)
+            .flatten()
+            .collect()
     }
 
     /// `deploy/overlays/kind: DaemonSet metadata-gate/metadata-gate-agent`
@@ -215,30 +212,36 @@ fn check_set(objects: &[Object]) -> Vec<String> {
     problems
 }
 
+type Check = fn(&Value) -> std::result::Result<(), Vec<String>>;
+
+/// The kinds deploy/ ships, with how each is checked; [`schema`] knows the custom ones.
+const KINDS: &[(&str, &str, Check)] = &[
+    ("apps/v1", "DaemonSet", typed::<DaemonSet>),
+    ("v1", "Namespace", typed::<Namespace>),
+    ("v1", "ServiceAccount", typed::<ServiceAccount>),
+    ("v1", "ConfigMap", typed::<ConfigMap>),
+    ("v1", "Pod", typed::<Pod>),
+    ("v1", "Service", typed::<Service>),
+    ("rbac.authorization.k8s.io/v1", "ClusterRole", typed::<ClusterRole>),
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", typed::<ClusterRoleBinding>),
+    ("rbac.authorization.k8s.io/v1", "Role", typed::<Role>),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding", typed::<RoleBinding>),
+    ("security.openshift.io/v1", "SecurityContextConstraints", custom),
+    ("machineconfiguration.openshift.io/v1", "MachineConfig", |v| {
+        custom(v).and_then(|()| machineconfig(v))
+    }),
+    ("monitoring.coreos.com/v1", "ServiceMonitor", custom),
+    ("monitoring.coreos.com/v1", "PrometheusRule", custom),
+];
+
 fn check_object(o: &Object) -> Vec<String> {
     let api = o.str_at("/apiVersion").unwrap_or("");
-    let result = match (api, o.kind()) {
-        ("apps/v1", "DaemonSet") => typed::<DaemonSet>(&o.value),
-        ("v1", "Namespace") => typed::<Namespace>(&o.value),
-        ("v1", "ServiceAccount") => typed::<ServiceAccount>(&o.value),
-        ("v1", "ConfigMap") => typed::<ConfigMap>(&o.value),
-        ("v1", "Pod") => typed::<Pod>(&o.value),
-        ("v1", "Service") => typed::<Service>(&o.value),
-        ("rbac.authorization.k8s.io/v1", "ClusterRole") => typed::<ClusterRole>(&o.value),
-        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
-            typed::<ClusterRoleBinding>(&o.value)
-        }
-        ("rbac.authorization.k8s.io/v1", "Role") => typed::<Role>(&o.value),
-        ("rbac.authorization.k8s.io/v1", "RoleBinding") => typed::<RoleBinding>(&o.value),
-        ("machineconfiguration.openshift.io/v1", "MachineConfig") => {
-            custom(api, o.kind(), &o.value).and_then(|()| machineconfig(&o.value))
-        }
-        (api, kind) if schema::known(api, kind) => custom(api, kind, &o.value),
-        (api, kind) => Err(vec![format!(
-            "unknown kind {kind:?} (apiVersion {api:?}); deploy/ ships only DaemonSet, \
-             Namespace, ServiceAccount, ConfigMap, Service, Pod (e2e), ClusterRole, \
-             ClusterRoleBinding, Role, RoleBinding, SecurityContextConstraints, \
-             MachineConfig, ServiceMonitor and PrometheusRule"
+    let result = match KINDS.iter().find(|(a, k, _)| *a == api && *k == o.kind()) {
+        Some((_, _, check)) => check(&o.value),
+        None => Err(vec![format!(
+            "unknown kind {:?} (apiVersion {api:?}); deploy/ ships only {}",
+            o.kind(),
+            KINDS.iter().map(|(_, k, _)| *k).collect::<Vec<_>>().join(", ")
         )]),
     };
     let mut problems: Vec<String> = match result {
@@ -269,8 +272,9 @@ fn typed<T: DeserializeOwned + Serialize>(value: &Value) -> std::result::Result<
 }
 
 /// A custom resource: its metadata as ObjectMeta, the whole against its CRD's schema.
-fn custom(api: &str, kind: &str, value: &Value) -> std::result::Result<(), Vec<String>> {
-    let mut errs = schema::validate(api, kind, value);
+fn custom(value: &Value) -> std::result::Result<(), Vec<String>> {
+    let at = |p: &str| value.pointer(p).and_then(Value::as_str).unwrap_or("");
+    let mut errs = schema::validate(at("/apiVersion"), at("/kind"), value);
     if let Err(meta) = typed::<ObjectMeta>(value.get("metadata").unwrap_or(&Value::Null)) {
         errs.extend(meta.into_iter().map(|e| format!("metadata: {e}")));
     }
@@ -303,71 +307,52 @@ fn lost_fields(orig: &Value, back: &Value, path: &str, out: &mut Vec<String>) {
 /// The boot unit and script every MachineConfig of ours carries, word for word.
 const BOOT_UNIT: &str = "deploy/boot/metadata-gate-boot.service";
 const BOOT_SCRIPT: &str = "deploy/boot/metadata-gate-boot.sh";
+const ROLE_LABEL: &str = "machineconfiguration.openshift.io/role";
 /// The DaemonSet whose image the boot step runs on a node's first boot.
 const DAEMONSET: &str = "deploy/base/daemonset.yaml";
 
-/// What a MachineConfig of ours carries (its schema is checked by [`custom`]; the schema
-/// leaves `spec.config` free): a role label, an Ignition 3 config, the boot unit identical to [`BOOT_UNIT`], the script
-/// identical to [`BOOT_SCRIPT`] and executable, and a boot.env naming the DaemonSet's image.
+/// What a MachineConfig of ours carries (the schema leaves `spec.config` free): a role label,
+/// Ignition 3, the boot unit as [`BOOT_UNIT`] and enabled, the script as [`BOOT_SCRIPT`] and
+/// executable, and a boot.env naming the DaemonSet's image.
 fn machineconfig(v: &Value) -> std::result::Result<(), Vec<String>> {
     use base64::Engine as _;
-    let mut errs = Vec::new();
-    if v.pointer("/metadata/labels/machineconfiguration.openshift.io~1role")
-        .and_then(Value::as_str)
-        .is_none()
-    {
-        errs.push("metadata.labels: machineconfiguration.openshift.io/role is missing".into());
-    }
+    let read = |f: &str| std::fs::read(root().join(f)).unwrap_or_default();
+    let script = base64::engine::general_purpose::STANDARD.encode(read(BOOT_SCRIPT));
+    let (unit_file, script_file) =
+        ("metadata-gate-boot.service", "/usr/local/bin/metadata-gate-boot");
+    let item = |list: &str, key: &str, name: &str| {
+        let items = v.pointer(list).and_then(Value::as_array);
+        items.and_then(|l| l.iter().find(|i| i[key] == name)).cloned().unwrap_or(Value::Null)
+    };
+    let unit = item("/spec/config/systemd/units", "name", unit_file);
+    let bin = item("/spec/config/storage/files", "path", script_file);
+    let env = item("/spec/config/storage/files", "path", "/etc/metadata-gate/boot.env");
+    let role = v.pointer(&format!("/metadata/labels/{}", ROLE_LABEL.replace('/', "~1")));
     let ignition = v.pointer("/spec/config/ignition/version").and_then(Value::as_str).unwrap_or("");
-    if !ignition.starts_with("3.") {
-        errs.push(format!("spec.config.ignition.version {ignition:?}: Ignition 3.x expected"));
-    }
-    let want = std::fs::read_to_string(root().join(BOOT_UNIT)).unwrap_or_default();
-    let units = v.pointer("/spec/config/systemd/units").and_then(Value::as_array);
-    let unit = units.and_then(|u| u.iter().find(|u| u["name"] == "metadata-gate-boot.service"));
-    match unit {
-        None => {
-            errs.push("spec.config.systemd.units: metadata-gate-boot.service is missing".into())
-        }
-        Some(u) => {
-            if u["enabled"] != Value::Bool(true) {
-                errs.push("metadata-gate-boot.service: enabled must be true".into());
-            }
-            if u["contents"].as_str() != Some(want.as_str()) {
-                errs.push(format!("metadata-gate-boot.service: contents differ from {BOOT_UNIT}"));
-            }
-        }
-    }
-    let files = v.pointer("/spec/config/storage/files").and_then(Value::as_array);
-    let file = |path: &str| files.and_then(|f| f.iter().find(|f| f["path"] == path));
-    let source =
-        |f: &Value| f.pointer("/contents/source").and_then(Value::as_str).map(str::to_owned);
-    let script = std::fs::read(root().join(BOOT_SCRIPT)).unwrap_or_default();
-    match file("/usr/local/bin/metadata-gate-boot") {
-        None => errs.push("storage.files: /usr/local/bin/metadata-gate-boot is missing".into()),
-        Some(f) => {
-            if f["mode"] != 0o755 {
-                errs.push("/usr/local/bin/metadata-gate-boot: mode must be 493 (0755)".into());
-            }
-            let b64 = source(f).and_then(|s| {
-                s.strip_prefix("data:text/plain;charset=utf-8;base64,").map(str::to_owned)
-            });
-            let got = b64.and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok());
-            if got.as_deref() != Some(script.as_slice()) {
-                errs.push(format!(
-                    "/usr/local/bin/metadata-gate-boot: contents differ from {BOOT_SCRIPT}"
-                ));
-            }
-        }
-    }
-    let image = daemonset_image().unwrap_or_default();
-    let env = file("/etc/metadata-gate/boot.env").and_then(source);
-    let want_env = format!("data:,METADATA_GATE_IMAGE={image}%0A");
-    if env.as_deref() != Some(want_env.as_str()) {
-        errs.push(format!(
-            "/etc/metadata-gate/boot.env: {env:?}, expected {want_env:?} (the image of {DAEMONSET})"
-        ));
-    }
+    let want_env =
+        format!("data:,METADATA_GATE_IMAGE={}%0A", daemonset_image().unwrap_or_default());
+    let checks = [
+        (role.is_some_and(Value::is_string), format!("metadata.labels: {ROLE_LABEL} is missing")),
+        (ignition.starts_with("3."), format!("Ignition version {ignition:?}: 3.x expected")),
+        (unit["enabled"] == true, format!("systemd unit {unit_file}: missing or not enabled")),
+        (
+            unit["contents"] == *String::from_utf8_lossy(&read(BOOT_UNIT)),
+            format!("{unit_file}: contents differ from {BOOT_UNIT}"),
+        ),
+        (bin["mode"] == 0o755, format!("file {script_file}: missing or mode not 493 (0755)")),
+        (
+            bin["contents"]["source"] == format!("data:text/plain;charset=utf-8;base64,{script}"),
+            format!("{script_file}: contents differ from {BOOT_SCRIPT}"),
+        ),
+        (
+            env["contents"]["source"] == want_env,
+            format!(
+                "/etc/metadata-gate/boot.env: {}, expected {want_env:?} (the image of {DAEMONSET})",
+                env["contents"]["source"]
+            ),
+        ),
+    ];
+    let errs: Vec<String> = checks.into_iter().filter(|(ok, _)| !ok).map(|(_, e)| e).collect();
     if errs.is_empty() { Ok(()) } else { Err(errs) }
 }
 
@@ -429,6 +414,10 @@ fn string_list(v: &Value, pointer: &str) -> Vec<String> {
 
 // ---- cross-object rules --------------------------------------------------------------------
 
+fn has_object(objects: &[Object], kind: &str, ns: Option<&str>, name: &str) -> bool {
+    objects.iter().any(|o| o.kind() == kind && o.namespace() == ns && o.name() == name)
+}
+
 /// `metadata-gate-policy-<suffix>` ConfigMaps: in the agent's namespace, key policy.yaml,
 /// named after the policy's platform (lower case; External adds `-<platformName>`).
 fn check_policy_configmaps(objects: &[Object]) -> Vec<String> {
@@ -470,11 +459,7 @@ fn check_daemonsets(objects: &[Object]) -> Vec<String> {
         let label = ds.label();
         let ns = ds.namespace().unwrap_or("default");
         let spec = ds.value.pointer("/spec/template/spec").cloned().unwrap_or(Value::Null);
-        let containers: Vec<&Value> = ["containers", "initContainers"]
-            .iter()
-            .filter_map(|k| spec.get(*k).and_then(Value::as_array))
-            .flatten()
-            .collect();
+        let containers = ds.containers();
 
         // The API server refuses Bidirectional propagation on an unprivileged container.
         for c in &containers {
@@ -494,15 +479,12 @@ fn check_daemonsets(objects: &[Object]) -> Vec<String> {
             }
         }
 
-        if !objects.iter().any(|o| o.kind() == "Namespace" && o.name() == ns) {
-            problems.push(format!("{label}: namespace {ns} is not part of this render"));
-        }
         let sa = spec.get("serviceAccountName").and_then(Value::as_str).unwrap_or("default");
-        if !objects
-            .iter()
-            .any(|o| o.kind() == "ServiceAccount" && o.name() == sa && o.namespace() == Some(ns))
-        {
-            problems.push(format!("{label}: service account {ns}/{sa} is not part of this render"));
+        for (kind, in_ns, name) in [("Namespace", None, ns), ("ServiceAccount", Some(ns), sa)] {
+            if !has_object(objects, kind, in_ns, name) {
+                let at = in_ns.map(|n| format!("{n}/")).unwrap_or_default();
+                problems.push(format!("{label}: {kind} {at}{name} is not part of this render"));
+            }
         }
         problems.extend(check_scc(objects, ds, &spec, &containers, ns, sa));
         problems.extend(check_agent_args(objects, &label, &containers, ns));
@@ -537,10 +519,7 @@ fn check_agent_args(
             continue;
         }
         let want = format!("{POLICY_PREFIX}{}", platform.to_ascii_lowercase().replace('/', "-"));
-        let found = objects
-            .iter()
-            .any(|o| o.kind() == "ConfigMap" && o.name() == want && o.namespace() == Some(ns));
-        if !found {
+        if !has_object(objects, "ConfigMap", Some(ns), &want) {
             problems.push(format!(
                 "{label}: --platform {platform} reads ConfigMap {ns}/{want}, which is not part of \
                  this render"
@@ -596,20 +575,6 @@ fn check_scc(
         ));
     }
     problems.extend(scc_admits_users(scc, spec, containers));
-    // What the CRD's schema leaves open and OpenShift refuses on admission.
-    for (f, known) in SCC_STRATEGIES {
-        let t = scc.str_at(&format!("/{f}/type"));
-        if !t.is_some_and(|t| known.contains(&t)) {
-            problems.push(format!("{scc_label}: {f}.type {t:?} is not one of {known:?}"));
-        }
-    }
-    for cap in &allowed {
-        if cap.starts_with("CAP_") || *cap != cap.to_ascii_uppercase() {
-            problems.push(format!(
-                "{scc_label}: allowedCapabilities: write {cap:?} as the upper-case name without CAP_"
-            ));
-        }
-    }
     let scc_bool = |f: &str| scc.value.get(f).and_then(Value::as_bool).unwrap_or(false);
     for (pod_field, scc_field) in [
         ("hostNetwork", "allowHostNetwork"),
@@ -659,7 +624,13 @@ fn check_scc(
     // Granted to the service account: `users:` or an RBAC `use` rule bound to it.
     let sa_user = format!("system:serviceaccount:{ns}:{sa}");
     let by_user = string_list(&scc.value, "/users").contains(&sa_user);
-    if !by_user && !rbac_grants_use(objects, scc.name(), ns, sa) {
+    let by_rbac = monitoring::grants(objects, ns, sa).iter().any(|(scope, r)| {
+        // A RoleBinding grants `use` only to pods of its own namespace.
+        scope.as_deref().is_none_or(|s| s == ns)
+            && monitoring::allows(r, "security.openshift.io", "securitycontextconstraints", "use")
+            && (r.get("resourceNames").is_none() || monitoring::has(r, "resourceNames", scc.name()))
+    });
+    if !by_user && !by_rbac {
         problems.push(format!(
             "{scc_label}: not granted to {sa_user}: add a Role/ClusterRole with verb `use` on \
              securitycontextconstraints {} bound to it",
@@ -668,14 +639,6 @@ fn check_scc(
     }
     problems
 }
-
-/// The strategies of an SCC and the types OpenShift knows for each.
-const SCC_STRATEGIES: [(&str, &[&str]); 4] = [
-    ("runAsUser", &["MustRunAs", "MustRunAsRange", "MustRunAsNonRoot", "RunAsAny"]),
-    ("seLinuxContext", &["MustRunAs", "RunAsAny"]),
-    ("fsGroup", &["MustRunAs", "RunAsAny"]),
-    ("supplementalGroups", &["MustRunAs", "RunAsAny"]),
-];
 
 /// Each container's user (its own runAsUser, else the pod's, else the SCC's default, which
 /// always fits) is one the SCC's runAsUser strategy admits.
@@ -707,42 +670,6 @@ fn scc_admits_users(scc: &Object, spec: &Value, containers: &[&Value]) -> Vec<St
         }
     }
     problems
-}
-
-fn rbac_grants_use(objects: &[Object], scc: &str, ns: &str, sa: &str) -> bool {
-    // (kind, namespace, name) of every Role/ClusterRole with `use` on this SCC.
-    let roles: Vec<(&str, Option<&str>, &str)> = objects
-        .iter()
-        .filter(|o| matches!(o.kind(), "Role" | "ClusterRole"))
-        .filter(|o| {
-            o.value.get("rules").and_then(Value::as_array).into_iter().flatten().any(|r| {
-                let has = |f: &str, want: &str| {
-                    string_list(r, &format!("/{f}")).iter().any(|x| x == want || x == "*")
-                };
-                has("apiGroups", "security.openshift.io")
-                    && has("resources", "securitycontextconstraints")
-                    && has("verbs", "use")
-                    && (r.get("resourceNames").is_none() || has("resourceNames", scc))
-            })
-        })
-        .map(|o| (o.kind(), o.namespace(), o.name()))
-        .collect();
-    objects.iter().filter(|o| matches!(o.kind(), "RoleBinding" | "ClusterRoleBinding")).any(|b| {
-        let role_kind = b.str_at("/roleRef/kind").unwrap_or("");
-        let role_name = b.str_at("/roleRef/name").unwrap_or("");
-        let role_ns = if role_kind == "Role" { b.namespace() } else { None };
-        let role_ok =
-            roles.iter().any(|(k, n, name)| *k == role_kind && *n == role_ns && *name == role_name);
-        let subject_ok =
-            b.value.get("subjects").and_then(Value::as_array).into_iter().flatten().any(|s| {
-                s.get("kind").and_then(Value::as_str) == Some("ServiceAccount")
-                    && s.get("name").and_then(Value::as_str) == Some(sa)
-                    && s.get("namespace").and_then(Value::as_str) == Some(ns)
-            });
-        // A RoleBinding grants `use` only to pods of its own namespace.
-        let scope_ok = b.kind() == "ClusterRoleBinding" || b.namespace() == Some(ns);
-        role_ok && subject_ok && scope_ok
-    })
 }
 
 #[cfg(test)]

@@ -1,27 +1,14 @@
-//! How the agents' metrics are reached, checked across the objects of one render:
-//!
-//! (One file for the one chain a scrape follows, agent flag to alert, each link checked
-//! where the next can see it; its tests are a third of it.)
-//!
-//! - the listeners of the agent's pod, read from its containers' flags: the agent's
-//!   `--listen` (probes, and /metrics unless `--metrics-listen`), `--metrics-listen`, and
-//!   kube-rbac-proxy's `--secure-listen-address`. Plain /metrics never listens beyond
-//!   loopback; the kubelet's probes name the probe listener; kube-rbac-proxy's upstream is the
-//!   agent's metrics listener, its certificate files come from a mounted volume, and its
-//!   service account may create TokenReviews and SubjectAccessReviews;
-//! - a Service selects the agent's pods and targets a listener off loopback, never the plain
-//!   /metrics; one that asks the service CA for a certificate has kube-rbac-proxy serve it;
-//! - a ServiceMonitor selects Services of the render by a port they have, speaks the
-//!   listener's scheme, sends credentials to kube-rbac-proxy and verifies its certificate as
-//!   far as it can be verified (a self-signed one cannot; one of the service CA must be,
-//!   under the Service's DNS name); some service account of the render may both discover the
-//!   targets and `get` /metrics;
-//! - every PrometheusRule expression reads (see [`super::promql`]), names only metrics the
-//!   agent exports ([`families`], the agent's own catalog) or that kube-state-metrics and
-//!   Prometheus export ([`EXTERNAL`]), only their labels, and only namespaces, DaemonSets and
-//!   scrape jobs of the render; every alert has a severity, a summary and a description,
-//!   and a `runbook_url` that names its runbook, docs/runbooks/<Alert>.md, which exists and
-//!   has the four sections of openshift/runbooks (Meaning, Impact, Diagnosis, Mitigation).
+//! How the agents' metrics are reached and alerted on, across the objects of one render:
+//! the listeners of the agent's pod, read from its containers' flags (plain /metrics never
+//! beyond loopback; probes on the probe listener; kube-rbac-proxy's upstream is the agent's
+//! metrics listener, with its certificate files mounted and its TokenReview and
+//! SubjectAccessReview RBAC); Services selecting the agent's pods and reaching a listener off
+//! loopback, never plain /metrics; ServiceMonitors selecting Services by a port they have,
+//! in the listener's scheme, with credentials and the certificate checks it allows, and a
+//! scraper bound to read them; alerting rules read by [`super::promql`], naming only metrics
+//! of the agent's catalog ([`families`]) or of [`EXTERNAL`], their labels, and namespaces,
+//! DaemonSets and jobs of the render, each with a severity, a summary, a description and a
+//! runbook with the four sections of openshift/runbooks.
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
@@ -35,29 +22,19 @@ use gate_common::metrics as families;
 /// Metrics of other exporters the rules may use, with their labels: kube-state-metrics v2
 /// (docs/metrics/workload/pod-metrics.md and daemonset-metrics.md) and Prometheus' own `up`
 /// (whose labels are its target's).
-pub(super) const EXTERNAL: &[(&str, &[&str])] = &[
-    ("up", &[]),
+const EXTERNAL: &[(&str, &str)] = &[
+    ("up", ""),
     (
         "kube_pod_info",
-        &[
-            "namespace",
-            "pod",
-            "uid",
-            "host_ip",
-            "pod_ip",
-            "node",
-            "created_by_kind",
-            "created_by_name",
-            "priority_class",
-            "host_network",
-        ],
+        "namespace pod uid host_ip pod_ip node created_by_kind created_by_name priority_class \
+         host_network",
     ),
-    ("kube_pod_status_ready", &["namespace", "pod", "uid", "condition"]),
-    ("kube_daemonset_status_desired_number_scheduled", &["namespace", "daemonset"]),
-    ("kube_daemonset_status_current_number_scheduled", &["namespace", "daemonset"]),
-    ("kube_daemonset_status_number_ready", &["namespace", "daemonset"]),
-    ("kube_daemonset_status_number_available", &["namespace", "daemonset"]),
-    ("kube_daemonset_status_number_unavailable", &["namespace", "daemonset"]),
+    ("kube_pod_status_ready", "namespace pod uid condition"),
+    ("kube_daemonset_status_desired_number_scheduled", "namespace daemonset"),
+    ("kube_daemonset_status_current_number_scheduled", "namespace daemonset"),
+    ("kube_daemonset_status_number_ready", "namespace daemonset"),
+    ("kube_daemonset_status_number_available", "namespace daemonset"),
+    ("kube_daemonset_status_number_unavailable", "namespace daemonset"),
 ];
 
 /// Labels every scrape of a ServiceMonitor target carries (the Prometheus Operator's).
@@ -77,7 +54,8 @@ const RUNBOOK_DIR: &str = "docs/runbooks";
 /// The sections every runbook has, in the openshift/runbooks shape.
 const RUNBOOK_SECTIONS: &[&str] = &["## Meaning", "## Impact", "## Diagnosis", "## Mitigation"];
 /// The annotation that has OpenShift's service CA sign a certificate into a secret.
-const SERVING_CERT: &str = "service.beta.openshift.io/serving-cert-secret-name";
+const SERVING_CERT: &str =
+    "/metadata/annotations/service.beta.openshift.io~1serving-cert-secret-name";
 
 // ---- listeners -----------------------------------------------------------------------------
 
@@ -236,7 +214,8 @@ pub(super) fn check_daemonset(
     let proxies: Vec<&Listener> =
         ls.iter().filter(|l| matches!(l.serves, Serves::Proxy { .. })).collect();
     for m in metrics_at.iter().filter(|m| m.serves == Serves::AgentMetrics) {
-        if !proxies.iter().any(|p| upstream_of(p).is_some_and(|u| serves_upstream(m, &u))) {
+        let fronts = |p: &&Listener| matches!(&p.serves, Serves::Proxy { upstream: Some(u), .. } if serves_upstream(m, u));
+        if !proxies.iter().any(fronts) {
             problems.push(format!(
                 "{label}: the agent's /metrics on {}:{} (--metrics-listen) is proxied by no \
                  kube-rbac-proxy (--upstream=http://{}:{}/): nothing off the node can read it",
@@ -274,9 +253,9 @@ pub(super) fn check_daemonset(
             }
         }
         let may = |group: &str, resource: &str| {
-            grants(objects, ns, sa).iter().any(|(scope, rule)| {
-                scope.is_none() && allows_resource(rule, group, resource, "create")
-            })
+            grants(objects, ns, sa)
+                .iter()
+                .any(|(scope, rule)| scope.is_none() && allows(rule, group, resource, "create"))
         };
         for (group, resource) in [
             ("authentication.k8s.io", "tokenreviews"),
@@ -293,13 +272,6 @@ pub(super) fn check_daemonset(
     problems
 }
 
-fn upstream_of(p: &Listener) -> Option<String> {
-    match &p.serves {
-        Serves::Proxy { upstream, .. } => upstream.clone(),
-        _ => None,
-    }
-}
-
 /// Whether `upstream` (`http://HOST:PORT/...`) is the listener `m`.
 fn serves_upstream(m: &Listener, upstream: &str) -> bool {
     let Some(rest) = upstream.strip_prefix("http://") else { return false };
@@ -311,18 +283,9 @@ fn serves_upstream(m: &Listener, upstream: &str) -> bool {
 
 /// Every rule granted to service account `ns/sa`, with its scope (a namespace, or none:
 /// cluster-wide).
-fn grants(objects: &[Object], ns: &str, sa: &str) -> Vec<(Option<String>, Value)> {
+pub(super) fn grants(objects: &[Object], ns: &str, sa: &str) -> Vec<(Option<String>, Value)> {
     let mut out = Vec::new();
-    for b in objects.iter().filter(|o| matches!(o.kind(), "RoleBinding" | "ClusterRoleBinding")) {
-        let subject =
-            b.value.get("subjects").and_then(Value::as_array).into_iter().flatten().any(|s| {
-                s.get("kind").and_then(Value::as_str) == Some("ServiceAccount")
-                    && s.get("name").and_then(Value::as_str) == Some(sa)
-                    && s.get("namespace").and_then(Value::as_str) == Some(ns)
-            });
-        if !subject {
-            continue;
-        }
+    for b in bindings(objects).filter(|b| subjects(b).any(|s| s == (ns, sa))) {
         let role_kind = b.str_at("/roleRef/kind").unwrap_or("");
         let role_name = b.str_at("/roleRef/name").unwrap_or("");
         let role = objects.iter().find(|o| {
@@ -331,20 +294,30 @@ fn grants(objects: &[Object], ns: &str, sa: &str) -> Vec<(Option<String>, Value)
                 && (role_kind == "ClusterRole" || o.namespace() == b.namespace())
         });
         let scope = (b.kind() == "RoleBinding").then(|| b.namespace().unwrap_or("").to_owned());
-        for rule in
-            role.and_then(|r| r.value.get("rules")).and_then(Value::as_array).into_iter().flatten()
-        {
-            out.push((scope.clone(), rule.clone()));
-        }
+        let rules = role.and_then(|r| r.value.get("rules")).and_then(Value::as_array);
+        out.extend(rules.into_iter().flatten().map(|rule| (scope.clone(), rule.clone())));
     }
     out
 }
 
-fn has(rule: &Value, field: &str, want: &str) -> bool {
+fn bindings(objects: &[Object]) -> impl Iterator<Item = &Object> {
+    objects.iter().filter(|o| matches!(o.kind(), "RoleBinding" | "ClusterRoleBinding"))
+}
+
+/// The service accounts a binding names, as (namespace, name).
+fn subjects(b: &Object) -> impl Iterator<Item = (&str, &str)> {
+    let all = b.value.get("subjects").and_then(Value::as_array).into_iter().flatten();
+    all.filter(|s| s.get("kind").and_then(Value::as_str) == Some("ServiceAccount")).map(|s| {
+        let at = |f: &str| s.get(f).and_then(Value::as_str).unwrap_or("");
+        (at("namespace"), at("name"))
+    })
+}
+
+pub(super) fn has(rule: &Value, field: &str, want: &str) -> bool {
     string_list(rule, &format!("/{field}")).iter().any(|x| x == want || x == "*")
 }
 
-fn allows_resource(rule: &Value, group: &str, resource: &str, verb: &str) -> bool {
+pub(super) fn allows(rule: &Value, group: &str, resource: &str, verb: &str) -> bool {
     has(rule, "apiGroups", group) && has(rule, "resources", resource) && has(rule, "verbs", verb)
 }
 
@@ -384,29 +357,13 @@ fn selects(selector: &Value, have: &BTreeMap<String, String>) -> bool {
     by_labels && by_exprs
 }
 
-/// The DaemonSets whose pods a Service selects, with their pod specs.
+/// The DaemonSets whose pods a Service selects.
 fn selected_daemonsets<'a>(objects: &'a [Object], svc: &Object) -> Vec<&'a Object> {
-    let selector = labels(&svc.value, "/spec/selector");
-    if selector.is_empty() {
-        return Vec::new();
-    }
-    objects
-        .iter()
-        .filter(|o| o.kind() == "DaemonSet" && o.namespace() == svc.namespace())
-        .filter(|ds| {
-            let pod = labels(&ds.value, "/spec/template/metadata/labels");
-            selector.iter().all(|(k, v)| pod.get(k) == Some(v))
-        })
-        .collect()
-}
-
-fn pod_containers(ds: &Object) -> Vec<&Value> {
-    ["containers", "initContainers"]
-        .iter()
-        .filter_map(|k| ds.value.pointer(&format!("/spec/template/spec/{k}")))
-        .filter_map(Value::as_array)
-        .flatten()
-        .collect()
+    let selector = serde_json::json!({ "matchLabels": svc.value.pointer("/spec/selector") });
+    let any = labels(&svc.value, "/spec/selector").is_empty();
+    let pods = |ds: &Object| labels(&ds.value, "/spec/template/metadata/labels");
+    let same_ns = |o: &&Object| o.kind() == "DaemonSet" && o.namespace() == svc.namespace();
+    objects.iter().filter(same_ns).filter(|ds| !any && selects(&selector, &pods(ds))).collect()
 }
 
 /// The listener a Service port reaches on a DaemonSet's pods, or why none.
@@ -419,7 +376,7 @@ fn target(ds: &Object, port: &Value) -> Result<Listener, String> {
             target.map(Value::to_string).unwrap_or_default()
         ));
     };
-    let (ls, _) = listeners(&pod_containers(ds));
+    let (ls, _) = listeners(&ds.containers());
     ls.into_iter()
         .find(|l| u64::from(l.port) == n)
         .ok_or_else(|| format!("targetPort {n}: no container of {} listens there", ds.label()))
@@ -436,10 +393,7 @@ pub(super) fn check_services(objects: &[Object]) -> Vec<String> {
             problems.push(format!("{label}: its selector matches the pods of no DaemonSet here"));
             continue;
         }
-        let cert_secret = svc
-            .value
-            .pointer(&format!("/metadata/annotations/{}", SERVING_CERT.replace('/', "~1")))
-            .and_then(Value::as_str);
+        let cert_secret = svc.str_at(SERVING_CERT);
         for ds in &dss {
             for port in
                 svc.value.pointer("/spec/ports").and_then(Value::as_array).into_iter().flatten()
@@ -475,7 +429,7 @@ pub(super) fn check_services(objects: &[Object]) -> Vec<String> {
                     continue;
                 };
                 let spec = ds.value.pointer("/spec/template/spec").unwrap_or(&Value::Null);
-                let containers = pod_containers(ds);
+                let containers = ds.containers();
                 let c = containers.iter().find(|c| container_name(c) == l.container);
                 let from = c.and_then(|c| volume_for(spec, c, cert));
                 if from.and_then(|v| v.pointer("/secret/secretName")).and_then(Value::as_str)
@@ -621,11 +575,7 @@ fn check_endpoint(at: &str, ep: &Value, svc: &Object, l: &Listener) -> Vec<Strin
         }
         return problems;
     }
-    let annotated = svc
-        .value
-        .pointer(&format!("/metadata/annotations/{}", SERVING_CERT.replace('/', "~1")))
-        .is_some();
-    if annotated {
+    if svc.value.pointer(SERVING_CERT).is_some() {
         let want = format!("{}.{}.svc", svc.name(), svc.namespace().unwrap_or("default"));
         let server = tls.get("serverName").and_then(Value::as_str);
         if skip || !has_ca {
@@ -647,25 +597,16 @@ fn check_endpoint(at: &str, ep: &Value, svc: &Object, l: &Listener) -> Vec<Strin
 /// Some service account bound in this render may list the targets' endpoints in their
 /// namespace and `get` /metrics.
 fn check_scraper_access(objects: &[Object], label: &str, services: &[&Object]) -> Vec<String> {
-    let mut subjects: BTreeSet<(String, String)> = BTreeSet::new();
-    for b in objects.iter().filter(|o| matches!(o.kind(), "RoleBinding" | "ClusterRoleBinding")) {
-        for s in b.value.get("subjects").and_then(Value::as_array).into_iter().flatten() {
-            if s.get("kind").and_then(Value::as_str) == Some("ServiceAccount") {
-                let name = s.get("name").and_then(Value::as_str).unwrap_or("").to_owned();
-                let ns = s.get("namespace").and_then(Value::as_str).unwrap_or("").to_owned();
-                subjects.insert((ns, name));
-            }
-        }
-    }
-    let able = subjects.iter().any(|(ns, name)| {
+    let accounts: BTreeSet<(&str, &str)> = bindings(objects).flat_map(subjects).collect();
+    let able = accounts.iter().any(|(ns, name)| {
         let rules = grants(objects, ns, name);
         let reads =
             rules.iter().any(|(scope, r)| scope.is_none() && allows_url(r, "/metrics", "get"));
         let discovers = services.iter().all(|svc| {
             rules.iter().any(|(scope, r)| {
                 scope.as_deref().is_none_or(|s| Some(s) == svc.namespace())
-                    && (allows_resource(r, "", "endpoints", "list")
-                        || allows_resource(r, "discovery.k8s.io", "endpointslices", "list"))
+                    && (allows(r, "", "endpoints", "list")
+                        || allows(r, "discovery.k8s.io", "endpointslices", "list"))
             })
         });
         reads && discovers
@@ -691,7 +632,7 @@ fn metric_labels(name: &str, scrapes: &Scrapes) -> Option<BTreeSet<String>> {
         return Some(l);
     }
     let (metric, own) = EXTERNAL.iter().find(|(m, _)| *m == name)?;
-    let mut l: BTreeSet<String> = own.iter().map(|l| (*l).to_owned()).collect();
+    let mut l: BTreeSet<String> = own.split_whitespace().map(str::to_owned).collect();
     if *metric == "up" {
         l.extend(scrapes.target_labels.iter().cloned());
     } else {
@@ -748,16 +689,7 @@ fn check_rule(
     daemonsets: &BTreeSet<&str>,
 ) -> Vec<String> {
     let mut problems = Vec::new();
-    let alert = rule.get("alert").and_then(Value::as_str);
-    if alert.is_some() == rule.get("record").is_some() {
-        problems.push("a rule is either an alert or a record".into());
-    }
-    if let Some(a) = alert {
-        if !a.starts_with(|c: char| c.is_ascii_uppercase())
-            || !a.chars().all(|c| c.is_ascii_alphanumeric())
-        {
-            problems.push(format!("alert name {a:?}: CamelCase, letters and digits"));
-        }
+    if let Some(a) = rule.get("alert").and_then(Value::as_str) {
         let severity = rule.pointer("/labels/severity").and_then(Value::as_str);
         if !severity.is_some_and(|s| SEVERITIES.contains(&s)) {
             problems.push(format!("labels.severity {severity:?}: one of {SEVERITIES:?}"));

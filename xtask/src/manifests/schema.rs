@@ -47,11 +47,6 @@ fn compile(text: &str) -> Result<Validator, String> {
         .map_err(|e| e.to_string())
 }
 
-/// Whether a schema is vendored for this apiVersion and kind.
-pub(super) fn known(api: &str, kind: &str) -> bool {
-    SCHEMAS.iter().any(|(a, k, _)| *a == api && *k == kind)
-}
-
 /// Every way `value` breaks its CRD's schema, each as `path: reason`.
 pub(super) fn validate(api: &str, kind: &str, value: &Value) -> Vec<String> {
     let Some((_, _, compiled)) = VALIDATORS.iter().find(|(a, k, _)| *a == api && *k == kind) else {
