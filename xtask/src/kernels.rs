@@ -52,11 +52,12 @@ pub(crate) const KERNELS: &[Kernel] = &[
 ];
 
 /// Which privileged tests run on which kernel. Under TCG a test takes 12 to 90 s instead of 1
-/// to 5 (31 tests: 18 minutes on 6.1 against 1 natively), so every kernel runs the core
-/// (packet cases, the programs' test runs, kill-and-adopt, upgrade, AF_PACKET), the tests of
-/// what differs between kernels (tc and clsact, frame parsing, setsockopt, link repair) run
-/// on one or two of them, and what is user-space logic (cluster mode, inspection, policy
-/// edits, logs) runs natively only (`HOST`): about 12 minutes a kernel, within CI's 90.
+/// to 5, most of it starting the agent (verifying its programs), so every kernel runs the
+/// core (the socket paths, on one agent; the programs' test runs, which cover the parser's
+/// edges; kill-and-adopt, upgrade, AF_PACKET), the tests of what differs between kernels (tc
+/// and clsact, setsockopt, link repair) run on one or two of them, and what is user-space
+/// logic (cluster mode, inspection, policy edits, logs) or a socket-level repeat of a parser
+/// edge runs natively only (`HOST`): 13 to 20 minutes a kernel, within CI's 90.
 /// `cargo xtask test-kernels --kernel K FILTER` runs any test on any kernel; a test missing
 /// here fails the run.
 #[rustfmt::skip]
