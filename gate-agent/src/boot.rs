@@ -10,7 +10,7 @@
 //! The policy, in order: the last good one the agent kept in the state dir (with its allow
 //! set); else, on a first boot or when the kept state is unreadable or invalid, the
 //! installed one (`--policy`, or the policy shipped for `--platform`) with nothing allowed.
-//! Either way every gated workload is refused until the agent resolves its allow list; the
+//! Either way every gated workload is denied until the agent resolves its allow list; the
 //! components that must reach the metadata service retry (docs: "New nodes and reboots").
 //! No policy at all is an error: the unit fails and, by its ordering, holds the kubelet.
 use std::{
@@ -86,7 +86,7 @@ pub(crate) fn choose(
 ) -> Result<(Policy, String, bool)> {
     match kept
         .map_err(|e| e.to_string())
-        .and_then(|t| Policy::parse(kept_source, &t).map_err(|e| format!("invalid, refused: {e}")))
+        .and_then(|t| Policy::parse(kept_source, &t).map_err(|e| format!("invalid, rejected: {e}")))
     {
         Ok(p) => return Ok((p, format!("kept {kept_source}"), true)),
         Err(e) => problems.push(format!("kept policy {kept_source}: {e}")),

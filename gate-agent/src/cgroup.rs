@@ -40,7 +40,7 @@ pub(crate) enum CgroupError {
         MOUNTINFO
     )]
     NotUnderMount { path: PathBuf },
-    #[error("{}: refusing to gate the root cgroup; pass a child cgroup", path.display())]
+    #[error("{}: rejected: the root cgroup is never gated; pass a child cgroup", path.display())]
     IsRoot { path: PathBuf },
     #[error("{}: {source}", path.display())]
     Io { path: PathBuf, source: io::Error },

@@ -107,10 +107,10 @@ pub(crate) const DEFAULT_STATE_DIR: &str = "/var/lib/metadata-gate";
     version,
     about = "Keeps workloads away from cloud instance-metadata services (169.254.169.254 and friends)",
     long_about = "Keeps workloads away from cloud instance-metadata services.\n\n\
-        eBPF programs attached to a gated cgroup refuse connect() and UDP sendto() to \
+        eBPF programs attached to a gated cgroup deny connect() and UDP sendto() to \
         protected endpoints with EPERM and drop any other packet to them on egress, unless the \
         process's cgroup (or an ancestor below the gated root) is allow-listed. A tc program on \
-        every interface refuses the frames no cgroup hook judged (AF_PACKET, rewritten and \
+        every interface denies the frames no cgroup hook judged (AF_PACKET, rewritten and \
         forwarded packets), and BPF LSM programs, where the kernel runs them, close the side \
         doors (qdisc bypass, AF_XDP, packet capture). Workloads allowed only some paths are \
         sent to the agent's metadata proxy, which serves those paths and refuses the rest. \
@@ -176,10 +176,10 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Allow entries for the workloads that were denied or audited (`report`), to review and
-    /// paste under `allow:`: namespace, the owner's labels, service account, containers, and
-    /// for a workload seen through the metadata proxy the smallest `paths` that serve what it
-    /// asked for
+    /// Allow entries for the workloads that were denied, refused or audited (`report`), to
+    /// review and paste under `allow:`: namespace, the owner's labels, service account,
+    /// containers, and for a workload seen through the metadata proxy the smallest `paths`
+    /// that serve what it asked for
     Suggest {
         #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
         pin_dir: PathBuf,
@@ -228,7 +228,7 @@ pub(crate) enum Command {
     /// shipped policy of --platform) with nothing allowed. Pinned: the agent adopts the gate
     /// when it comes up. Exits non-zero when it could not close the gate
     Boot(Box<BootArgs>),
-    /// Detach and unpin everything under the pin dir: this opens the gate. Refused while an
+    /// Detach and unpin everything under the pin dir: this opens the gate. Fails while an
     /// agent runs on the pin dir (stop it first: a running agent repairs what it finds
     /// missing)
     Cleanup {
@@ -320,7 +320,7 @@ pub(crate) struct RunArgs {
     /// one IPv6; the DaemonSet passes status.podIPs, which are the node's). The workloads' HTTP connects to a
     /// protected endpoint are sent there by the kernel, with a record of who asked; the
     /// proxy serves the listed paths and answers 403 to the rest. Without it, those
-    /// workloads are refused the metadata service (EPERM)
+    /// workloads are denied the metadata service (EPERM)
     #[arg(long, value_name = "IP", env = "PROXY_ADDRESSES", value_delimiter = ',')]
     pub proxy_address: Vec<IpAddr>,
     /// The metadata proxy's port on --proxy-address. Only the agent may bind it in the gated
@@ -361,11 +361,11 @@ pub(crate) struct GateArgs {
     /// kernel allows it)
     #[arg(long, value_enum, value_name = "VARIANT", default_value_t = EgressArg::Auto)]
     pub egress_program: EgressArg,
-    /// Attach the node-wide BPF LSM programs (where the kernel runs the BPF LSM): they refuse
+    /// Attach the node-wide BPF LSM programs (where the kernel runs the BPF LSM): they deny
     /// PACKET_QDISC_BYPASS and AF_XDP setup through every syscall ABI (32-bit compat and
     /// io_uring included) and sockets that would read the node's IP traffic to gated
     /// workloads. `--lsm-programs=false` leaves those doors to the cgroup hooks (native
-    /// setsockopt refused; 32-bit compat, io_uring and capture open)
+    /// setsockopt denied; 32-bit compat, io_uring and capture open)
     #[arg(
         long,
         value_name = "BOOL",
@@ -404,7 +404,7 @@ pub(crate) struct GateArgs {
     /// endpoint through the node (no ingress program, and their forwarded traffic passes
     /// where it leaves). For traffic the gate is not meant to judge, such as a VM host's own
     /// guests that must reach the metadata service; every other forwarded packet bound for
-    /// a protected endpoint is refused where it leaves the node
+    /// a protected endpoint is denied where it leaves the node
     #[arg(long, value_name = "GLOB")]
     pub tc_trusted_interface: Vec<String>,
     /// Network namespace of the node-level interfaces (e.g. /run/netns/NAME); default: the
@@ -426,7 +426,7 @@ impl GateArgs {
         mount_bpffs: bool,
         terminate_established: bool,
     ) -> GateConfig {
-        // Forwarded traffic without a socket is refused at the uplinks unless it entered by a
+        // Forwarded traffic without a socket is denied at the uplinks unless it entered by a
         // trusted interface, so that an interface that lost its ingress program (an attacker's
         // route made it look like an uplink, it is brand new) is no way out. Where every pod
         // is gated, the workload-facing interfaces are strict too; standalone lets sockets
@@ -485,7 +485,7 @@ impl From<ScopeArg> for Scope {
 pub(crate) enum EgressArg {
     /// With pid/comm in events where the kernel allows, else without.
     Auto,
-    /// With pid/comm (fails where the kernel refuses the helpers).
+    /// With pid/comm (fails where the kernel rejects the helpers).
     Task,
     /// Without pid/comm.
     Notask,

@@ -18,7 +18,7 @@ pub(crate) struct AgentConfig {
     /// the boot step (`gate-agent boot`); none: nothing is kept.
     pub state_dir: Option<PathBuf>,
     /// Where the metadata proxy listens; none: no proxy, and workloads narrowed to served
-    /// paths are refused the metadata service.
+    /// paths are denied the metadata service.
     pub proxy: Option<ProxyListen>,
 }
 

@@ -122,13 +122,13 @@ impl CgroupNames {
 /// A denial that was logged (so within the rate limit), for cluster mode's Kubernetes Events.
 #[derive(Clone, Debug)]
 pub(crate) struct Denied {
-    /// Who was refused, named once when the denial was logged (cluster mode: the pod and
-    /// container; no pod, no Event).
+    /// Who was denied (or refused, by the metadata proxy), named once when the denial was
+    /// logged (cluster mode: the pod and container; no pod, no Event).
     pub workload: Identity,
     pub event: DenyEvent,
     pub endpoint: String,
     /// A request the metadata proxy refused: its method and path, and why (with the entry);
-    /// `None` for the kernel's refusals.
+    /// `None` for the kernel's denials.
     pub request: Option<(String, String)>,
 }
 
@@ -293,7 +293,7 @@ pub(crate) async fn run(
                         known.learn(key.cgroup_id, identity);
                         known_changed = true;
                     }
-                    let refused = delta.denied + delta.audited;
+                    let denials = delta.denied + delta.audited;
                     if let Ok(mut c) = sinks.accesses.lock() {
                         for (i, n) in delta.by_verdict().into_iter().enumerate() {
                             if n > 0 {
@@ -301,11 +301,11 @@ pub(crate) async fn run(
                             }
                         }
                     }
-                    if refused > 0 {
+                    if denials > 0 {
                         if let Ok(mut c) = sinks.by_workload.lock() {
-                            c.add_n(&workload, refused);
+                            c.add_n(&workload, denials);
                         }
-                        limiter.tally(&workload, refused, now);
+                        limiter.tally(&workload, denials, now);
                     }
                 }
                 for (cgroup, suppressed) in limiter.flush(now) {

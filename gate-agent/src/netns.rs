@@ -122,7 +122,7 @@ mod tests {
             e.to_string(),
             "network namespace (the agent's own): the thread running in it panicked"
         );
-        // A file that is no namespace: setns refuses it.
+        // A file that is no namespace: setns rejects it.
         let file = File::open("/proc/self/status").unwrap();
         let e = run_in(Netns::File { file: &file, name: "status" }, "mg-netns-test", || ())
             .unwrap_err();

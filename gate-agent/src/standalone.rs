@@ -2,7 +2,7 @@
 //!
 //! Start-up never opens the gate: a pinned gate is adopted (see [`crate::loader`]), and a
 //! failed start of an adopted gate leaves it enforcing what it enforced. The policy file is
-//! watched and reloaded on change and on SIGHUP; a bad edit is refused and the last good
+//! followed (inotify) and reloaded on change and on SIGHUP; a bad edit is rejected and the last good
 //! policy stays. SIGTERM/SIGINT stop the agent and leave the gate closed.
 use std::path::Path;
 

@@ -239,7 +239,7 @@ fn a_broken_configmap_is_reported_with_its_file() {
          data:\n  policy.yaml: |\n    platform: AWS\n    endpoints:\n      - name: x\n        cidr: 169.254.169.254/32\n        ports: [0]\n",
     )
     .expect("write");
-    let err = check(&path).expect_err("port 0 must be refused");
+    let err = check(&path).expect_err("port 0 must be rejected");
     let _ = std::fs::remove_dir_all(&dir);
     assert!(err.contains("aws.yaml") && err.contains("endpoints[0].ports[0]"), "{err}");
 }

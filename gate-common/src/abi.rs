@@ -51,7 +51,7 @@ pub mod names {
     pub const PREFILTER: &str = "PREFILTER";
     /// PROXY[0]: where the agent's metadata proxy listens, and its cgroup
     /// ([`ProxyConfig`](super::ProxyConfig)). Zero: no proxy; a connection that would go
-    /// through it is refused.
+    /// through it is denied.
     pub const PROXY: &str = "PROXY";
     /// Socket storage: on a gated client's socket, which workload asked for which address
     /// ([`ProxyRecord`](super::ProxyRecord)) when its connect went to the proxy; moved to the
@@ -115,7 +115,7 @@ pub const ENDPOINT_NAME_BYTES: usize = 64;
 // ---- enumerations --------------------------------------------------------------------------
 
 /// PolicyMeta.node_flags: forwarded traffic (it entered the node on an interface and carries
-/// no socket by the time it leaves) bound for a protected endpoint is refused. Set in cluster
+/// no socket by the time it leaves) bound for a protected endpoint is denied. Set in cluster
 /// mode with every pod gated; clear where pod-network traffic is left to the SDN.
 pub const NODE_GATE_FORWARDED: u32 = 1;
 
@@ -132,7 +132,7 @@ pub const PROTO_UDP: u8 = 17;
 
 /// Endpoint index of a denial that names no endpoint: a frame whose network header could not
 /// be read at all (decided as if it were bound for a protected address: fail closed), or a
-/// refused side door (setsockopt).
+/// denied side door (setsockopt).
 pub const ENDPOINT_NONE: u32 = u32::MAX;
 
 pub const VERDICT_UNMATCHED: u32 = 0;
@@ -147,16 +147,16 @@ pub const NUM_VERDICTS: u32 = 5;
 pub const HOOK_CONNECT4: u32 = 0;
 pub const HOOK_CONNECT6: u32 = 1;
 /// cgroup_skb egress, IPv4 and IPv6: also where an unconnected UDP `sendto()` is judged
-/// (ABI 4 dropped the sendmsg4/6 hooks: a refused datagram fails the call with EPERM here).
+/// (ABI 4 dropped the sendmsg4/6 hooks: a denied datagram fails the call with EPERM here).
 pub const HOOK_EGRESS4: u32 = 2;
 pub const HOOK_EGRESS6: u32 = 3;
 pub const HOOK_TC4: u32 = 4;
 pub const HOOK_TC6: u32 = 5;
-/// A side door around tc (PACKET_QDISC_BYPASS, AF_XDP) refused: by cgroup/setsockopt, or by
+/// A side door around tc (PACKET_QDISC_BYPASS, AF_XDP) denied: by cgroup/setsockopt, or by
 /// the LSM program that sees every syscall ABI (32-bit compat and io_uring included).
 pub const HOOK_SETSOCKOPT: u32 = 6;
 /// A socket that would read the node's IP traffic (AF_PACKET of an IP EtherType, raw IP of a
-/// transport protocol) refused at `socket()` or `bind()` (LSM).
+/// transport protocol) denied at `socket()` or `bind()` (LSM).
 pub const HOOK_SOCKET: u32 = 7;
 pub const NUM_HOOKS: u32 = 8;
 
@@ -198,7 +198,7 @@ pub struct PolicyMeta {
     /// NODE_* bits: how the node-level (tc) programs treat traffic without a socket.
     pub node_flags: u32,
     /// Non-zero: the policy serves paths to every gated workload no entry selects
-    /// (`served`): their HTTP connects go to the proxy instead of being refused.
+    /// (`served`): their HTTP connects go to the proxy instead of being denied.
     pub served: u32,
     pub _pad: u32,
     /// cgroup v2 id of the gated root: tc programs, which see every packet of an interface,
@@ -465,7 +465,7 @@ pub const TERMINATE_UNKNOWN: u32 = 0;
 pub const TERMINATE_ON: u32 = 1;
 /// Disabled by `--terminate-established=false`.
 pub const TERMINATE_OFF: u32 = 2;
-/// The kernel refuses socket destruction (no CONFIG_INET_DIAG_DESTROY).
+/// The kernel rejects socket destruction (no CONFIG_INET_DIAG_DESTROY).
 pub const TERMINATE_UNSUPPORTED: u32 = 3;
 
 /// GATE_INFO[0]: what the agent last applied. Written by user space only (after the flip),
@@ -514,7 +514,7 @@ impl Default for GateInfo {
 
 /// The TCP port of a protected endpoint whose connects may go through the metadata proxy:
 /// the metadata services' plain HTTP port. Other ports (DNS on 53, TLS endpoints) keep the
-/// allow-or-refuse verdicts.
+/// allow-or-deny verdicts.
 pub const HTTP_PORT: u16 = 80;
 /// [`ProxyRecord::entry`] of a workload no allow entry selects, served the policy's `served`
 /// paths.

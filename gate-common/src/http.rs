@@ -6,14 +6,14 @@
 //! never `…/placementX`). A [`Target`] is a request's target in origin form, refused when it
 //! could mean two things to two parsers: dot segments, `//`, backslashes, any percent-encoding
 //! in the path, fragments, duplicate query keys, bytes outside printable ASCII. Whatever is
-//! refused here never reaches the metadata service; nothing that a refused form could stand
-//! for is ever served.
+//! refused here (or, in a path rule, rejected) never reaches the metadata service; nothing
+//! that a refused form could stand for is ever served.
 use core::fmt;
 
 /// Longest path or target accepted (metadata paths are short; a long one is an attack).
 pub const MAX_TARGET: usize = 2048;
 
-/// Why a path rule or a request target is refused.
+/// Why a path rule is rejected or a request target refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PathError {
     /// Empty, or not starting with `/` (absolute-form `http://host/…`, authority-form, `*`).
@@ -21,7 +21,7 @@ pub enum PathError {
     TooLong,
     /// A byte outside printable ASCII, or a space.
     Byte(u8),
-    /// `%`: percent-encoding in a path (`%2f`, `%2e`) is refused, never decoded.
+    /// `%`: percent-encoding in a path (`%2f`, `%2e`) is not allowed, never decoded.
     PercentEncoded,
     Backslash,
     /// An empty segment: `//`.
@@ -44,12 +44,12 @@ impl fmt::Display for PathError {
             PathError::NotOriginForm => f.write_str("must start with /"),
             PathError::TooLong => write!(f, "longer than {MAX_TARGET} bytes"),
             PathError::Byte(b) => write!(f, "byte 0x{b:02x} is not printable ASCII"),
-            PathError::PercentEncoded => f.write_str("percent-encoding (%) is refused"),
-            PathError::Backslash => f.write_str("backslash is refused"),
+            PathError::PercentEncoded => f.write_str("percent-encoding (%) is not allowed"),
+            PathError::Backslash => f.write_str("backslash is not allowed"),
             PathError::EmptySegment => f.write_str("empty segment (//)"),
-            PathError::DotSegment => f.write_str(". and .. segments are refused"),
-            PathError::Fragment => f.write_str("# is refused"),
-            PathError::Query => f.write_str("? is refused here: list query parameters apart"),
+            PathError::DotSegment => f.write_str(". and .. segments are not allowed"),
+            PathError::Fragment => f.write_str("# is not allowed"),
+            PathError::Query => f.write_str("? is not allowed here: list query parameters apart"),
             PathError::QueryParameter => f.write_str("malformed query parameter"),
             PathError::DuplicateParameter => f.write_str("query parameter given twice"),
         }

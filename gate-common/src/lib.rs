@@ -7,7 +7,7 @@
 //!   runs.
 //! * [`packet`]: reading a frame or IP packet as it will be delivered, failing closed (the
 //!   same code in the kernel and in the host tests).
-//! * [`sockets`]: which sockets and socket options a gated workload is refused (the doors
+//! * [`sockets`]: which sockets and socket options a gated workload is denied (the doors
 //!   past tc, and reading the node's traffic), for the LSM and cgroup/setsockopt programs.
 //! * [`compile`] (host only): turns a list of endpoints into the table entries that make
 //!   [`verdict::match_endpoint`] agree with a plain reading of the policy.

@@ -84,13 +84,13 @@ pub const MAP_CAPACITY: Family = Family {
 pub const POLICY_RELOADS: Family = Family {
     name: "metadata_gate_policy_reloads",
     kind: Kind::Counter,
-    help: "Policy reloads by result (failure: refused, the last good policy stays)",
+    help: "Policy reloads by result (failure: rejected, the last good policy stays)",
     labels: &["result"],
 };
 pub const POLICY_REJECTED: Family = Family {
     name: "metadata_gate_policy_rejected",
     kind: Kind::Gauge,
-    help: "1 while the newest policy offered (file or ConfigMap) was refused and the last good one stays in force; 0 once the newest is in force",
+    help: "1 while the newest policy offered (file or ConfigMap) was rejected and the last good one stays in force; 0 once the newest is in force",
     labels: &[],
 };
 pub const REPAIRS: Family = Family {

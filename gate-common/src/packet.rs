@@ -7,7 +7,7 @@
 //!   longer than that, a header or transport header that cannot be read, ESP, or any fragment
 //!   leaves the transport unknown: the packet is then [`Parsed::complete`] `false` and is
 //!   judged on its destination address alone ([`endpoint`]): a
-//!   protected address is refused whatever its port rules say.
+//!   protected address is denied whatever its port rules say.
 //! * The same for IPv4 when the transport header cannot be read, and for fragments (the
 //!   ports of a fragmented datagram are not trustworthy until it is reassembled).
 //! * A frame whose network header cannot be read at all is [`CARRIES_UNREADABLE`]; the
@@ -56,7 +56,7 @@ pub const CARRIES_OTHER: Carries = 0;
 pub const CARRIES_UNREADABLE: Carries = 255;
 
 /// The network layer of a frame: what it carries and where its header starts. Plain
-/// full-width integers rather than an enum: the BPF verifier refuses code that copies the
+/// full-width integers rather than an enum: the BPF verifier rejects code that copies the
 /// undefined payload or padding registers an enum leaves behind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Network {
@@ -238,7 +238,7 @@ pub fn passes_fast_v6(filter: &Prefilter, ver: u8, next: u8, first: u8, last: u8
 
 /// What the transport header at `l4` says (`end`: where the IP packet ends). Every field
 /// defined on every path, `known` in place of an `Option`: the payload of a `None` is
-/// undefined, and kernels before 5.12 refuse a program that reads what it leaves behind.
+/// undefined, and kernels before 5.12 reject a program that reads what it leaves behind.
 struct Transport {
     port: u16,
     rst: bool,
@@ -395,7 +395,7 @@ pub fn parse_ip<P: Packet + ?Sized>(p: &P, l3: usize) -> Parsed {
 
 /// The endpoint a readable packet is bound for: by its full destination when the transport
 /// was read, else by its address alone (fail closed). (An unreadable one is the caller's to
-/// refuse.)
+/// deny.)
 #[inline(always)]
 pub fn endpoint<T: Tables>(t: &T, generation: u32, p: &Parsed) -> Option<u32> {
     if p.complete {

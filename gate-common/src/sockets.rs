@@ -1,4 +1,4 @@
-//! Which sockets and socket options a gated workload that is not allowed is refused, whatever
+//! Which sockets and socket options a gated workload that is not allowed is denied, whatever
 //! the syscall ABI that asks (native, 32-bit compat, io_uring): the pure half of the LSM
 //! programs and of cgroup/setsockopt, the same code in the kernel and in the host tests.
 //!
@@ -12,7 +12,7 @@
 //!   LLDP, …) and the raw protocols that carry no metadata traffic (ICMP, VRRP, …) stay open:
 //!   ARP announcers, LLDP agents, `ping`, keepalived and routing daemons keep working.
 //!
-//! Everything not on those short lists of harmless protocols is refused: a protocol this
+//! Everything not on those short lists of harmless protocols is denied: a protocol this
 //! build does not know is taken for one that carries IP (fail closed).
 
 pub const AF_INET: i32 = 2;

@@ -17,7 +17,7 @@ use crate::abi::{
 /// A destination address as the hooks see it: IPv4 (its four bytes first, the other twelve
 /// zero) or IPv6. Bytes and a flag rather than an enum of the two: an enum's IPv4 variant
 /// leaves twelve bytes undefined, the compiler spills them where an IPv4 and an IPv6 path
-/// meet, and kernels before 5.12 refuse any program that reads an uninitialised stack slot.
+/// meet, and kernels before 5.12 reject any program that reads an uninitialised stack slot.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Addr {
     bytes: [u8; 16],
@@ -174,7 +174,7 @@ pub fn match_endpoint<T: Tables>(t: &T, generation: u32, dst: &Dst) -> Option<u3
     };
     let has_port = dst.port != PORT_ANY;
     // [`ENDPOINT_NONE`] (the highest index) while combining lookups: a plain sentinel rather
-    // than `Option`, whose `None` payload is undefined and which the BPF verifier refuses to
+    // than `Option`, whose `None` payload is undefined and which the BPF verifier rejects to
     // see copied around.
     let mut best = ENDPOINT_NONE;
     if pv.kinds & KIND_PORT_PROTO != 0 && has_port {
@@ -246,13 +246,13 @@ pub fn cgroup_allowed<T: Tables>(
     None
 }
 
-/// Where a connect that the allow set does not let through goes instead of being refused:
+/// Where a connect that the allow set does not let through goes instead of being denied:
 /// to the metadata proxy, under the allow entry whose paths apply (`proxy_entry`, the walk
 /// for [`GRANT_PROXY`](crate::abi::GRANT_PROXY)), else under the policy's `served` paths
-/// ([`ENTRY_SERVED`]); `None`: refused. In audit mode every such connect goes to the proxy,
+/// ([`ENTRY_SERVED`]); `None`: denied. In audit mode every such connect goes to the proxy,
 /// which passes every path and records which ones the workload read (audit, then
 /// `suggest`'s `paths:`). Only TCP to the endpoint's [`HTTP_PORT`]: other ports and
-/// protocols keep the allow-or-refuse verdict.
+/// protocols keep the allow-or-deny verdict.
 #[inline(always)]
 pub fn proxy_route(
     mode: u32,
@@ -390,10 +390,10 @@ mod tests {
         // An entry narrowed to paths: its own entry, whatever `served` says.
         assert_eq!(proxy_route(MODE_ENFORCE, 0, &http, || Some(3)), Some(3));
         assert_eq!(proxy_route(MODE_ENFORCE, 1, &http, || Some(3)), Some(3));
-        // No entry: `served`, or refused.
+        // No entry: `served`, or denied.
         assert_eq!(proxy_route(MODE_ENFORCE, 1, &http, || None), Some(ENTRY_SERVED));
         assert_eq!(proxy_route(MODE_ENFORCE, 0, &http, || None), None);
-        // Other ports and protocols keep allow-or-refuse: DNS, UDP, TLS.
+        // Other ports and protocols keep allow-or-deny: DNS, UDP, TLS.
         for other in [dst(53, PROTO_TCP), dst(HTTP_PORT, PROTO_UDP), dst(443, PROTO_TCP)] {
             assert_eq!(proxy_route(MODE_ENFORCE, 1, &other, || Some(3)), None, "{other:?}");
         }

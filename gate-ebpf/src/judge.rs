@@ -221,7 +221,7 @@ pub(crate) fn judge(
     settle(caller, generation, endpoint, what, None, cgroup_id, ancestor).0
 }
 
-/// [`judge`], where a connect that would be refused may go to the metadata proxy instead
+/// [`judge`], where a connect that would be denied may go to the metadata proxy instead
 /// (`http`: the destination, for [`proxy_route`]). Returns the verdict and, for
 /// VERDICT_PROXIED, the allow entry whose paths apply (or ENTRY_SERVED).
 #[inline(always)]
@@ -241,7 +241,7 @@ pub(crate) fn settle(
             let need = grant_needed(caller.hook);
             let (root, tables) = (meta.root_level, &KernelTables);
             // The metadata proxy itself (the agent's cgroup, which in a cluster is below the
-            // gated root) forwards served requests to the endpoint: never refused, never
+            // gated root) forwards served requests to the endpoint: never denied, never
             // redirected to itself. It gets no capture grant this way.
             let proxy = need == GRANT_METADATA && crate::proxy::is_proxy(cgroup_id());
             let allowed = proxy || cgroup_allowed(tables, g, root, need, &mut ancestor).is_some();

@@ -4,20 +4,20 @@
 //! (`verdict`, `packet`) for the verdict, count it, and report denials. All decisions live in
 //! gate-common, which is unit- and property-tested on the host.
 //!
-//! * `cgroup/connect4|6`: refuse a TCP or UDP `connect()` with EPERM at the syscall, judged
+//! * `cgroup/connect4|6`: deny a TCP or UDP `connect()` with EPERM at the syscall, judged
 //!   on the address the application named (before any NAT).
 //! * `cgroup_skb/egress`: judges every packet of a gated socket as it leaves, after NAT: an
-//!   unconnected UDP `sendto()` (refused here: the kernel hands the program's verdict back
+//!   unconnected UDP `sendto()` (denied here: the kernel hands the program's verdict back
 //!   as EPERM from the very call), raw sockets, sockets connected before the gate existed.
 //!   No sendmsg4/6 hooks: a datagram is judged once, not twice with the socket lock taken
 //!   in between.
-//! * `cgroup/setsockopt`: refuses the side doors around tc (PACKET_QDISC_BYPASS, AF_XDP).
+//! * `cgroup/setsockopt`: denies the side doors around tc (PACKET_QDISC_BYPASS, AF_XDP).
 //! * `lsm/socket_setsockopt`, `lsm/socket_create`, `lsm/socket_bind` (where the kernel runs
 //!   the BPF LSM): the same side doors through every syscall ABI (32-bit compat, io_uring),
 //!   and sockets that would read the node's IP traffic (AF_PACKET of an IP EtherType, raw IP
 //!   of a transport protocol).
 //! * `tc` (`gate_tc`, node level): on the uplinks' egress and the workload-facing interfaces'
-//!   ingress, refuses frames the cgroup hooks never judged: AF_PACKET sends, packets
+//!   ingress, denies frames the cgroup hooks never judged: AF_PACKET sends, packets
 //!   rewritten after the socket hooks, traffic forwarded from pods and VMs.
 //!
 //! `main.rs` holds the programs; `maps` the maps, `skb` the reading of a packet and the
@@ -95,7 +95,7 @@ fn sock_addr(ctx: &SockAddrContext, hook: u32, v6: bool) -> i32 {
     // SAFETY: helper without pointer arguments; returns 0 past the task's own level.
     let ancestor = |level: u32| unsafe { bpf_get_current_ancestor_cgroup_id(level as i32) };
     let what = Reported::Dst(&dst);
-    // Without a proxy nothing goes through it: refused (and reported) as before.
+    // Without a proxy nothing goes through it: denied (and reported) as before.
     let http = proxy::configured().then_some(&dst);
     let (verdict, entry) = settle(&caller, generation, endpoint, what, http, cgroup_id, ancestor);
     if verdict != VERDICT_PROXIED {
@@ -114,7 +114,7 @@ fn sock_addr(ctx: &SockAddrContext, hook: u32, v6: bool) -> i32 {
     if proxy::redirect(ctx, v6, record) {
         return 1;
     }
-    // No proxy for this family, or no room for the record: refused, never sent direct.
+    // No proxy for this family, or no room for the record: denied, never sent direct.
     count(hook, VERDICT_DENIED);
     0
 }
@@ -162,7 +162,7 @@ fn gate_bind6(ctx: SockAddrContext) -> i32 {
 
 // ---- setsockopt: side doors around tc ----------------------------------------------------------
 
-/// Refuses, for gated cgroups not on the allow set, the socket options that let frames skip
+/// Denies, for gated cgroups not on the allow set, the socket options that let frames skip
 /// tc egress: PACKET_QDISC_BYPASS (AF_PACKET straight to the driver) and the rings and UMEM
 /// of AF_XDP. Everything else passes untouched. The kernel runs cgroup/setsockopt for native
 /// calls only: the LSM programs below close the 32-bit compat and io_uring ways in.
@@ -174,7 +174,7 @@ fn gate_setsockopt(ctx: SockoptContext) -> i32 {
 
 /// The same for kernels that offer cgroup/setsockopt programs neither the current task's
 /// ancestors nor its pid (5.10 and the kernels of its time): the allow set cannot be
-/// consulted, so the options are refused to every gated cgroup, allowed ones included (fail
+/// consulted, so the options are denied to every gated cgroup, allowed ones included (fail
 /// closed; no metadata client needs them).
 #[cgroup_sockopt(setsockopt)]
 fn gate_sockopt_noallow(ctx: SockoptContext) -> i32 {
@@ -187,7 +187,7 @@ fn sockopt(ctx: &SockoptContext, task: bool, ancestor: impl FnMut(u32) -> u64) -
     let so = unsafe { &mut *ctx.sockopt };
     let (level, optname) = (so.level, so.optname);
     // optlen 0: the kernel uses the caller's own buffer, untouched; this also keeps options
-    // longer than a page working on kernels that would otherwise refuse them.
+    // longer than a page working on kernels that would otherwise reject them.
     so.optlen = 0;
     if !sockets::sockopt_side_door(level, optname) {
         return 1;
@@ -205,7 +205,7 @@ fn sockopt(ctx: &SockoptContext, task: bool, ancestor: impl FnMut(u32) -> u64) -
 // Global BPF LSM programs (where the kernel runs the BPF LSM): security hooks run for native,
 // 32-bit compat and io_uring calls alike, which cgroup/setsockopt does not. Each first tests
 // its arguments (almost every call returns there), then whether the caller is gated. An
-// earlier LSM program's refusal never reaches these: the kernel stops at the first.
+// earlier LSM program's denial never reaches these: the kernel stops at the first.
 
 const EPERM: i32 = 1;
 
@@ -307,7 +307,7 @@ fn gate_egress(ctx: SkBuffContext) -> i32 {
 }
 
 /// The same without task helpers, for older kernels (the loader falls back to it when the
-/// verifier refuses `gate_egress`).
+/// verifier rejects `gate_egress`).
 #[cgroup_skb(egress)]
 fn gate_egress_notask(ctx: SkBuffContext) -> i32 {
     egress(&ctx, false)
@@ -320,7 +320,7 @@ const TC_NEXT: i32 = -1;
 const TC_ACT_SHOT: i32 = 2;
 
 /// The node-level program, on the uplinks' egress and the workload-facing interfaces'
-/// ingress. A frame bound for a protected endpoint (or that cannot be read) is refused when
+/// ingress. A frame bound for a protected endpoint (or that cannot be read) is denied when
 /// * its socket belongs to a gated cgroup that is not allowed (AF_PACKET and other senders
 ///   the cgroup hooks do not see; the socket survives a veth hop), or
 /// * it enters on a workload-facing interface without a socket (a VM, a forwarding loop
@@ -370,7 +370,7 @@ fn gate_tc_l3(ctx: TcContext) -> i32 {
         return TC_NEXT;
     }
     // The slow path reads beyond the linear area the header helper sees: pull the headers
-    // in (a failure leaves them unreadable, which is refused).
+    // in (a failure leaves them unreadable, which is denied).
     pkt.pull_headers();
     // SAFETY: reads a field of the context.
     let protocol = u16::from_be(unsafe { (*skb).protocol } as u16);
@@ -422,7 +422,7 @@ fn tc_verdict(ctx: &TcContext, parsed: &Parsed, hook: u32) -> i32 {
             return TC_NEXT;
         }
     } else if !on_ingress {
-        // Forwarded: refused where the policy gates such traffic (unless it entered by a
+        // Forwarded: denied where the policy gates such traffic (unless it entered by a
         // trusted interface), else left to the pod network.
         // SAFETY: the value is not read.
         let trusted = || unsafe { TRUSTED_IFACES.get(ingress_ifindex) }.is_some();

@@ -55,7 +55,7 @@ fn words(a: [u8; 16]) -> [u32; 4] {
 
 /// Send the connect to the proxy: record who asked for what on the socket, then rewrite the
 /// destination. `false`: no proxy configured for the family, or no room for the record: the
-/// connect is refused (fail closed), never let through to the endpoint.
+/// connect is denied (fail closed), never let through to the endpoint.
 #[inline(always)]
 pub(crate) fn redirect(ctx: &SockAddrContext, via_v6: bool, mut record: ProxyRecord) -> bool {
     let Some(cfg) = config() else { return false };

@@ -42,7 +42,7 @@ impl NetSkb<'_> {
     }
 
     /// Make the packet's first [`HEADERS`] bytes linear, where they are not (best effort:
-    /// what stays out of reach is unreadable, and refused).
+    /// what stays out of reach is unreadable, and denied).
     #[inline(always)]
     pub(crate) fn pull_headers(&self) {
         let skb = self.0.skb;

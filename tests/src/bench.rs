@@ -222,7 +222,7 @@ pub fn run(bins: &Bins, net: &TestNet, cgroup: &Path, args: &[&str]) -> Result<V
 /// A running `bench-probe … flip`: ready once it made its first attempt.
 pub struct Flip {
     probe: Piped,
-    /// Whether the first attempt was refused.
+    /// Whether the first attempt was denied.
     pub first_refused: bool,
 }
 

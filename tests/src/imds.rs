@@ -50,7 +50,7 @@ pub struct FakeImds {
 /// The start of every workload binary (`probe`, `bench-probe`): parse `--netns PATH`,
 /// `--cgroup DIR` and `--cpu N` out of the arguments, join the cgroup, enter the netns, pin
 /// itself to CPU N if asked, and return the remaining arguments. Exits with 2 and a message
-/// on any failure; refuses to run without `--netns`, so a workload never sends from the host
+/// on any failure; will not run without `--netns`, so a workload never sends from the host
 /// namespace.
 pub fn enter_workload(program: &str) -> Vec<String> {
     let mut netns = None;

@@ -118,8 +118,8 @@ impl Held {
             .map_err(|first| anyhow!("hold probe did not connect: {first:?}"))
     }
 
-    /// [`start_in`](Self::start_in) for a probe that may be refused before it holds
-    /// anything: the refusal is the inner error.
+    /// [`start_in`](Self::start_in) for a probe that may be denied before it holds
+    /// anything: the denial is the inner error.
     pub fn try_start_in(
         bins: &Bins,
         netns_path: &str,

@@ -74,7 +74,7 @@ impl SkbProgram {
     }
 
     /// Run the program `repeat` times on `frame` (an Ethernet frame, at least 14 bytes: the
-    /// kernel refuses shorter input).
+    /// kernel rejects shorter input).
     pub fn run(&self, frame: &[u8], repeat: u32) -> Result<Ran> {
         let opts = TestRunOptions { data_in: Some(frame), repeat, ..TestRunOptions::default() };
         let r = match self {

@@ -191,7 +191,7 @@ fn suggested_paths_are_what_the_workload_asked_for_and_never_credentials_unasked
     assert_eq!(access.paths.len(), 3, "the credentials stay commented out");
     assert!(access.judge("GET", "/latest/meta-data/iam/security-credentials/role").is_err());
 
-    // Only credentials asked for: an empty list that `check` refuses, never a whole-service entry.
+    // Only credentials asked for: an empty list that `check` rejects, never a whole-service entry.
     let mut only = records.clone();
     only[0].paths.retain(|p| p.path.contains("iam"));
     let s = suggest(&only, Some("AWS"));

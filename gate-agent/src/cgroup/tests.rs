@@ -23,7 +23,7 @@ impl TempTree {
         TempTree(base)
     }
 
-    /// A GatedRoot over the plain directory (open() would refuse it: not cgroup2).
+    /// A GatedRoot over the plain directory (open() would reject it: not cgroup2).
     fn root(&self) -> GatedRoot {
         GatedRoot {
             path: self.0.clone(),
@@ -124,7 +124,7 @@ fn open_refuses_the_hierarchy_root_and_accepts_a_child() {
     assert!(meta.is_dir());
     let e = GatedRoot::open(&mount).unwrap_err();
     assert!(matches!(e, CgroupError::IsRoot { .. }), "{e}");
-    assert!(e.to_string().contains("refusing to gate the root cgroup"), "{e}");
+    assert!(e.to_string().contains("the root cgroup is never gated"), "{e}");
     let child = std::fs::read_dir(&mount)
         .unwrap()
         .filter_map(|e| e.ok())

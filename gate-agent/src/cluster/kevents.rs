@@ -1,6 +1,6 @@
-//! Kubernetes Events: `MetadataAccessBlocked` on a pod whose workload was refused, and
-//! `PolicyRejected` on a policy ConfigMap that was refused. Rate-limited per object so a
-//! hammering pod costs the API server one Event a minute.
+//! Kubernetes Events: `MetadataAccessBlocked` on a pod whose workload was denied (or refused
+//! by the metadata proxy), and `PolicyRejected` on a policy ConfigMap that was rejected.
+//! Rate-limited per object so a hammering pod costs the API server one Event a minute.
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;

@@ -19,7 +19,7 @@ pub(crate) trait GateOps: Send + 'static {
     fn start(&self) -> Start;
     /// What was last applied (for an adopted gate: by the previous agent).
     fn info(&self) -> &GateInfo;
-    /// Refuse to adopt a gate that protects another cgroup.
+    /// Never adopt a gate that protects another cgroup.
     fn check_root(&self, root: &GatedRoot) -> Result<(), LoaderError>;
     /// Write a policy into the inactive generation and flip to it.
     fn apply(&mut self, install: &Install<'_>, root: &GatedRoot) -> Result<(), LoaderError>;

@@ -180,9 +180,9 @@ fn report_boot_step(state: &StateDir, metrics: &AgentMetrics) {
 pub(crate) enum Offer {
     /// Written to the maps and in force.
     Applied,
-    /// The same text as last time (applied or refused): nothing to do.
+    /// The same text as last time (applied or rejected): nothing to do.
     Unchanged,
-    /// Refused; the last good policy stays. The message names the field and reason.
+    /// Rejected; the last good policy stays. The message names the field and reason.
     Rejected(String),
 }
 
@@ -207,10 +207,10 @@ pub(crate) struct Engine<G: GateOps = Gate> {
     _node_links: Option<AbortOnDrop>,
     /// [`GatedRoot::open`]: the repair check looks whether the root was recreated.
     reopen: Reopen,
-    /// The policy text last judged for good: applied, or refused as invalid. One change is
+    /// The policy text last judged for good: applied, or rejected as invalid. One change is
     /// judged once; a text that failed to *apply* is not recorded here but retried.
     last_text: Option<String>,
-    /// Whether `last_text` was refused (so the policy in force is not the newest one).
+    /// Whether `last_text` was rejected (so the policy in force is not the newest one).
     last_refused: bool,
     /// A valid policy whose apply failed: retried with backoff by [`Engine::sync`].
     retry: Option<Retry>,
@@ -301,8 +301,7 @@ impl Engine<Gate> {
         // The gate is attached: connections opened before it are cut before we report ready.
         engine.terminate_established(allow_set.clone()).await;
         if let Some(n) =
-            terminate::packet_sockets_before_gate(&engine.root, &engine.policy, allow_set.clone())
-                .await
+            terminate::count_pregate_sockets(&engine.root, &engine.policy, allow_set.clone()).await
         {
             engine.metrics.pregate_packet_sockets.set(n as i64);
         }
@@ -392,7 +391,7 @@ impl<G: GateOps> Engine<G> {
         }
     }
 
-    /// Log and count a policy that was refused: the one place both modes report it. Until a
+    /// Log and count a policy that was rejected: the one place both modes report it. Until a
     /// policy is applied (or the newest text turns out to be the live policy),
     /// `metadata_gate_policy_rejected` stays 1.
     pub(crate) fn refuse(&self, source: &str, trigger: &str, why: &str) {
@@ -405,7 +404,7 @@ impl<G: GateOps> Engine<G> {
     }
 
     /// Judge a policy text from `source` and, if it is good and new, swap it in atomically.
-    /// The text counts as judged only once it is in force or refused as invalid: an apply
+    /// The text counts as judged only once it is in force or rejected as invalid: an apply
     /// that fails (a map the kernel would not write) leaves the last good policy in force and
     /// is retried with backoff.
     pub(crate) async fn offer(&mut self, source: &str, text: &str, trigger: &str) -> Offer {
@@ -539,7 +538,7 @@ impl Drop for AbortOnDrop {
 }
 
 /// Fail closed, and say so: without the metadata proxy (`--proxy-address`), an entry
-/// narrowed to paths (and `served`) is refused the metadata service; one warning per such
+/// narrowed to paths (and `served`) is denied the metadata service; one warning per such
 /// entry, at start and at every policy change.
 fn warn_paths_not_served(policy: &crate::policy::Policy, proxy: bool) {
     if proxy {
@@ -550,7 +549,7 @@ fn warn_paths_not_served(policy: &crate::policy::Policy, proxy: bool) {
             policy = %policy.source,
             entry = %name,
             "served paths are not served: the metadata proxy is off (no --proxy-address), \
-             so the workloads of this entry are refused the metadata service"
+             so the workloads of this entry are denied the metadata service"
         );
     }
 }

@@ -122,7 +122,7 @@ fn kernel_config(listen: &ProxyListen, cgroup_id: u64) -> ProxyConfig {
 }
 
 /// Tell the kernel where the proxy is (or, with `listen` none, that there is none: the
-/// connects it would take are refused), then listen and serve.
+/// connects it would take are denied), then listen and serve.
 /// `since_ns`: when the apply of `policy` began (see [`ProxyHandle::follow`]); `state_dir`:
 /// where the record of paths asked for is kept (see [`PathLog`]).
 #[allow(clippy::too_many_arguments)]

@@ -114,10 +114,10 @@ async fn an_invalid_policy_is_refused_and_the_last_good_one_stays() {
     assert_eq!(rig.engine.policy.hash(), policy(GOOD).hash());
     assert_eq!(rig.enforced(), policy(GOOD).hash());
     assert_eq!((rig.reloads("failure"), rig.rejected()), (1, 1));
-    // The same bad text again is judged once; the refusal stands.
+    // The same bad text again is judged once; the rejection stands.
     assert!(matches!(rig.engine.offer("cm", INVALID, "test").await, Offer::Unchanged));
     assert_eq!((rig.reloads("failure"), rig.rejected()), (1, 1));
-    // The policy in force offered again: the newest text is the live policy, no refusal.
+    // The policy in force offered again: the newest text is the live policy, no rejection.
     assert!(matches!(rig.engine.offer("cm", GOOD, "test").await, Offer::Unchanged));
     assert_eq!(rig.rejected(), 0);
     assert_eq!(rig.installed().len(), 1);

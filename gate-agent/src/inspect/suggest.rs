@@ -82,7 +82,7 @@ pub(crate) fn suggest(records: &[AccessRecord], platform: Option<&str>) -> Strin
         let endpoints = g.endpoints.iter().cloned().collect::<Vec<_>>().join(", ");
         let _ = writeln!(
             o,
-            "# {} refused {} times, audited {} times, {} paths refused or audited ({endpoints})",
+            "# {} denied {} times, audited {} times, {} paths refused or audited ({endpoints})",
             id.owner.as_deref().unwrap_or(&id.workload),
             g.counts.denied,
             g.counts.audited,
@@ -118,7 +118,7 @@ pub(crate) fn suggest(records: &[AccessRecord], platform: Option<&str>) -> Strin
             _ => {
                 let _ = writeln!(
                     o,
-                    "  # a pod-network pod: node-level enforcement refuses its forwarded traffic\n  \
+                    "  # a pod-network pod: node-level enforcement denies its forwarded traffic\n  \
                      # whatever this entry says; run it with hostNetwork: true, or gate host-network\n  \
                      # pods only (--gate-scope host-network-only)"
                 );
@@ -131,14 +131,14 @@ pub(crate) fn suggest(records: &[AccessRecord], platform: Option<&str>) -> Strin
         write_paths(&mut o, &g.paths, &g.methods, &g.query, platform);
     }
     if o.is_empty() {
-        o.push_str("# no workload was refused or audited: nothing to allow\n");
+        o.push_str("# no workload was denied, refused or audited: nothing to allow\n");
     }
     o
 }
 
 /// `paths:` (and `methods:`, `queryParameters:`) for the paths a workload asked for, if it
 /// asked through the proxy at all. A path reaching a sensitive one is commented out; with
-/// none left, `paths: []`, which `check` refuses: never an entry without paths, which would
+/// none left, `paths: []`, which `check` rejects: never an entry without paths, which would
 /// open the whole service.
 fn write_paths(
     o: &mut String,

@@ -61,7 +61,7 @@ pub(super) struct Generations {
     stale: Option<(u32, Instant)>,
 }
 
-/// How long a generation stays after its flip where the kernel refuses membarrier: far
+/// How long a generation stays after its flip where the kernel rejects membarrier: far
 /// longer than any program runs.
 const FALLBACK_GRACE: Duration = Duration::from_secs(1);
 

@@ -1,7 +1,7 @@
 //! One agent per gate: `run` holds an exclusive `flock` on the pin dir for as long as it
 //! lives (the kernel drops it when the process ends, however it ends, so no lock is ever
 //! stale). A second `run` on the same pin dir, and `cleanup` while an agent runs, are
-//! refused with the holder's pid, read from `/proc/locks`.
+//! fails with the holder's pid, read from `/proc/locks`.
 use std::{fs::File, io, os::unix::fs::MetadataExt as _, path::Path};
 
 use rustix::fs::{FlockOperation, flock};
@@ -55,7 +55,7 @@ fn holder_in(locks: &str, dev: u64, ino: u64) -> Option<u32> {
     })
 }
 
-/// Whether a pin dir is locked by a running agent, for `cleanup` (which refuses then).
+/// Whether a pin dir is locked by a running agent, for `cleanup` (which fails then).
 pub(crate) fn running_agent(pin_dir: &Path) -> Option<u32> {
     let dir = File::open(pin_dir).ok()?;
     // Released when `dir` drops.

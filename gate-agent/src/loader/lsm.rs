@@ -2,7 +2,7 @@
 //! the side doors around tc through every syscall ABI, and sockets that would read the node's
 //! traffic. They run only where the kernel has the BPF LSM active (`bpf` in the kernel's list
 //! of LSMs); elsewhere the gate says so ([`LsmState::Inactive`]) and those doors stay as the
-//! cgroup hooks leave them (native setsockopt refused; 32-bit compat, io_uring and capture
+//! cgroup hooks leave them (native setsockopt denied; 32-bit compat, io_uring and capture
 //! open).
 //!
 //! Links are pinned as `links/lsm-<hook>`. An LSM link's program cannot be swapped in place,
@@ -26,7 +26,7 @@ use super::{Gate, LoaderError, attach::Repair, program};
 pub(crate) enum LsmState {
     /// Loaded and attached; the kernel runs them.
     Active,
-    /// Not attached, and why (the BPF LSM is not active, the kernel refused the programs).
+    /// Not attached, and why (the BPF LSM is not active, the kernel rejected the programs).
     Inactive(String),
 }
 
@@ -77,7 +77,7 @@ fn unmount(dir: &Path) -> io::Result<()> {
     Ok(rustix::mount::unmount(dir, rustix::mount::UnmountFlags::DETACH)?)
 }
 
-/// Load the LSM programs where the BPF LSM is active; otherwise, or where the kernel refuses
+/// Load the LSM programs where the BPF LSM is active; otherwise, or where the kernel rejects
 /// them, say why (the rest of the gate loads all the same).
 pub(super) fn load(ebpf: &mut Ebpf) -> LsmState {
     match bpf_lsm_active() {
@@ -105,7 +105,7 @@ fn load_with_btf(ebpf: &mut Ebpf) -> LsmState {
             p.load(hook, &btf).map_err(|source| LoaderError::Program { name: prog.name(), source })
         });
         if let Err(e) = loaded {
-            return LsmState::Inactive(format!("the kernel refused {}: {e}", prog.name()));
+            return LsmState::Inactive(format!("the kernel rejected {}: {e}", prog.name()));
         }
     }
     LsmState::Active
@@ -137,7 +137,7 @@ impl Gate {
     fn try_attach_lsm(&mut self) -> Result<(), LoaderError> {
         for point in AttachPoint::LSM {
             let path = self.layout.link(point.pin_name());
-            // bpffs refuses names with a dot.
+            // bpffs rejects names with a dot.
             let fresh = self.layout.link(&format!("{}-new", point.pin_name()));
             self.attach_lsm_link(point, &fresh)?;
             fs::rename(&fresh, &path).map_err(|source| LoaderError::Io {

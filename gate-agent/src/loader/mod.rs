@@ -101,7 +101,7 @@ pub(crate) enum EgressProgram {
     /// With pid/comm in events where the kernel allows, else without.
     #[default]
     Auto,
-    /// With pid/comm (fails where the kernel refuses the helpers).
+    /// With pid/comm (fails where the kernel rejects the helpers).
     Task,
     /// Without pid/comm.
     Notask,
@@ -250,7 +250,7 @@ impl Gate {
         &self.info
     }
 
-    /// Refuse to adopt a gate that protects another cgroup: enforcing elsewhere would open it.
+    /// Never adopt a gate that protects another cgroup: enforcing elsewhere would open it.
     /// A gate pinned for the same path whose cgroup was recreated (a new id: a kubelet that
     /// restarted its slices, a node that rebooted with pins kept) is taken over: its links
     /// are re-attached to the cgroup that is there now.
@@ -311,7 +311,7 @@ impl Gate {
 }
 
 /// Load the egress program; `Auto` prefers the one with task info (pid, comm in events) and
-/// falls back to the variant without it where the verifier refuses those helpers.
+/// falls back to the variant without it where the verifier rejects those helpers.
 fn load_egress(ebpf: &mut Ebpf, choice: EgressProgram) -> Result<Program, LoaderError> {
     let candidates: &[Program] = match choice {
         EgressProgram::Auto => &[Program::Egress, Program::EgressNotask],
@@ -338,7 +338,7 @@ fn load_egress(ebpf: &mut Ebpf, choice: EgressProgram) -> Result<Program, Loader
 }
 
 /// Load the setsockopt program: the one that consults the allow set, or, where the kernel
-/// offers cgroup/setsockopt programs no ancestor helper (5.10), the one that refuses the side
+/// offers cgroup/setsockopt programs no ancestor helper (5.10), the one that denies the side
 /// doors to every gated cgroup.
 fn load_sockopt(ebpf: &mut Ebpf) -> Result<Program, LoaderError> {
     let p: &mut CgroupSockopt = program(ebpf, Program::Setsockopt)?;
@@ -349,7 +349,7 @@ fn load_sockopt(ebpf: &mut Ebpf) -> Result<Program, LoaderError> {
             let first = LoaderError::Program { name: Program::Setsockopt.name(), source: first };
             tracing::warn!(
                 error = %first,
-                "PACKET_QDISC_BYPASS and AF_XDP setup are refused to every gated workload on \
+                "PACKET_QDISC_BYPASS and AF_XDP setup are denied to every gated workload on \
                  this kernel, allow-listed ones included"
             );
             Ok(Program::SockoptNoallow)

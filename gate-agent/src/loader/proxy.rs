@@ -14,7 +14,7 @@ use crate::cgroup::GatedRoot;
 
 impl Gate {
     /// Where redirected connects go from now on; `ProxyConfig::default()` (port 0): nowhere,
-    /// they are refused.
+    /// they are denied.
     pub(crate) fn set_proxy(&mut self, cfg: ProxyConfig) -> Result<(), LoaderError> {
         self.maps.proxy.set(0, cfg, 0).map_err(map_err(names::PROXY))
     }

@@ -197,7 +197,7 @@ const _: () = assert!(size_of::<RawLinkInfo>() == 32);
 
 /// Wait for an RCU grace period: every BPF program that was running when this is called has
 /// finished when it returns (`membarrier(MEMBARRIER_CMD_GLOBAL)` is `synchronize_rcu()`).
-/// Fails on kernels that refuse the command (nohz_full CPUs).
+/// Fails on kernels that reject the command (nohz_full CPUs).
 pub(super) fn rcu_grace_period() -> io::Result<()> {
     Ok(rustix::thread::membarrier(rustix::thread::MembarrierCommand::Global)?)
 }

@@ -40,7 +40,7 @@ pub(crate) struct ReloadLabels {
 pub(crate) struct AgentMetrics {
     pub reloads: Family<ReloadLabels, Counter>,
     pub repairs: Family<RepairLabels, Counter>,
-    /// 1 while the newest policy offered was refused (the last good one stays in force).
+    /// 1 while the newest policy offered was rejected (the last good one stays in force).
     pub policy_rejected: Gauge,
     /// AF_PACKET sockets held by gated processes since before the gate (found at start).
     pub pregate_packet_sockets: Gauge,

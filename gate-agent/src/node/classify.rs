@@ -17,7 +17,7 @@
 //! * **The variant by link type**: `gate_tc` reads Ethernet frames (Ethernet and loopback
 //!   devices, with VLAN tags in the frame); every other link type — tun, WireGuard, ipip,
 //!   gre, sit, ip6tnl, IPoIB, and types not known here — gets `gate_tc_l3`, which reads at the
-//!   kernel's network header and refuses what it cannot read.
+//!   kernel's network header and denies what it cannot read.
 //! * Flags add interfaces to either role (`--tc-interface`, `--tc-workload-interface`), also
 //!   with node-level discovery off; the ones `--tc-workload-interface` names are strict.
 use std::collections::BTreeSet;

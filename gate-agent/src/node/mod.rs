@@ -35,7 +35,7 @@ pub(crate) struct NodeConfig {
     pub enabled: bool,
     /// Guard every interface but loopback (and the trusted ones) on ingress.
     pub workload_ingress: bool,
-    /// Refuse forwarded traffic without a socket at the uplinks (pod-network traffic, Service
+    /// Deny forwarded traffic without a socket at the uplinks (pod-network traffic, Service
     /// DNAT, decapsulated tunnels, and frames that entered by an interface whose ingress
     /// program is missing), unless it entered by a trusted interface. Off only where
     /// pod-network traffic is left to the SDN (`--gate-scope host-network-only`).

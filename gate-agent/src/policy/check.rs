@@ -173,7 +173,7 @@ pub fn check(policy: Policy, platform: Option<&str>, configmap_platform: Option<
             warn(
                 &format!("allow[{i}].hostNetwork"),
                 "not `true`: in a cluster an allowed component reaches the metadata service from \
-                 the node's network namespace; node-level enforcement refuses pod-network \
+                 the node's network namespace; node-level enforcement denies pod-network \
                  traffic to it whatever the entry says (with the default gate scope), so \
                  require hostNetwork: true"
                     .to_owned(),
@@ -248,7 +248,7 @@ fn protects_nothing(
     if policy.mode == Mode::Audit && !policy.endpoints.is_empty() {
         warn(
             "mode",
-            "audit: nothing is refused, would-be denials are only logged; set mode: enforce once \
+            "audit: nothing is denied, would-be denials are only logged; set mode: enforce once \
              the audit log shows no component that needs an allow entry"
                 .to_owned(),
         );

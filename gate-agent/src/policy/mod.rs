@@ -265,7 +265,7 @@ pub struct AllowEntry {
 /// (every gated workload no entry selects).
 ///
 /// Without the proxy (`run` without `--proxy-address`), a workload whose access is narrowed
-/// to paths is refused the metadata service (fail closed).
+/// to paths is denied the metadata service (fail closed).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServedPaths {
     /// `profile` as written: a platform's safe profile ([`profiles`]), already expanded into
@@ -416,7 +416,7 @@ impl Policy {
     }
 
     /// The access blocks that list paths (allow entries by name, `served`): served only
-    /// through the metadata proxy; without it their workloads are refused the metadata
+    /// through the metadata proxy; without it their workloads are denied the metadata
     /// service.
     pub fn paths_not_served(&self) -> Vec<String> {
         let entries = self.allow.iter().filter(|a| a.paths.is_some()).map(|a| a.name.clone());

@@ -177,7 +177,7 @@ pub const PLATFORM_FACTS: &[PlatformFacts] = &[
             svc("the OCI instance metadata service (IPv6)", "fd00:c1::a9fe:a9fe/128", &[80], TCP),
         ],
         // The iSCSI boot and block volume targets (169.254.0.2, 169.254.2.0/24 port 3260) lie
-        // in the OVN-Kubernetes masquerade subnet, which validation already refuses to protect.
+        // in the OVN-Kubernetes masquerade subnet, which validation already rejects to protect.
         keep_open: &[
             svc("the VCN DNS resolver", "169.254.169.254/32", &[53], &[]),
             svc("the OCI NTP service", "169.254.169.254/32", &[123], UDP),

@@ -77,7 +77,7 @@ fn load_names_the_file() {
 fn design_md_example_parses() {
     let text = r#"
 platform: AWS                 # OpenShift PlatformType this policy is for
-mode: enforce                 # enforce | audit (audit: log and count, never block)
+mode: enforce                 # enforce | audit (audit: log and count, never deny)
 endpoints:
   - name: ec2-imds
     cidr: 169.254.169.254/32
@@ -161,7 +161,7 @@ fn yaml_syntax_errors_name_the_line() {
 }
 
 /// Policy text comes from a ConfigMap anyone with edit rights on it writes: a hostile
-/// document is refused with an error, quickly, never a hang, a stack overflow or an
+/// document is rejected with an error, quickly, never a hang, a stack overflow or an
 /// exhausted memory.
 #[test]
 fn hostile_yaml_is_refused() {
@@ -202,7 +202,7 @@ fn yaml_1_1_forms_are_not_read_as_meant() {
         "allowNoEndpoints",
         "found the string \"yes\"",
     );
-    // `<<` merges nothing: it was an unknown field, it is refused.
+    // `<<` merges nothing: it was an unknown field, it is rejected.
     let e = parse(
         "platform: AWS\nendpoints:\n  - &b {name: a, cidr: 10.0.0.1/32}\n  - {<<: *b, name: c}\n",
     )

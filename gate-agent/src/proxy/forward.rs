@@ -114,7 +114,7 @@ pub(crate) async fn forward(
         .map_err(|_| ProxyError::UpstreamTimeout { dst, after: limits.upstream })?
 }
 
-/// The `Content-Length` a response declares (hyper's client has refused conflicting ones).
+/// The `Content-Length` a response declares (hyper's client has rejected conflicting ones).
 fn declared_length(headers: &HeaderMap) -> Option<u64> {
     headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.trim().parse().ok()
 }

@@ -4,7 +4,7 @@
 //! with any header a `Connection` header names, except the platforms' own headers, which
 //! pass untouched whatever a client's `Connection` says. `Host` is set to the address the
 //! workload connected to. Nothing is added that says the request went through a proxy: the
-//! metadata services refuse such requests.
+//! metadata services reject such requests.
 use std::net::SocketAddr;
 
 use http::{HeaderMap, HeaderName, HeaderValue, header};
@@ -86,7 +86,7 @@ pub(crate) fn host(dst: SocketAddr) -> HeaderValue {
         (SocketAddr::V6(a), port) => format!("[{}]:{port}", a.ip()),
     };
     // An address and a port are always a valid header value; an empty one (never produced)
-    // would simply be refused by the metadata service.
+    // would simply be rejected by the metadata service.
     HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 

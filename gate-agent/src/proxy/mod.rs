@@ -95,7 +95,7 @@ pub(crate) struct Limits {
     pub(crate) upstream: Duration,
 }
 
-/// hyper refuses a smaller read buffer (it asserts).
+/// hyper rejects a smaller read buffer (it asserts).
 pub(crate) const MIN_BUF: usize = 8 * 1024;
 
 impl Default for Limits {

@@ -4,7 +4,7 @@
 //! The proxy opens no tunnels and goes nowhere but where the workload connected, so
 //! `CONNECT` and targets that name a host are refused rather than ignored. No served method
 //! carries a body, so any body framing is refused: a request whose length two parsers could
-//! read differently never reaches the metadata service. The metadata services refuse
+//! read differently never reaches the metadata service. The metadata services reject
 //! requests that look proxied (AWS, GCP, Azure check for forwarding headers), so a client's
 //! own forwarding headers are refused here rather than passed on.
 use std::fmt;
@@ -76,7 +76,7 @@ impl fmt::Display for Refused {
             Refused::Body => f.write_str("a body refused: no served request has one"),
             Refused::Upgrade => f.write_str("Upgrade refused: the proxy switches no protocols"),
             Refused::Forwarded(h) => {
-                write!(f, "{h} refused: the metadata service refuses forwarded requests")
+                write!(f, "{h} refused: the metadata service rejects forwarded requests")
             }
         }
     }

@@ -1,6 +1,6 @@
 //! Terminating established connections that predate the gate (or a policy change).
 //!
-//! The eBPF programs refuse new connects and drop packets on egress, but a socket that was
+//! The eBPF programs deny new connects and drop packets on egress, but a socket that was
 //! connected before the gate took effect stays open: its owner only sees a stalled
 //! connection until TCP gives up. [`after_policy_change`] destroys such sockets the way
 //! `ss -K` does: a netlink `sock_diag` dump of TCP and connected UDP sockets, then
@@ -31,13 +31,13 @@
 //! sockets are left alone (their packets are still dropped on egress); so are sockets in a
 //! namespace in which no gated process lives any more (other than the agent's own).
 //!
-//! AF_PACKET sockets that predate the gate cannot be destroyed; [`packet_sockets_before_gate`]
-//! names their holders instead (see `packet`).
+//! AF_PACKET sockets that predate the gate cannot be destroyed; [`count_pregate_sockets`]
+//! names their holders instead (see [`pregate_sockets`]).
 //!
 //! Four parts: this module decides ([`Judge`]) and reports ([`Report`], the log lines of
 //! [`after_policy_change`]); `scan` finds the namespaces and sockets to judge; `diag` is the
-//! NETLINK_SOCK_DIAG client that dumps and destroys them; `pregate_sockets` finds packet
-//! sockets opened before the gate.
+//! NETLINK_SOCK_DIAG client that dumps and destroys them; `pregate_sockets` finds the AF_PACKET
+//! sockets opened before the gate (pre-gate sockets).
 use std::{fmt, io, net::SocketAddr, path::PathBuf};
 
 use gate_common::{
@@ -82,7 +82,7 @@ impl fmt::Display for Unsupported {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Unsupported::SockDestroy => {
-                "SOCK_DESTROY refused with EOPNOTSUPP (kernel built without CONFIG_INET_DIAG_DESTROY)"
+                "SOCK_DESTROY rejected with EOPNOTSUPP (kernel built without CONFIG_INET_DIAG_DESTROY)"
             }
             Unsupported::CgroupId => {
                 "sock_diag reports no socket cgroup ids (INET_DIAG_CGROUP_ID needs Linux 5.7+)"
@@ -116,7 +116,7 @@ pub(crate) struct Report {
     pub destroyed: Vec<Conn>,
     /// Audit mode: sockets that enforce mode would have destroyed.
     pub audited: Vec<Conn>,
-    /// Sockets that should have been destroyed but the kernel refused (see `unsupported`).
+    /// Sockets that should have been destroyed but the kernel rejected (see `unsupported`).
     pub refused: usize,
     /// Set when the kernel cannot do it; then nothing is destroyed.
     pub unsupported: Option<Unsupported>,
@@ -277,9 +277,10 @@ pub(crate) async fn after_policy_change(
     Some(report)
 }
 
-/// Name every AF_PACKET socket a gated, not allowed process holds (see [`packet`]); call it
-/// once the gate is attached. Returns how many there are (`None`: the scan failed).
-pub(crate) async fn packet_sockets_before_gate(
+/// Name every AF_PACKET socket a gated, not allowed process holds (see
+/// [`pregate_sockets`]); call it once the gate is attached. Returns how many there are
+/// (`None`: the scan failed).
+pub(crate) async fn count_pregate_sockets(
     root: &GatedRoot,
     policy: &Policy,
     allow: AllowSet,

@@ -2,7 +2,7 @@
 //!
 //! A packet socket that set `PACKET_QDISC_BYPASS` hands its frames straight to the driver:
 //! they pass no qdisc, so no tc program sees them, and on an uplink nothing else on the node
-//! does either. The setsockopt program refuses the option once the gate is attached, but a
+//! does either. The setsockopt program denies the option once the gate is attached, but a
 //! socket that set it before (a host-network pod that started before the agent, on a node
 //! without the boot step) keeps it, and neither sock_diag nor `/proc` says whether it did.
 //!

@@ -406,7 +406,7 @@ proptest! {
 
     /// No false negative: whatever the frame's shape (VLAN tags, IPv4 options, fragments,
     /// extension chains of any length, truncation), a frame bound for a protected endpoint is
-    /// judged protected, or it could not be read at all (which the programs also refuse).
+    /// judged protected, or it could not be read at all (which the programs also deny).
     /// When the parser says it read the transport, it read it right.
     #[test]
     fn protected_destinations_are_never_missed(s in arb_sent()) {
@@ -416,7 +416,7 @@ proptest! {
         let truth_protected = s.port == 80
             && if s.v6 { matches!(s.proto, PROTO_TCP | PROTO_UDP) } else { s.proto == PROTO_TCP };
         match parse_frame(&frame) {
-            None => {} // unreadable: refused as if protected
+            None => {} // unreadable: denied as if protected
             Some(p) => {
                 if p.complete {
                     let fragmented = if s.v6 { s.ext.contains(&44) } else { s.frag & 0x3fff != 0 };
@@ -446,7 +446,7 @@ fn packets_without_an_ethernet_header_by_their_version_nibble() {
     // The header decides, whatever the sk_buff's protocol says (a tun's packet information).
     assert_eq!(carries(&ip, 0x0806), CARRIES_IPV4);
     assert_eq!(carries(&[0x60; 40], 0), CARRIES_IPV6);
-    // Called IP, not IP at the network header (or nothing there): unreadable, refused.
+    // Called IP, not IP at the network header (or nothing there): unreadable, denied.
     assert_eq!(carries(&[0x00; 20], ETH_P_IP), CARRIES_UNREADABLE);
     assert_eq!(carries(&[], ETH_P_IPV6), CARRIES_UNREADABLE);
     // IPoIB's ARP, MPLS with a label not starting 4 or 6: not IP.

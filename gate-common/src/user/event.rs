@@ -36,7 +36,7 @@ impl DenyEvent {
         proto_name(self.proto)
     }
 
-    /// The destination as text: the address, or what stands in for one (a refused socket
+    /// The destination as text: the address, or what stands in for one (a denied socket
     /// option names no destination; an unreadable frame has none that could be read).
     pub fn dst_text(&self) -> String {
         match (self.family, self.sockopt()) {
@@ -46,7 +46,7 @@ impl DenyEvent {
         }
     }
 
-    /// For a refused socket option (hook `setsockopt`): `LEVEL/OPTION`.
+    /// For a denied socket option (hook `setsockopt`): `LEVEL/OPTION`.
     pub fn sockopt(&self) -> Option<String> {
         if u32::from(self.hook) != crate::abi::HOOK_SETSOCKOPT {
             return None;

@@ -88,10 +88,10 @@ named_enum! {
     /// What the gate does with traffic it would deny (`mode:` in the policy).
     #[derive(Default)]
     pub enum Mode: u32 {
-        /// Block it (EPERM at the socket hooks, drop on the packet paths). The default.
+        /// Deny it (EPERM at the socket hooks, drop on the packet paths). The default.
         #[default]
         Enforce = (abi::MODE_ENFORCE, "enforce"),
-        /// Let it through, log and count it as if blocked.
+        /// Let it through, log and count it as if denied.
         Audit = (abi::MODE_AUDIT, "audit"),
     }
 }
@@ -113,12 +113,12 @@ named_enum! {
         Connect6 = (1, "gate_connect6"),
         /// cgroup_skb egress with pid/comm in events.
         Egress = (2, "gate_egress"),
-        /// The same without the current-task helpers, for kernels that refuse them.
+        /// The same without the current-task helpers, for kernels that reject them.
         EgressNotask = (3, "gate_egress_notask"),
         Tc = (4, "gate_tc"),
         Setsockopt = (5, "gate_setsockopt"),
         /// The same without the allow set, for kernels that offer cgroup/setsockopt no
-        /// ancestor helper: the side doors are refused to every gated cgroup.
+        /// ancestor helper: the side doors are denied to every gated cgroup.
         SockoptNoallow = (6, "gate_sockopt_noallow"),
         /// BPF LSM: the side doors of `gate_setsockopt`, through every syscall ABI.
         LsmSetsockopt = (7, "gate_lsm_setsockopt"),
@@ -295,7 +295,7 @@ impl AttachPoint {
 
     /// Pin name of a tc link: `tc-<direction>-<ifindex>`. The program belongs to the
     /// interface, not its name: a rename keeps the pin (and the link), and interface names
-    /// that bpffs refuses in a pin name (`eth1.100`) need none.
+    /// that bpffs rejects in a pin name (`eth1.100`) need none.
     pub fn tc_pin_name(direction: TcDirection, ifindex: u32) -> String {
         format!("tc-{}-{ifindex}", direction.name())
     }

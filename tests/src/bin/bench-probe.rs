@@ -8,14 +8,14 @@
 //! | `connect-rate` | SECS | socket()+connect()+close() (linger 0: no TIME_WAIT) per second |
 //! | `udp-rate` | SECS | 16-byte sendto() per second on one unconnected UDP socket |
 //! | `bulk` | SECS | bytes per second written over one TCP connection |
-//! | `deny` | N TIMEOUT_MS | N connect() calls to a refused destination: µs until each returns |
+//! | `deny` | N TIMEOUT_MS | N connect() calls to a denied destination: µs until each returns |
 //! | `flip` | refused\|served TIMEOUT_MS | connects every ~200 µs; prints `{"stage":"ready"}` after the first attempt, then the CLOCK_MONOTONIC time of the first attempt with the wanted outcome |
 //! | `serve` | MODE | one rate mode kept open: each line on stdin is a number of milliseconds to run it for, each answer one JSON line |
 //! | `http` | PATH N | N sequential `GET PATH` (a connection each, as metadata clients do): µs until each response is read whole, its status, and requests per second |
 //!
 //! The rate modes also report `cpu_s`, the CPU time (user + system) the loop took.
 //!
-//! It refuses to run without --netns: it never sends from the host namespace.
+//! It will not run without --netns: it never sends from the host namespace.
 use std::{
     io::Write as _,
     net::{IpAddr, SocketAddr, TcpStream},
@@ -361,7 +361,7 @@ fn flip(dst: SocketAddr, want_refused: bool, timeout: Duration) -> Value {
 }
 
 /// Abuse: for `secs`, `visits` times a second, make a new cgroup under `base`, move this
-/// process into it, connect() `per` times (each refused), move back to `home` and remove
+/// process into it, connect() `per` times (each denied), move back to `home` and remove
 /// the cgroup: `visits` distinct denied cgroups a second, `visits × per` denials.
 fn churn(dst: SocketAddr, base: &str, home: &str, visits: f64, per: usize, secs: f64) -> Value {
     let a = raw_addr(dst);

@@ -7,7 +7,7 @@
 //! * `frame IFACE SLL_PROTO FRAMES`: send the Ethernet frames on an AF_PACKET socket bound
 //!   to IFACE, with `sll_protocol` SLL_PROTO (hex, e.g. `0800`).
 //! * `frame-bypass IFACE SLL_PROTO FRAMES`: the same after setting PACKET_QDISC_BYPASS; if
-//!   the option is refused, the frames are sent anyway (without it) and the result says
+//!   the option is denied, the frames are sent anyway (without it) and the result says
 //!   `stage: "setsockopt"` with its errno, and in `reply` how the sends went.
 //!   `frame-bypass-compat` sets the option through the 32-bit compat ABI (`int 0x80`).
 //! * `hold-capture KIND IFACE NEEDLE`: open a socket that reads the node's traffic
@@ -34,7 +34,8 @@
 //! Hold commands connect first, print `{"stage":"connected"}`, read the token from stdin,
 //! then send. `hammer-tcp` prints `{"stage":"connected"}`, then connect()s and sends the
 //! token in a loop until a line arrives on stdin, and reports
-//! `attempts=N successes=N eperm=N other=N` as its reply (ok = no success). It refuses to run without --netns: it never sends from the host namespace.
+//! `attempts=N successes=N eperm=N other=N` as its reply (ok = no success). It will not run
+//! without --netns: it never sends from the host namespace.
 use std::{
     io::{BufRead as _, Read as _, Write as _},
     net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, UdpSocket},
@@ -343,7 +344,7 @@ enum Bypass {
 
 /// `frame` / `frame-bypass` / `frame-bypass-compat`: send `frames` on `iface`, after asking
 /// for PACKET_QDISC_BYPASS as `bypass` says. Every frame is sent even when one fails (a tc drop on egress shows as
-/// ENOBUFS); the first failure is the result. If the option is refused, that is the result
+/// ENOBUFS); the first failure is the result. If the option is denied, that is the result
 /// (`stage: "setsockopt"`), and `reply` says how the sends went.
 fn send_frames(iface: &str, proto: u16, frames: &[Vec<u8>], bypass: Bypass) -> Outcome {
     let (sock, ifindex) = match packet_socket(iface) {
@@ -351,7 +352,7 @@ fn send_frames(iface: &str, proto: u16, frames: &[Vec<u8>], bypass: Bypass) -> O
         Err(o) => return o,
     };
     let (level, opt) = (libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS);
-    let refused = match bypass {
+    let denied = match bypass {
         Bypass::No => None,
         Bypass::Native => setsockopt(&sock, level, opt, &1i32).err(),
         Bypass::Compat => sidedoor::compat_setsockopt_one(&sock, level, opt).err(),
@@ -362,7 +363,7 @@ fn send_frames(iface: &str, proto: u16, frames: &[Vec<u8>], bypass: Bypass) -> O
         None => "sent".to_owned(),
         Some(e) => format!("send failed: {e}"),
     };
-    match (refused, failed) {
+    match (denied, failed) {
         (Some(e), _) => {
             Outcome { ok: false, errno: e.raw_os_error(), stage: "setsockopt", reply: Some(sent) }
         }

@@ -4,7 +4,7 @@
 //! standalone mode on its defaults, and with the agent in cluster mode on the shipped
 //! DaemonSet's `run` arguments — and every hand-built packet goes twice: to the metadata
 //! service, and to its unprotected neighbour (169.254.169.253, fd00:ec2::253), which must be
-//! reached whatever the gate, so a refusal is never a broken path.
+//! reached whatever the gate, so a denial is never a broken path.
 //!
 //! The topology: `imds` (the fake service), `node` (forwarding, masquerading pod traffic;
 //! the agent runs here, as a host-network DaemonSet pod does), `pod` behind the node's
@@ -264,7 +264,7 @@ impl World {
 
     /// Whether the running agent's setsockopt program consults the allow set: on kernels that
     /// offer cgroup/setsockopt no ancestor helper (5.10) the agent loads
-    /// `gate_sockopt_noallow`, which refuses the side doors to every gated cgroup.
+    /// `gate_sockopt_noallow`, which denies the side doors to every gated cgroup.
     fn sockopt_consults_allow(&self) -> bool {
         let Some(agent) = &self.c.env.agent else { return true };
         let (_, st) = agent.status().expect("status");
@@ -316,7 +316,7 @@ impl World {
 
     /// Send each attempt twice, to the metadata service and to its neighbour, each with its
     /// own token, and check: the neighbour is reached whatever the gate (unless
-    /// `neighbour_passes` is false: frames the gate cannot read are refused whatever their
+    /// `neighbour_passes` is false: frames the gate cannot read are denied whatever their
     /// address); the metadata service is reached without a gate; with one it never is, and
     /// the agent counted at least one denial per attempt.
     fn attempts(&self, gate: Gate, neighbour_passes: bool, list: &[Attempt<'_>]) {
@@ -359,7 +359,7 @@ impl World {
         // The boot step leaves no agent to count denials.
         if gate == Gate::Boot {
             for (what, _, _) in &sent {
-                eprintln!("bypass: {what}: {gate:?}: refused");
+                eprintln!("bypass: {what}: {gate:?}: denied");
             }
             return;
         }
@@ -376,7 +376,7 @@ impl World {
             sent.len()
         );
         for (what, _, _) in &sent {
-            eprintln!("bypass: {what}: {gate:?}: refused; denials of the batch by hook {delta:?}");
+            eprintln!("bypass: {what}: {gate:?}: denied; denials of the batch by hook {delta:?}");
         }
     }
 
@@ -469,8 +469,8 @@ fn pod_af_packet_frames_to_its_gateway_are_refused() {
 /// host-network pod with NET_ADMIN adds it; an IPv6 Router Advertisement from the pod does
 /// the same for a default route) once made that veth an "uplink", which took no ingress
 /// program. Routes decide nothing now: the veth keeps its ingress program (tcx: the very
-/// link), and the pod's frames to its gateway are refused there (and, were it missing, where
-/// they leave: forwarded traffic without a socket is refused at the uplinks in both modes).
+/// link), and the pod's frames to its gateway are denied there (and, were it missing, where
+/// they leave: forwarded traffic without a socket is denied at the uplinks in both modes).
 #[test]
 fn a_route_that_makes_a_pod_veth_an_uplink_opens_nothing() {
     privileged!(a_route_that_makes_a_pod_veth_an_uplink_opens_nothing);
@@ -500,7 +500,7 @@ fn a_route_that_makes_a_pod_veth_an_uplink_opens_nothing() {
     w.frames(&w.pod_ns, &w.c.web, "eth0", ETH_P_IP, &[eth(w.gw, &udp80(POD_V4, To::Imds, &t))]);
     assert!(
         w.c.env.imds.wait_for(&t, Duration::from_secs(3)),
-        "a frame forwarded from the trusted {POD_IFACE} was refused"
+        "a frame forwarded from the trusted {POD_IFACE} was denied"
     );
     w.gate(Gate::None);
 }
@@ -599,7 +599,7 @@ fn forwarding_loop_inside_a_pod_is_refused() {
 /// Case 7: 802.1Q-tagged frames. This kernel has no 802.1Q module (no VLAN sub-interfaces),
 /// so the tags are priority tags (VLAN 0), which every Linux receiver strips, as many as
 /// there are: one tag, QinQ (802.1ad + 802.1Q), three tags (more than the gate reads: it
-/// refuses such a frame whatever its address). From the host-network pod on the uplink, and
+/// denies such a frame whatever its address). From the host-network pod on the uplink, and
 /// from the pod to its gateway (QinQ).
 #[test]
 fn vlan_tagged_frames_are_refused() {
@@ -671,8 +671,8 @@ fn first_fragment_without_its_transport_header_is_refused() {
 }
 
 /// Case 9: PACKET_QDISC_BYPASS (frames straight to the driver, past tc egress) and AF_XDP
-/// setup are refused with EPERM to gated workloads that are not allowed, and a frame sent
-/// anyway on the refused socket never arrives; the allowed pod and host processes outside the
+/// setup are denied with EPERM to gated workloads that are not allowed, and a frame sent
+/// anyway on the denied socket never arrives; the allowed pod and host processes outside the
 /// gated root keep both.
 #[test]
 fn qdisc_bypass_and_af_xdp_setup_are_refused_to_gated_workloads() {
@@ -689,30 +689,30 @@ fn qdisc_bypass_and_af_xdp_setup_are_refused_to_gated_workloads() {
             on_node("host process outside the gated root", "outside", false),
         ];
         let before = w.denials();
-        let mut refused = 0.0;
+        let mut denied = 0.0;
         let consults_allow = w.sockopt_consults_allow();
         let in_root = |cgroup: &str| cgroup != "outside";
         for (who, netns, cgroup, iface, mac, src, gated) in senders {
             let gated = gated && gate != Gate::None;
-            // Without the allow set (5.10), allowed workloads are refused the options too.
-            let refuses = gated || (!consults_allow && in_root(&cgroup) && gate != Gate::None);
+            // Without the allow set (5.10), allowed workloads are denied the options too.
+            let denies = gated || (!consults_allow && in_root(&cgroup) && gate != Gate::None);
             let eperm = |o: &Outcome| (o.stage.as_str(), o.errno) == ("setsockopt", Some(EPERM));
             let t = token("qdisc-bypass");
             let f = frame::to_hex(&eth(mac, &udp80(src, To::Imds, &t)));
             let o = w.probe(netns, &cgroup, &["frame-bypass", iface, "0800", &f]);
             let arrived =
                 w.c.env.imds.wait_for(&t, Duration::from_millis(if gated { 500 } else { 3000 }));
-            if refuses {
-                assert!(eperm(&o), "{who}: PACKET_QDISC_BYPASS not refused: {o:?}");
+            if denies {
+                assert!(eperm(&o), "{who}: PACKET_QDISC_BYPASS not denied: {o:?}");
                 // Sent anyway, without the option: tc drops it (on the uplink's egress, the
                 // sender is told ENOBUFS) unless the sender is allowed.
                 let sent = o.reply.as_deref().unwrap_or_default();
                 assert!(sent == "sent" || sent.contains("os error 105"), "{o:?}");
                 assert_eq!(
                     arrived, !gated,
-                    "{who} under {gate:?}: the frame sent on the refused socket"
+                    "{who} under {gate:?}: the frame sent on the denied socket"
                 );
-                refused += 1.0;
+                denied += 1.0;
             } else {
                 assert_eq!((o.stage.as_str(), o.errno), ("send", None), "{who}: {o:?}");
                 assert!(arrived, "{who} under {gate:?}: the frame sent with the option was lost");
@@ -721,21 +721,21 @@ fn qdisc_bypass_and_af_xdp_setup_are_refused_to_gated_workloads() {
             let no_xdp = o.stage == "socket" && o.errno == Some(libc::EAFNOSUPPORT);
             assert!(
                 !no_xdp,
-                "{who}: no AF_XDP in this kernel (EAFNOSUPPORT): cannot show the refusal"
+                "{who}: no AF_XDP in this kernel (EAFNOSUPPORT): cannot show the denial"
             );
-            if refuses {
-                assert!(eperm(&o), "{who}: XDP_UMEM_REG not refused: {o:?}");
-                refused += 1.0;
+            if denies {
+                assert!(eperm(&o), "{who}: XDP_UMEM_REG not denied: {o:?}");
+                denied += 1.0;
             } else {
-                assert!(o.ok, "{who} under {gate:?}: XDP_UMEM_REG refused: {o:?}");
+                assert!(o.ok, "{who} under {gate:?}: XDP_UMEM_REG denied: {o:?}");
             }
-            let verdict = if refuses { "refused with EPERM" } else { "accepted" };
+            let verdict = if denies { "denied with EPERM" } else { "accepted" };
             eprintln!("bypass: {who}: {gate:?}: PACKET_QDISC_BYPASS and XDP_UMEM_REG {verdict}");
         }
         if gate != Gate::None {
             let after = w.denials().get("setsockopt").copied().unwrap_or(0.0);
             let counted = after - before.get("setsockopt").copied().unwrap_or(0.0);
-            assert_eq!(counted, refused, "setsockopt denials counted");
+            assert_eq!(counted, denied, "setsockopt denials counted");
             let logged =
                 |v: &serde_json::Value| v["message"] == "denied" && v["hook"] == "setsockopt";
             let line = w.c.env.agent().wait_log(logged, Duration::from_secs(5));
@@ -759,8 +759,8 @@ fn rename(node: &str, from: &str, to: &str) {
 }
 
 /// Case 3b: the uplink renamed while the gate runs, to a plain name and to a dotted one (as
-/// VLAN interfaces are named, and which bpffs refuses in a pin name): the program belongs to
-/// the interface, so the gated host-network pod's frames on it are refused throughout, and
+/// VLAN interfaces are named, and which bpffs rejects in a pin name): the program belongs to
+/// the interface, so the gated host-network pod's frames on it are denied throughout, and
 /// (tcx) the very link that was there before the rename still is. Without a gate they arrive.
 #[test]
 fn a_renamed_uplink_keeps_its_program() {
@@ -803,7 +803,7 @@ fn a_renamed_uplink_keeps_its_program() {
 /// TUN, without a socket, and forwards it). They start with the IP header: read as an
 /// Ethernet frame, the source address's first bytes pass for an Ethernet type and the packet
 /// for "not IP". The interface gets `gate_tc_l3`, which reads at the network header, and they
-/// are refused. Without a gate they arrive, through the VPN or forwarded.
+/// are denied. Without a gate they arrive, through the VPN or forwarded.
 #[test]
 fn packets_on_an_l3_interface_are_refused() {
     privileged!(packets_on_an_l3_interface_are_refused);
@@ -842,7 +842,7 @@ fn packets_on_an_l3_interface_are_refused() {
 /// an interface the agent has not seen yet (`ip link add … index 777`, a second way to the
 /// metadata service's side); the agent attaches anyway, holds the links open, and says so
 /// (`metadata_gate_node_attach_failures`, no pinned link in status): the gated host-network
-/// pod's frames on that interface are refused all the same. Once the names are free, the
+/// pod's frames on that interface are denied all the same. Once the names are free, the
 /// next check pins the links. Without a gate the frames arrive.
 #[test]
 fn a_link_whose_pin_fails_is_held_not_dropped() {
@@ -903,7 +903,7 @@ fn a_link_whose_pin_fails_is_held_not_dropped() {
 /// Case 10b: a brand-new interface's first frames. A veth appears (its far end, in the
 /// metadata service's namespace, stands for a new pod or VM), and frames to the metadata
 /// service enter the node by it at once, before the agent can have attached anything there:
-/// they are forwarded without a socket, and refused where they leave the node if not where
+/// they are forwarded without a socket, and denied where they leave the node if not where
 /// they enter. Without a gate they are forwarded to the service.
 #[test]
 fn a_new_interfaces_first_frames_are_judged() {
@@ -933,7 +933,7 @@ fn a_new_interfaces_first_frames_are_judged() {
 
 /// Case 9b: PACKET_QDISC_BYPASS asked through the 32-bit compat ABI (`int 0x80`), for which
 /// the kernel runs no cgroup/setsockopt program (`do_sock_setsockopt`: `if (!compat)`): the
-/// LSM program refuses it as the native call is refused, and the frame sent anyway never
+/// LSM program denies it as the native call is denied, and the frame sent anyway never
 /// arrives; the allowed pod keeps it. Where the kernel runs no BPF LSM the door is open, and
 /// status and /metrics say so.
 #[test]
@@ -949,17 +949,17 @@ fn qdisc_bypass_through_the_32_bit_abi_is_refused() {
             let t = token("compat-bypass");
             let f = frame::to_hex(&eth(w.imds_mac, &udp80(NODE_V4, To::Imds, &t)));
             let o = w.probe(&w.node, cgroup, &["frame-bypass-compat", "vnode", "0800", &f]);
-            let refused = gate != Gate::None && !allowed && lsm == Some(true);
+            let denied = gate != Gate::None && !allowed && lsm == Some(true);
             let arrived =
-                w.c.env.imds.wait_for(&t, Duration::from_millis(if refused { 500 } else { 3000 }));
-            if refused {
+                w.c.env.imds.wait_for(&t, Duration::from_millis(if denied { 500 } else { 3000 }));
+            if denied {
                 assert_eq!(
                     (o.stage.as_str(), o.errno),
                     ("setsockopt", Some(EPERM)),
                     "{who}: {o:?}"
                 );
-                assert!(!arrived, "{who} under {gate:?}: the frame sent on the refused socket");
-                eprintln!("bypass: {who}: {gate:?}: compat PACKET_QDISC_BYPASS refused with EPERM");
+                assert!(!arrived, "{who} under {gate:?}: the frame sent on the denied socket");
+                eprintln!("bypass: {who}: {gate:?}: compat PACKET_QDISC_BYPASS denied with EPERM");
             } else {
                 assert_eq!((o.stage.as_str(), o.errno), ("send", None), "{who}: {o:?}");
                 assert!(arrived, "{who} under {gate:?}: a compat-bypass frame was lost");
@@ -968,7 +968,7 @@ fn qdisc_bypass_through_the_32_bit_abi_is_refused() {
         }
         if lsm == Some(true) {
             let after = w.denials().get("setsockopt").copied().unwrap_or(0.0);
-            assert_eq!(after - before, 1.0, "the compat refusal counted under setsockopt");
+            assert_eq!(after - before, 1.0, "the compat denial counted under setsockopt");
         }
     });
 }
@@ -977,9 +977,9 @@ fn qdisc_bypass_through_the_32_bit_abi_is_refused() {
 /// AF_PACKET socket of ETH_P_ALL (natively and through the 32-bit ABI), one of protocol 0
 /// bound to ETH_P_IP afterwards, and a raw IPPROTO_TCP socket; then the allowed CCM fetches
 /// its instance id. Without the gate each socket reads the reply off the wire; with it each
-/// is refused (EPERM at `socket()` or `bind()`), the CCM's own too: its entry grants the
+/// is denied (EPERM at `socket()` or `bind()`), the CCM's own too: its entry grants the
 /// metadata service, not capture. The IDS, whose entry grants capture only, reads it, and is
-/// refused the metadata service. Sockets that read no IP (ETH_P_ARP, raw ICMP) stay open.
+/// denied the metadata service. Sockets that read no IP (ETH_P_ARP, raw ICMP) stay open.
 #[test]
 fn reading_the_nodes_traffic_is_refused_to_gated_workloads() {
     privileged!(reading_the_nodes_traffic_is_refused_to_gated_workloads);
@@ -1000,7 +1000,7 @@ fn reading_the_nodes_traffic_is_refused_to_gated_workloads() {
             fetch();
             held.send("go").expect("capture result")
         };
-        let mut refused = 0.0;
+        let mut denied = 0.0;
         let kinds = ["packet-all", "packet-all-compat", "packet-bind", "raw-tcp"];
         let who = [
             (w.rogue.as_str(), "host-network pod", false),
@@ -1012,14 +1012,14 @@ fn reading_the_nodes_traffic_is_refused_to_gated_workloads() {
                 let shut = gate != Gate::None && !allowed && lsm == Some(true);
                 match hold(cgroup, kind) {
                     Err(o) => {
-                        assert!(shut, "{who} {kind} under {gate:?}: refused: {o:?}");
+                        assert!(shut, "{who} {kind} under {gate:?}: denied: {o:?}");
                         let stage = if kind == "packet-bind" { "bind" } else { "socket" };
                         assert_eq!((o.stage.as_str(), o.errno), (stage, Some(EPERM)), "{kind}");
-                        refused += 1.0;
-                        eprintln!("bypass: {who}: {gate:?}: {kind} capture refused with EPERM");
+                        denied += 1.0;
+                        eprintln!("bypass: {who}: {gate:?}: {kind} capture denied with EPERM");
                     }
                     Ok(held) => {
-                        assert!(!shut, "{who} {kind} under {gate:?}: not refused");
+                        assert!(!shut, "{who} {kind} under {gate:?}: not denied");
                         let o = captures(held);
                         assert!(
                             o.ok,
@@ -1036,13 +1036,13 @@ fn reading_the_nodes_traffic_is_refused_to_gated_workloads() {
             let held = hold(&w.rogue, kind);
             assert!(
                 held.is_ok(),
-                "{kind} (reads no IP) refused under {gate:?}: {held:?}",
+                "{kind} (reads no IP) denied under {gate:?}: {held:?}",
                 held = held.err()
             );
         }
         if lsm == Some(true) {
             let after = w.denials().get("socket").copied().unwrap_or(0.0);
-            assert_eq!(after - before, refused, "socket refusals counted");
+            assert_eq!(after - before, denied, "socket denials counted");
         }
         // A capture grant is no way to the metadata service.
         let o = w.probe(&w.node, &w.ids, &["tcp", IMDS_V4, "80", &token("ids")]);
@@ -1087,7 +1087,7 @@ fn frames_from_a_vm_tap_are_refused() {
 /// Controls, with the node's address on a bridge whose port is the uplink: a host process
 /// outside the gated root and the allowed host-network pod are served; the pod's DNS (UDP 53
 /// on the neighbour and on the metadata address itself) is served; the gated host-network
-/// pod is refused at connect(), so the gate is on in this topology.
+/// pod is denied at connect(), so the gate is on in this topology.
 #[test]
 fn host_processes_allowed_pods_and_unprotected_ports_are_served() {
     privileged!(host_processes_allowed_pods_and_unprotected_ports_are_served);
@@ -1114,7 +1114,7 @@ fn host_processes_allowed_pods_and_unprotected_ports_are_served() {
     });
 }
 
-/// Control: the gate passes what it does not refuse on to the next tc program (TCX_NEXT),
+/// Control: the gate passes what it does not deny on to the next tc program (TCX_NEXT),
 /// never ends the chain. A second gate agent, with its own pin dir and cgroup root, protects
 /// UDP 53 of the metadata address in audit mode; it starts first, so the gate under test
 /// attaches ahead of it. A VM's frame to :53 passes the first gate, reaches the service, and
@@ -1183,7 +1183,7 @@ fn host_network_frame_looped_through_lo_and_forwarded_is_refused() {
 /// rewrites it to the metadata address and duplicates it (`dup to`). The egress hook drops
 /// the original, but the duplicate is a copy without a socket, made on this node (no
 /// ingress interface). The node-level program passes such local socketless packets only
-/// when they are a bare TCP segment (the kernel's own resets and ACKs): the copy is refused.
+/// when they are a bare TCP segment (the kernel's own resets and ACKs): the copy is denied.
 #[test]
 fn host_network_pod_duplicating_a_rewritten_decoy_with_nft_is_refused() {
     privileged!(host_network_pod_duplicating_a_rewritten_decoy_with_nft_is_refused);

@@ -193,7 +193,7 @@ fn cluster_mode_gates_pods_by_identity_and_follows_the_api() {
     assert_eq!(ready["from"], "Infrastructure", "{ready}");
     assert_eq!(ready["configmap"], format!("{NS}/metadata-gate-policy-aws"), "{ready}");
 
-    // The allowed host-network pod is served; another pod is refused, named by identity.
+    // The allowed host-network pod is served; another pod is denied, named by identity.
     c.env.assert_served(&c.ccm, "tcp", IMDS_V4, "80");
     c.refused(&c.web, "tcp", IMDS_V4, "80");
     let line = agent
@@ -228,7 +228,7 @@ fn cluster_mode_gates_pods_by_identity_and_follows_the_api() {
     c.refused(&c.web, "udp", NTP_V4, "123");
     c.env.assert_served(&c.ccm, "udp", NTP_V4, "123");
 
-    // A bad ConfigMap is refused with an Event on it; the last good policy stays.
+    // A bad ConfigMap is rejected with an Event on it; the last good policy stays.
     c.api.put(
         CONFIGMAPS,
         kubeapi::configmap(

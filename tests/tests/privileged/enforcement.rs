@@ -1,4 +1,4 @@
-//! What the gate refuses and what it leaves open, from the moment the agent is ready.
+//! What the gate denies and what it leaves open, from the moment the agent is ready.
 use std::time::Duration;
 
 use integration_tests::{
@@ -101,7 +101,7 @@ fn socket_paths_are_refused_on_one_agent() {
     }
 }
 
-/// A datagram is judged once, on egress, and its refusal is the sendto()'s EPERM; the
+/// A datagram is judged once, on egress, and its denial is the sendto()'s EPERM; the
 /// denial is one event, with the sender's pid and comm where the kernel gives the egress
 /// program the current task.
 #[test]
@@ -128,12 +128,12 @@ fn udp_denial_is_one_event_from_egress() {
     std::thread::sleep(Duration::from_millis(200));
     let denials =
         env.agent().logs().iter().filter(|l| l.contains("\"verdict\":\"denied\"")).count();
-    assert_eq!(denials, 1, "one refused datagram, one event");
+    assert_eq!(denials, 1, "one denied datagram, one event");
 }
 
 /// A source-routed datagram names its real destination in its options, not its header: the
 /// receiving host hands it on (here the metadata service's own host, with source routes
-/// accepted). Without a gate the path is real; with one, the datagram is refused with EPERM
+/// accepted). Without a gate the path is real; with one, the datagram is denied with EPERM
 /// whatever its header's destination, and the allow-listed cgroup is still served.
 #[test]
 fn source_routed_udp_refused() {
@@ -216,7 +216,7 @@ fn nested_and_late_cgroups_under_an_allowed_one_are_allowed() {
     // Created after the agent is ready: allowed from its first syscall by the ancestor walk.
     env.cg.create("gated/cloud-agent/late/deeper").expect("late cgroup");
     env.assert_served("gated/cloud-agent/late/deeper", "tcp", IMDS_V4, "80");
-    // A sibling created late is still refused.
+    // A sibling created late is still denied.
     env.cg.create("gated/pod-late").expect("late sibling");
     env.assert_refused("gated/pod-late", "tcp", IMDS_V4, "80", "connect");
 }
@@ -269,7 +269,7 @@ fn each_denial_is_one_structured_log_event() {
     assert_eq!(line["comm"], "probe", "{line}");
     let denials =
         env.agent().logs().iter().filter(|l| l.contains("\"verdict\":\"denied\"")).count();
-    assert_eq!(denials, 1, "one refused connect, one event");
+    assert_eq!(denials, 1, "one denied connect, one event");
 }
 
 #[test]
@@ -308,7 +308,7 @@ fn bad_policy_is_refused_and_attaches_nothing() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "agent accepted a bad policy");
     assert!(stderr.contains("endpoints[0].ports"), "error does not name the field: {stderr}");
-    assert!(!pin_dir.exists(), "a refused start left pins behind");
+    assert!(!pin_dir.exists(), "a rejected start left pins behind");
     env.assert_served("gated/pod-a", "tcp", IMDS_V4, "80");
 
     let out = env.gate_agent(&["check", &bad_s], Duration::from_secs(10)).expect("check exits");
@@ -322,15 +322,15 @@ fn bad_policy_is_refused_and_attaches_nothing() {
 }
 
 /// An entry narrowed to served paths, and `served` itself, open nothing while no metadata
-/// proxy serves them (no --proxy-address): the narrowed workload is refused as if it had no
-/// entry, an ordinary entry beside it is still served, and the agent says which entries it
-/// refuses.
+/// proxy serves them (no --proxy-address): the narrowed workload is denied as if it had no
+/// entry, an ordinary entry beside it is still served, and the agent names the entries
+/// whose workloads it denies.
 #[test]
 fn an_entry_narrowed_to_paths_is_refused_until_a_proxy_serves_them() {
     privileged!(an_entry_narrowed_to_paths_is_refused_until_a_proxy_serves_them);
     let mut env = Env::new("enforce");
     env.cg.create("gated/csi-node").expect("cgroup");
-    // Without the gate both reach the service: the refusal below is the gate's.
+    // Without the gate both reach the service: the denial below is the gate's.
     env.assert_served("gated/csi-node", "tcp", IMDS_V4, "80");
     env.assert_served("gated/cloud-agent", "tcp", IMDS_V4, "80");
     let narrowed = policy("enforce")

@@ -61,7 +61,7 @@ fn explain_decides_against_the_live_maps_and_says_why() {
         a.extend_from_slice(args);
         env.gate_agent(&a, Duration::from_secs(10)).expect("explain")
     };
-    // Refused: exit 1, the endpoint and the reason named.
+    // Denied: exit 1, the endpoint and the reason named.
     let out = explain(&["--cgroup", "pod-a", "169.254.169.254:80"]);
     assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
     let v = &json(&out)[0];

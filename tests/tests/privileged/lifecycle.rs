@@ -37,7 +37,7 @@ fn sigkill_keeps_the_gate_closed_and_a_restart_adopts_it() {
     assert_eq!(before["policy"]["generation"], 1, "{before}");
 
     env.agent.as_mut().expect("agent").kill();
-    // No agent: the pinned programs still refuse, the allow list still holds.
+    // No agent: the pinned programs still deny, the allow list still holds.
     env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
     env.assert_served("gated/cloud-agent", "tcp", IMDS_V4, "80");
     let down = status(&env);
@@ -111,7 +111,7 @@ fn upgrade_swaps_programs_without_an_open_window() {
     privileged!(upgrade_swaps_programs_without_an_open_window);
     let mut env = Env::new("enforce");
     // The old agent runs the egress program with pid/comm where the kernel allows it. Where
-    // the verifier refuses bpf_get_current_pid_tgid in cgroup_skb, `task` is refused before
+    // the verifier rejects bpf_get_current_pid_tgid in cgroup_skb, `task` is rejected before
     // anything is attached and `auto` (the default) falls back to `notask`, as documented.
     let task = ["--egress-program", "task"];
     let netns = env.net.node_path();
@@ -121,9 +121,9 @@ fn upgrade_swaps_programs_without_an_open_window() {
             env.agent = Some(agent);
             "gate_egress"
         }
-        Err(refused) => {
-            let why = format!("{refused:#}");
-            assert!(why.contains("program gate_egress:"), "not a refusal of the program: {why}");
+        Err(rejected) => {
+            let why = format!("{rejected:#}");
+            assert!(why.contains("program gate_egress:"), "not a rejection of the program: {why}");
             env.start_agent();
             let warned = env
                 .agent()
@@ -154,7 +154,7 @@ fn upgrade_swaps_programs_without_an_open_window() {
             .unwrap_or(0)
     };
     assert!(field("attempts") >= 100, "too few attempts to cover the swap: {counts}");
-    assert_eq!(field("eperm"), field("attempts"), "every attempt refused with EPERM: {counts}");
+    assert_eq!(field("eperm"), field("attempts"), "every attempt denied with EPERM: {counts}");
     assert!(!env.imds.wait_for(&t, Duration::from_millis(300)), "hammer token reached the IMDS");
 
     let after = status(&env);
@@ -196,9 +196,9 @@ fn policy_file_edits_are_live_and_a_bad_edit_keeps_the_last_good() {
     env.assert_refused("gated/pod-a", "udp", NTP_V4, "123", "send");
     env.assert_served("gated/cloud-agent", "udp", NTP_V4, "123");
 
-    // A bad edit is refused, named, counted; the last good policy stays in force.
+    // A bad edit is rejected, named, counted; the last good policy stays in force.
     env.replace_policy(&with_ntp.replace("ports: [123]", "ports: [70000]"));
-    let refused = env
+    let rejected = env
         .agent()
         .wait_log(
             |v| v["message"].as_str().is_some_and(|m| m.starts_with("policy rejected")),
@@ -206,8 +206,8 @@ fn policy_file_edits_are_live_and_a_bad_edit_keeps_the_last_good() {
         )
         .expect("rejection logged");
     assert!(
-        refused["error"].as_str().is_some_and(|e| e.contains("endpoints[3].ports")),
-        "{refused}"
+        rejected["error"].as_str().is_some_and(|e| e.contains("endpoints[3].ports")),
+        "{rejected}"
     );
     env.assert_refused("gated/pod-a", "udp", NTP_V4, "123", "send");
     env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");

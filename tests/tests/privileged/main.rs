@@ -2,8 +2,9 @@
 //! real gate-agent binary. Root only; run with `--test-threads=1` (`cargo xtask test` does):
 //! every test loads programs into the kernel.
 //!
-//! Every refusal is paired with proof that the token never reached the fake metadata
-//! service, and with a positive control where one makes sense, so no test passes vacuously.
+//! Every denial (or refusal by the proxy) is paired with proof that the token never reached
+//! the fake metadata service, and with a positive control where one makes sense, so no test
+//! passes vacuously.
 //!
 //! One binary, one module per area (test names carry it: `tc::…`, `lifecycle::…`):
 //!
@@ -130,7 +131,7 @@ impl Env {
         Held::start(&self.bins, &self.net, &self.cgroup(cgroup), args)
     }
 
-    /// `cmd` to addr:port from `cgroup` is refused with EPERM at `stage`, at once, and the
+    /// `cmd` to addr:port from `cgroup` is denied with EPERM at `stage`, at once, and the
     /// token never reaches the service.
     fn assert_refused(&self, cgroup: &str, cmd: &str, addr: &str, port: &str, stage: &str) {
         let t = token(cmd);
@@ -140,7 +141,7 @@ impl Env {
         assert_eq!(o.stage, stage, "{cmd} {addr}:{port} from {cgroup}: {o:?}");
         // EPERM comes from the hook itself; a drop would surface as a timeout after seconds.
         // This tells the two apart; it is not a speed assertion.
-        assert!(o.elapsed_us < 500_000, "refusal took {} us: {o:?}", o.elapsed_us);
+        assert!(o.elapsed_us < 500_000, "denial took {} us: {o:?}", o.elapsed_us);
         assert!(!self.imds.wait_for(&t, Duration::from_millis(300)), "token {t} reached the IMDS");
     }
 

@@ -134,7 +134,7 @@ fn eth(tags: &[(u16, u16)], packet: &[u8]) -> Vec<u8> {
     frame::ethernet([0x02, 0, 0, 0, 0, 0x02], frame::SRC_MAC, tags, ethertype, packet)
 }
 
-/// Whether `packet` is too short for its IP header: the kernel's test run refuses such a
+/// Whether `packet` is too short for its IP header: the kernel's test run rejects such a
 /// packet under an IP Ethernet type.
 fn cut_short(packet: &[u8]) -> bool {
     packet.len() < if frame::ethertype_of(packet) == ETH_P_IP { 20 } else { 40 }
@@ -150,7 +150,7 @@ fn egress_frame(packet: &[u8]) -> Vec<u8> {
 }
 
 /// The IP-level cases: name, packet (behind an Ethernet header of the type its version
-/// says), whether the gate refuses it.
+/// says), whether the gate denies it.
 fn ip_cases() -> Vec<(&'static str, Vec<u8>, bool)> {
     let imds4 = v4(IMDS_V4).octets();
     let nb4 = v4(NEIGHBOUR_V4).octets();
@@ -220,7 +220,7 @@ fn ip_cases() -> Vec<(&'static str, Vec<u8>, bool)> {
             ipv4(IMDS_V4, PROTO_UDP, 0x4000, &[], &udp4_53),
             false,
         ),
-        // IPv4 options: the transport header is read behind them; routes refuse.
+        // IPv4 options: the transport header is read behind them; routes deny.
         (
             "udp4 options, then the protected port",
             ipv4(IMDS_V4, PROTO_UDP, 0, &nops, &udp4(IMDS_V4, 80)),
@@ -355,7 +355,7 @@ fn versioned(env: &Env) -> PathBuf {
 }
 
 /// Every IP-level case through the egress program the agent attached, from this process
-/// (outside the allow set): refused ones dropped, the rest passed.
+/// (outside the allow set): denied ones dropped, the rest passed.
 #[test]
 fn egress_program_decides_every_parser_edge_as_the_host_does() {
     privileged!(egress_program_decides_every_parser_edge_as_the_host_does);
@@ -365,10 +365,10 @@ fn egress_program_decides_every_parser_edge_as_the_host_does() {
     let cases = ip_cases();
     let started = Instant::now();
     let mut wrong = Vec::new();
-    for (name, packet, refused) in &cases {
+    for (name, packet, denied) in &cases {
         let code =
             egress.run(&egress_frame(packet), 1).unwrap_or_else(|e| panic!("{name}: {e:#}")).code;
-        let want = if *refused { DROP } else { PASS };
+        let want = if *denied { DROP } else { PASS };
         if code != want {
             wrong.push(format!("{name}: returned {code}, expected {want}"));
         }
@@ -444,11 +444,11 @@ fn tc_program_reads_ethernet_and_ip_edges_and_the_callers_cgroup() {
     let wrong: Vec<String> = frames
         .iter()
         .zip(&gated)
-        .filter(|((_, _, refused), code)| **code != if *refused { TC_SHOT } else { TC_NEXT })
-        .map(|((name, _, refused), code)| format!("{name}: returned {code}, refused: {refused}"))
+        .filter(|((_, _, denied), code)| **code != if *denied { TC_SHOT } else { TC_NEXT })
+        .map(|((name, _, denied), code)| format!("{name}: returned {code}, denied: {denied}"))
         .collect();
     assert!(wrong.is_empty(), "the tc program disagrees (gated workload):\n{}", wrong.join("\n"));
-    // The same frames from an allowed workload and from outside the gated root: none refused.
+    // The same frames from an allowed workload and from outside the gated root: none denied.
     for cgroup in ["gated/cloud-agent", "outside"] {
         let codes = run_from(&env, cgroup, "tc", tc, &bytes);
         assert!(codes.iter().all(|c| *c == TC_NEXT), "tc from {cgroup}: {codes:?}");

@@ -35,7 +35,7 @@ fn one_agent_per_gate_and_cleanup_refuses_under_a_running_agent() {
     let pin = env.agent().pin_dir.to_string_lossy().into_owned();
     let policy = env.policy_file.to_string_lossy().into_owned();
     let root = env.cg.gated().to_string_lossy().into_owned();
-    // A second `run` on the same pin dir is refused and names the first.
+    // A second `run` on the same pin dir fails and names the first.
     let out = env
         .gate_agent(
             &[
@@ -60,7 +60,7 @@ fn one_agent_per_gate_and_cleanup_refuses_under_a_running_agent() {
     );
     // The first is untouched.
     env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
-    // cleanup refuses while it runs, and says why.
+    // cleanup fails while it runs, and says why.
     let out =
         env.gate_agent(&["cleanup", "--pin-dir", &pin], Duration::from_secs(10)).expect("cleanup");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -142,7 +142,7 @@ fn a_recreated_root_is_taken_over_live_and_by_a_restart() {
     env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
     env.assert_served("gated/cloud-agent/nested", "tcp", IMDS_V4, "80");
     // With no agent running, the root is recreated once more: a restart takes the pinned
-    // gate over instead of refusing it (and crash-looping with the node open).
+    // gate over instead of rejecting it (and crash-looping with the node open).
     env.agent.as_mut().expect("agent").kill();
     recreate_root(&env);
     env.agent.as_mut().expect("agent").restart_with(&[]).expect("restart adopts");
@@ -191,7 +191,7 @@ fn a_policy_that_cannot_be_written_is_retried_and_never_taken_for_applied() {
 fn policy_flips_under_a_connect_hammer_never_open_the_gate() {
     privileged!(policy_flips_under_a_connect_hammer_never_open_the_gate);
     let mut env = Env::new("enforce");
-    // Connections are refused from the start; nothing to terminate after each flip.
+    // Connections are denied from the start; nothing to terminate after each flip.
     env.start_agent_with(&["--terminate-established=false"]);
     // Two policies that both protect the endpoint; every flip writes one generation and
     // clears the other.
@@ -249,7 +249,7 @@ fn after_a_reboot_the_boot_step_closes_the_gate_before_the_agent_runs() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     env.assert_served("gated/pod-a", "tcp", IMDS_V4, "80");
     // The boot step, before any agent: the workload's cgroup already exists, and its very
-    // next connect() is refused.
+    // next connect() is denied.
     let root = env.cg.gated().to_string_lossy().into_owned();
     let out = env
         .gate_agent(
@@ -298,29 +298,29 @@ fn a_quiet_workloads_denial_is_logged_while_others_hammer() {
     );
     assert!(quiet.is_some(), "the quiet workload's denial never reached the log");
     std::thread::sleep(Duration::from_secs(1));
-    let mut refused = 0.0;
+    let mut denied = 0.0;
     for h in hammers {
         let o = h.send("stop").expect("hammer result");
         let counts = o.reply.clone().unwrap_or_default();
         assert!(o.ok, "a hammer connect() got through: {counts}");
         let eperm = counts.split_whitespace().find_map(|w| w.strip_prefix("eperm="));
-        refused += eperm.and_then(|n| n.parse::<f64>().ok()).expect("eperm count");
+        denied += eperm.and_then(|n| n.parse::<f64>().ok()).expect("eperm count");
     }
-    assert!(refused > 0.0, "the hammers never ran");
+    assert!(denied > 0.0, "the hammers never ran");
     let (_, body) = env.agent().http_get("/metrics").expect("metrics");
     let lost = metric(&body, "metadata_gate_events_lost_total").expect("events lost");
     assert_eq!(lost, 0.0, "events lost while {HAMMERS} workloads hammered");
     let counted =
         metric(&body, "metadata_gate_decisions_total{hook=\"connect4\",verdict=\"denied\"}")
             .expect("connect4 denials");
-    // Every refused connect() is counted, the quiet one included.
-    assert!(counted >= refused + 1.0, "{counted} denials counted, {refused} + 1 refused");
-    eprintln!("{HAMMERS} hammers: {refused} connect()s refused, {counted} counted, 0 events lost");
+    // Every denied connect() is counted, the quiet one included.
+    assert!(counted >= denied + 1.0, "{counted} denials counted, {denied} + 1 denied");
+    eprintln!("{HAMMERS} hammers: {denied} connect()s denied, {counted} counted, 0 events lost");
 }
 
 /// After a reboot whose power loss tore the kept state (a truncated policy, a corrupt allow
 /// set), the boot step closes the gate with the installed policy (here the one shipped for
-/// AWS), not with nothing: every gated workload, the allowed one included, is refused until
+/// AWS), not with nothing: every gated workload, the allowed one included, is denied until
 /// the agent runs; the agent reports what the boot step found.
 #[test]
 fn a_torn_kept_state_falls_back_to_the_installed_policy() {

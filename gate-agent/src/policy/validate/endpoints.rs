@@ -8,7 +8,7 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use super::{Ctx, Result};
 use crate::policy::{Endpoint, Protocol, schema::RawEndpoint};
 
-/// OVN-Kubernetes masquerade subnets: node networking breaks if these are blocked. The
+/// OVN-Kubernetes masquerade subnets: node networking breaks if traffic to them is denied. The
 /// current defaults are 169.254.0.0/17 and fd69::/112; clusters installed before OpenShift 4.14
 /// keep the old 169.254.169.0/29 (169.254.169.1-.5; docs/policy.md) and fd69::/125, which the
 /// /112 contains.
@@ -149,7 +149,7 @@ fn cidr(cx: &Ctx, field: &str, raw: Option<String>) -> Result<IpNet> {
         return Err(cx.err(
             field,
             format!(
-                "{net} overlaps the OVN-Kubernetes masquerade subnet {m}: blocking it would break \
+                "{net} overlaps the OVN-Kubernetes masquerade subnet {m}: denying it would break \
                  node networking; protect exact /32 or /128 addresses instead"
             ),
         ));

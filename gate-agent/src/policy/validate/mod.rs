@@ -22,7 +22,7 @@ const DOCUMENT: &str = "(document)";
 /// path (`endpoints[2].protocol`).
 pub(super) fn deserialize(source: &str, text: &str) -> Result<RawPolicy> {
     // Syntax first, so that broken YAML is reported as such, at its line and column. The
-    // parser's limits (nesting depth, alias expansion, size) refuse a hostile text here.
+    // parser's limits (nesting depth, alias expansion, size) reject a hostile text here.
     serde_saphyr::from_str_with_options::<serde::de::IgnoredAny>(text, yaml_options())
         .map_err(|e| yaml_error(source, &e))?;
     // Then the shape: serde's messages for an empty or non-mapping document ("invalid type:
@@ -86,10 +86,10 @@ pub(super) fn deserialize(source: &str, text: &str) -> Result<RawPolicy> {
 
 /// The parser's defaults, but for the source snippet (errors here are one line that names the
 /// field, or line and column, and the reason) and YAML 1.2 as serde_yaml read it: only
-/// `true`/`false` are booleans (`yes` is not), `<<` merges nothing, unknown tags are refused.
+/// `true`/`false` are booleans (`yes` is not), `<<` merges nothing, unknown tags are rejected.
 /// The defaults keep the limits: 64 levels of nesting, 50 000 aliases and at most ten times
 /// as many as anchors, 1 000 000 events replayed from aliases, 250 000 nodes, duplicate keys
-/// refused.
+/// rejected.
 pub(super) fn yaml_options() -> serde_saphyr::Options {
     serde_saphyr::options! {
         with_snippet: false,

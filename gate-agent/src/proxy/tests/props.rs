@@ -129,7 +129,7 @@ proptest! {
         prop_assert!(lines.len() <= 1, "{lines:?}");
 
         // And a request the judge serves, in a form the proxy accepts, is forwarded as asked:
-        // the property above does not hold by refusing everything. (hyper refuses with 400 some
+        // the property above does not hold by refusing everything. (hyper rejects with 400 some
         // bytes the judge accepts, `<` or `"`: never forwarded, which is the safe way round.)
         let table = Table::new(&crate::policy::Policy::parse("t", POLICY).expect("policy"), 3);
         let plain_form = extra.is_empty() || extra.starts_with("Metadata-Flavor") || extra == "Content-Length: 0\r\n";

@@ -127,7 +127,7 @@ async fn request_forms_are_refused_unforwarded() {
             403,
             "Upgrade",
         ),
-        // Lengths that disagree: hyper refuses them before the proxy sees the request.
+        // Lengths that disagree: hyper rejects them before the proxy sees the request.
         (
             format!("GET {path} HTTP/1.1\r\nContent-Length: 0\r\nContent-Length: 4\r\n\r\nabcd"),
             400,

@@ -154,7 +154,7 @@ fn bind_packet(sock: &OwnedFd, ifindex: u32, proto: u16) -> std::io::Result<()> 
 /// `packet-all`, `packet-all-compat`, `packet-bind`, `raw-tcp`; or, reading no IP,
 /// `packet-arp`, `raw-icmp`; the packet ones bound to IFACE), print `{"stage":"connected"}`, and once a line arrives on stdin read what the
 /// socket queued meanwhile, for up to 3 s: `ok` when a packet held NEEDLE (someone else's
-/// traffic, read off the wire). A refused socket is the result (`stage` `socket`/`bind`).
+/// traffic, read off the wire). A denied socket is the result (`stage` `socket`/`bind`).
 pub(super) fn hold_capture(kind: &str, iface: &str, needle: &str) -> Outcome {
     let kind = match kind {
         "packet-all" => Capture::PacketAll,

@@ -71,12 +71,12 @@ fn a_first_boot_is_closed_before_the_agent_runs() {
     assert!(record["policy"].as_str().is_some_and(|p| p.starts_with("installed")), "{record}");
 
     // The kubelet starts pods: the tolerate-all DaemonSet's cgroup appears now, before any
-    // agent, and its very first connect() is refused; so is the gated host-network pod's.
+    // agent, and its very first connect() is denied; so is the gated host-network pod's.
     let env = &w.c.env;
     env.cg.create(TOLERATE_ALL).expect("cgroup");
     env.assert_refused(TOLERATE_ALL, "tcp", IMDS_V4, "80", "connect");
     env.assert_refused(&w.rogue, "tcp", IMDS_V4, "80", "connect");
-    // No allow set on a first boot: the allowed CCM is refused until the agent resolves it.
+    // No allow set on a first boot: the allowed CCM is denied until the agent resolves it.
     env.assert_refused(&w.c.ccm, "tcp", IMDS_V4, "80", "connect");
     packet_paths(&w, Gate::Boot);
 
