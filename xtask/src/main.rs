@@ -85,34 +85,7 @@ enum Cmd {
     },
     /// Benchmarks: the gate against no gate, nftables and iptables, side by side; writes
     /// target/bench/{report.json,report.md,chart.png} (root)
-    Bench {
-        /// A short smoke run (numbers are not meaningful; never fails on timing)
-        #[arg(long)]
-        quick: bool,
-        /// Cycles of the rate scenarios 1-3, each variant one slice per cycle (default 800;
-        /// quick 6; scale runs half as many): 95 % intervals need at least 6
-        #[arg(long, value_name = "N")]
-        cycles: Option<usize>,
-        /// Milliseconds per slice of the rate scenarios (default 25; quick 10)
-        #[arg(long, value_name = "MS")]
-        slice_ms: Option<f64>,
-        /// Rounds of the refused-connect scenario (default 10; quick 2)
-        #[arg(long, value_name = "N")]
-        rounds: Option<usize>,
-        /// Seconds per workload run of the statistics pass (default 2; quick 0.3)
-        #[arg(long, value_name = "SECS")]
-        secs: Option<f64>,
-        /// Only these scenarios: rates, deny, scale, apply, stats, abuse, proxy (repeatable)
-        #[arg(long, value_name = "SCENARIO")]
-        only: Option<Vec<String>>,
-        /// Calibrate the method: the rate scenarios with nothing in force in any world (run
-        /// with `--only rates`); every comparison should come out level
-        #[arg(long, conflicts_with = "quick")]
-        calibrate: bool,
-        /// Only redraw chart.png from an existing target/bench/report.json
-        #[arg(long, conflicts_with = "quick")]
-        redraw: bool,
-    },
+    Bench(bench::Options),
 }
 
 fn main() -> Result<()> {
@@ -143,10 +116,10 @@ fn main() -> Result<()> {
         }
         Cmd::Manifests => manifests::run(),
         Cmd::E2eKind { keep, no_build } => kind::e2e(kind::Options { keep, build: !no_build }),
-        Cmd::Bench { redraw: true, .. } => bench::redraw(),
-        Cmd::Bench { quick, cycles, slice_ms, rounds, secs, only, calibrate, .. } => {
-            setup::ensure()?;
-            let opts = bench::Options { quick, cycles, slice_ms, rounds, secs, only, calibrate };
+        Cmd::Bench(opts) => {
+            if !opts.redraw {
+                setup::ensure()?;
+            }
             bench::run_bench(opts)
         }
     }

@@ -16,7 +16,7 @@ use integration_tests::{
 };
 use serde_json::json;
 
-use super::{Cfg, Report, agent_usage, apply::toggled, percentile, world::World};
+use super::{Cfg, Report, agent_usage, apply::toggled, p50_p99, percentile, stats, world::World};
 
 const VISITS_PER_S: u32 = 1000;
 const DENIALS_PER_VISIT: u32 = 10;
@@ -121,70 +121,66 @@ pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
     let (denied, lost) = (counted.0 - denied0, counted.1 - lost0);
     let cgroups_per_s = churn["cgroups_per_s"].as_f64().unwrap_or(0.0);
     let refused_per_s = churn["refused_per_s"].as_f64().unwrap_or(0.0);
-    let (r50, r99) = (percentile(&readyz, 50.0), percentile(&readyz, 99.0));
+    let (r50, r99) = p50_p99(&readyz);
     let rmax = readyz.iter().copied().fold(0.0, f64::max);
     let (c50, o50) = (percentile(&close, 50.0), percentile(&open, 50.0));
     let cmax = close.iter().chain(&open).copied().fold(0.0, f64::max);
 
-    rep.set_num("abuse_cgroups_per_s", cgroups_per_s);
-    rep.set_num("abuse_denials_per_s", refused_per_s);
-    rep.set_num("abuse_readyz_p50_ms", r50);
-    rep.set_num("abuse_readyz_p99_ms", r99);
-    rep.set_num("abuse_readyz_max_ms", rmax);
-    rep.set_num("abuse_policy_apply_p50_ms", c50);
-    rep.set_num("abuse_policy_open_p50_ms", o50);
-    rep.set_num("abuse_rss_start_mib", rss0);
-    rep.set_num("abuse_rss_max_mib", rss_max);
-    rep.set_num("abuse_rss_end_mib", rss1);
-    rep.set_num("abuse_denials_uncounted", refused - denied);
-    rep.set_num("abuse_events_lost", lost);
+    for (key, v) in [
+        ("cgroups_per_s", cgroups_per_s),
+        ("denials_per_s", refused_per_s),
+        ("readyz_p50_ms", r50),
+        ("readyz_p99_ms", r99),
+        ("readyz_max_ms", rmax),
+        ("policy_apply_p50_ms", c50),
+        ("policy_open_p50_ms", o50),
+        ("rss_start_mib", rss0),
+        ("rss_max_mib", rss_max),
+        ("rss_end_mib", rss1),
+        ("denials_uncounted", refused - denied),
+        ("events_lost", lost),
+    ] {
+        rep.set_num(&format!("abuse_{key}"), v);
+    }
     rep.detail(
         "abuse",
         json!({"secs": secs, "churn": churn, "readyz_ms": readyz, "policy_close_ms": close,
                "policy_open_ms": open, "denied_counted": denied}),
     );
-    let ready_met = if rmax < 100.0 { "met" } else { "missed" };
-    let counted_met = if denied >= refused && lost == 0.0 { "met" } else { "missed" };
-    let apply_met =
-        if !close.is_empty() && !open.is_empty() && cmax < 100.0 { "met" } else { "missed" };
+    let ready_met = stats::met(rmax < 100.0);
+    let counted_met = stats::met(denied >= refused && lost == 0.0);
+    let apply_met = stats::met(!close.is_empty() && !open.is_empty() && cmax < 100.0);
     rep.verdict("abuse_readyz_under_100ms", ready_met);
     rep.verdict("abuse_nothing_lost", counted_met);
     rep.verdict("abuse_policy_apply_under_100ms", apply_met);
-    rep.row(
-        "9. abuse: new denied cgroups and denials per second",
-        "metadata-gate",
-        format!(
-            "{cgroups_per_s:.0} cgroups/s, {refused_per_s:.0} denials/s for {secs:.0} s; {denied:.0} of {refused:.0} counted, {lost:.0} events lost"
+    let rows = [
+        (
+            "new denied cgroups and denials per second",
+            format!(
+                "{cgroups_per_s:.0} cgroups/s, {refused_per_s:.0} denials/s for {secs:.0} s; {denied:.0} of {refused:.0} counted, {lost:.0} events lost"
+            ),
+            format!("all counted, none lost: {counted_met}"),
         ),
-        None,
-        "",
-        &format!("all counted, none lost: {counted_met}"),
-    );
-    rep.row(
-        "9. abuse: /readyz answer time (every 50 ms)",
-        "metadata-gate",
-        format!("p50 {r50:.1} ms, p99 {r99:.1} ms, max {rmax:.1} ms"),
-        None,
-        "",
-        &format!("max < 100 ms: {ready_met}"),
-    );
-    rep.row(
-        "9. abuse: policy change → enforced, under the abuse",
-        "metadata-gate",
-        format!(
-            "added → refused p50 {c50:.1} ms, removed → served p50 {o50:.1} ms, max {cmax:.1} ms"
+        (
+            "/readyz answer time (every 50 ms)",
+            format!("p50 {r50:.1} ms, p99 {r99:.1} ms, max {rmax:.1} ms"),
+            format!("max < 100 ms: {ready_met}"),
         ),
-        None,
-        "",
-        &format!("max < 100 ms: {apply_met}"),
-    );
-    rep.row(
-        "9. abuse: agent memory (RSS)",
-        "metadata-gate",
-        format!("{rss0:.1} MiB before, {rss_max:.1} MiB at most, {rss1:.1} MiB after"),
-        None,
-        "",
-        "",
-    );
+        (
+            "policy change → enforced, under the abuse",
+            format!(
+                "added → refused p50 {c50:.1} ms, removed → served p50 {o50:.1} ms, max {cmax:.1} ms"
+            ),
+            format!("max < 100 ms: {apply_met}"),
+        ),
+        (
+            "agent memory (RSS)",
+            format!("{rss0:.1} MiB before, {rss_max:.1} MiB at most, {rss1:.1} MiB after"),
+            String::new(),
+        ),
+    ];
+    for (what, value, target) in rows {
+        rep.row(&format!("9. abuse: {what}"), "metadata-gate", value).target = target;
+    }
     Ok(())
 }

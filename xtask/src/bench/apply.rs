@@ -10,8 +10,9 @@ use integration_tests::{
 use serde_json::json;
 
 use super::{
-    Cfg, Report, percentile,
+    Cfg, Report, p50_p99,
     policy::{self, Extra},
+    stats,
     variants::{self, Variant},
     world::World,
 };
@@ -72,16 +73,10 @@ pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
         }
     }
     let (close, open) = (ms(close), ms(open));
-    let (c50, c99, o50, o99) = (
-        percentile(&close, 50.0),
-        percentile(&close, 99.0),
-        percentile(&open, 50.0),
-        percentile(&open, 99.0),
-    );
-    rep.set_num("policy_apply_p50_ms", if supported { c50 } else { f64::NAN });
-    rep.set_num("policy_apply_p99_ms", if supported { c99 } else { f64::NAN });
-    rep.set_num("policy_open_p50_ms", if supported { o50 } else { f64::NAN });
-    rep.set_num("policy_open_p99_ms", if supported { o99 } else { f64::NAN });
+    let ((c50, c99), (o50, o99)) = (p50_p99(&close), p50_p99(&open));
+    for (key, v) in [("apply_p50", c50), ("apply_p99", c99), ("open_p50", o50), ("open_p99", o99)] {
+        rep.set_num(&format!("policy_{key}_ms"), if supported { v } else { f64::NAN });
+    }
     rep.detail("policy_apply_ms", json!({"supported": supported, "close": close, "open": open}));
     let value = if supported {
         format!(
@@ -90,16 +85,10 @@ pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
     } else {
         "live reload unsupported".into()
     };
-    let met = if supported && c99 < 100.0 && o99 < 100.0 { "met" } else { "missed" };
+    let met = stats::met(supported && c99 < 100.0 && o99 < 100.0);
     rep.verdict("policy_apply_p99_under_100ms", met);
-    rep.row(
-        "6. policy file change → enforced",
-        "metadata-gate",
-        value,
-        None,
-        "",
-        &format!("p99 < 100 ms: {met}"),
-    );
+    rep.row("6. policy file change → enforced", "metadata-gate", value).target =
+        format!("p99 < 100 ms: {met}");
 
     // A new cgroup matching an allow glob: mkdir → its first served connect().
     let mut newcg = vec![];
@@ -118,18 +107,12 @@ pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
         }
     }
     let newcg = ms(newcg);
-    let (n50, n99) = (percentile(&newcg, 50.0), percentile(&newcg, 99.0));
+    let (n50, n99) = p50_p99(&newcg);
     rep.set_num("new_cgroup_allowed_p50_ms", n50);
     rep.set_num("new_cgroup_allowed_p99_ms", n99);
     rep.set_num("rescan_ms", RESCAN_MS as f64);
     rep.detail("new_cgroup_allowed_ms", json!(newcg));
-    rep.row(
-        "6. new allowed cgroup → first allowed connect()",
-        "metadata-gate",
-        format!("p50 {n50:.1} ms, p99 {n99:.1} ms (--rescan-ms {RESCAN_MS})"),
-        None,
-        "",
-        "",
-    );
+    let value = format!("p50 {n50:.1} ms, p99 {n99:.1} ms (--rescan-ms {RESCAN_MS})");
+    rep.row("6. new allowed cgroup → first allowed connect()", "metadata-gate", value);
     Ok(())
 }

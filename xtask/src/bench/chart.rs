@@ -1,9 +1,10 @@
-//! chart.png: rates of each variant relative to no gate (1.0 = free), grouped by scenario:
-//! the median ratio as a bar, its 95 % interval as a whisker.
+//! chart.png: rates of each variant relative to no gate (1.0 = free), grouped by scenario,
+//! and the gate's connect() rate by size: the median ratio as a bar, its 95 % interval as a
+//! whisker.
 use std::path::Path;
 
 use anyhow::{Context as _, Result, anyhow};
-use plotters::prelude::*;
+use plotters::{coord::Shift, prelude::*};
 
 use super::Report;
 
@@ -11,147 +12,131 @@ use super::Report;
 /// ab_glyph from this file, no fontconfig needed.
 const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
 
-fn register_font() -> Result<()> {
-    let bytes = std::fs::read(FONT)
-        .with_context(|| format!("{FONT} (apt-get install fonts-dejavu-core)"))?;
-    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-    plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
-        .map_err(|_| anyhow!("{FONT} is not a usable font"))
-}
-
+/// Key suffix, legend and colour of the variants drawn.
 const VARIANTS: [(&str, &str, RGBColor); 3] = [
     ("gate", "metadata-gate", RGBColor(0x1f, 0x77, 0xb4)),
     ("nft", "nftables", RGBColor(0xff, 0x7f, 0x0e)),
     ("ipt", "iptables", RGBColor(0x2c, 0xa0, 0x2c)),
 ];
 
+/// One bar: its left and right edge, the median, the variant (its colour), the interval.
+type Bar = (f64, f64, f64, usize, (f64, f64));
+
 pub(super) fn draw(rep: &Report, path: &Path) -> Result<()> {
-    register_font()?;
-    let groups: [(&str, &str); 3] = [
+    let bytes = std::fs::read(FONT)
+        .with_context(|| format!("{FONT} (apt-get install fonts-dejavu-core)"))?;
+    plotters::style::register_font("sans-serif", FontStyle::Normal, Box::leak(bytes.into()))
+        .map_err(|_| anyhow!("{FONT} is not a usable font"))?;
+    // A key's bar from `x0` to `x1`: the median, and the interval (the median where a report
+    // has none).
+    let bar = |key: &str, x0: f64, x1: f64, color: usize| -> Option<Bar> {
+        let v = rep.get(key)?;
+        let end = |e: &str| rep.get(&format!("{key}_{e}")).unwrap_or(v);
+        Some((x0, x1, v, color, (end("lo"), end("hi"))))
+    };
+    let groups = [
         ("connect() rate", "connect_rate_ratio_"),
         ("UDP sendto() rate", "udp_rate_ratio_"),
         ("bulk TCP throughput", "bulk_ratio_"),
     ];
-    // The interval of a key: (lo, hi), the median where a report has none.
-    let interval = |key: &str, v: f64| {
-        let lo = rep.get(&format!("{key}_lo")).unwrap_or(v);
-        let hi = rep.get(&format!("{key}_hi")).unwrap_or(v);
-        (lo, hi)
-    };
-    let mut bars = Vec::new(); // (x0, x1, value, color index, (lo, hi))
+    let mut rates = Vec::new();
     for (g, (_, prefix)) in groups.iter().enumerate() {
         for (k, (key, _, _)) in VARIANTS.iter().enumerate() {
-            let key = format!("{prefix}{key}");
-            if let Some(v) = rep.get(&key) {
-                let x0 = g as f64 + 0.12 + k as f64 * 0.26;
-                bars.push((x0, x0 + 0.22, v, k, interval(&key, v)));
-            }
+            let x0 = g as f64 + 0.12 + k as f64 * 0.26;
+            rates.extend(bar(&format!("{prefix}{key}"), x0, x0 + 0.22, k));
         }
     }
-    let scale: Vec<(String, f64, (f64, f64))> = [
+    let sizes = [
         ("1", "1"),
         ("100", "100"),
         ("10k", "10k"),
         ("cg1", "1 cg"),
         ("cg100", "100 cg"),
         ("cg1000", "1000 cg"),
-    ]
-    .iter()
-    .filter_map(|(k, l)| {
-        let key = format!("connect_rate_ratio_gate_{k}");
-        rep.get(&key).map(|v| (l.to_string(), v, interval(&key, v)))
-    })
-    .collect();
-    let all = bars
-        .iter()
-        .flat_map(|b| [b.2, b.4.0, b.4.1])
-        .chain(scale.iter().flat_map(|s| [s.1, s.2.0, s.2.1]));
+    ];
+    let (mut scale, mut scale_labels) = (Vec::new(), Vec::new());
+    for (k, label) in sizes {
+        let x = scale.len() as f64;
+        if let Some(b) = bar(&format!("connect_rate_ratio_gate_{k}"), x + 0.15, x + 0.85, 0) {
+            scale.push(b);
+            scale_labels.push((x + 0.2, label.to_owned()));
+        }
+    }
+    let all = rates.iter().chain(&scale).flat_map(|b| [b.2, b.4.0, b.4.1]);
     let lo = all.clone().fold(0.9f64, f64::min) - 0.05;
     let hi = all.fold(1.02f64, f64::max) + 0.08;
 
     let root = BitMapBackend::new(path, (1100, 520)).into_drawing_area();
     root.fill(&WHITE)?;
     let (left, right) = root.split_horizontally(640);
-    let mut chart = ChartBuilder::on(&left)
-        .caption("Rate relative to no gate (1.0 = no cost)", ("sans-serif", 20))
-        .margin(12)
-        .x_label_area_size(30)
-        .y_label_area_size(50)
-        .build_cartesian_2d(0f64..groups.len() as f64, lo..hi)?;
-    chart.configure_mesh().disable_x_mesh().x_labels(0).y_desc("variant / none").draw()?;
-    chart.draw_series(std::iter::once(PathElement::new(
-        vec![(0.0, 1.0), (groups.len() as f64, 1.0)],
-        BLACK,
-    )))?;
-    for (k, (_, label, color)) in VARIANTS.iter().enumerate() {
-        chart
-            .draw_series(
-                bars.iter()
-                    .filter(|b| b.3 == k)
-                    .map(|b| Rectangle::new([(b.0, lo), (b.1, b.2)], color.filled())),
-            )?
-            .label(*label)
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
-    }
-    for b in &bars {
-        let mid = (b.0 + b.1) / 2.0;
-        chart.draw_series(whisker(mid, 0.05, b.4))?;
-        chart.draw_series(std::iter::once(Text::new(
-            format!("{:.3}", b.2),
-            (b.0, b.4.1.max(b.2) + (hi - lo) * 0.03),
-            ("sans-serif", 12),
-        )))?;
-    }
-    for (g, (name, _)) in groups.iter().enumerate() {
-        chart.draw_series(std::iter::once(Text::new(
-            name.to_string(),
-            (g as f64 + 0.2, lo - (hi - lo) * 0.001),
-            ("sans-serif", 14),
-        )))?;
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()?;
-
-    let mut sc = ChartBuilder::on(&right)
-        .caption("metadata-gate connect() rate by size", ("sans-serif", 20))
-        .margin(12)
-        .x_label_area_size(30)
-        .y_label_area_size(50)
-        .build_cartesian_2d(0f64..scale.len().max(1) as f64, lo..hi)?;
-    sc.configure_mesh().disable_x_mesh().x_labels(0).draw()?;
-    sc.draw_series(std::iter::once(PathElement::new(
-        vec![(0.0, 1.0), (scale.len() as f64, 1.0)],
-        BLACK,
-    )))?;
-    sc.draw_series(scale.iter().enumerate().map(|(i, (_, v, _))| {
-        Rectangle::new([(i as f64 + 0.15, lo), (i as f64 + 0.85, *v)], VARIANTS[0].2.filled())
-    }))?;
-    for (i, (l, v, iv)) in scale.iter().enumerate() {
-        sc.draw_series(whisker(i as f64 + 0.5, 0.1, *iv))?;
-        sc.draw_series(std::iter::once(Text::new(
-            format!("{v:.3}"),
-            (i as f64 + 0.2, iv.1.max(*v) + (hi - lo) * 0.03),
-            ("sans-serif", 12),
-        )))?;
-        sc.draw_series(std::iter::once(Text::new(
-            l.clone(),
-            (i as f64 + 0.2, lo - (hi - lo) * 0.001),
-            ("sans-serif", 12),
-        )))?;
-    }
+    let labels: Vec<_> =
+        groups.iter().enumerate().map(|(g, n)| (g as f64 + 0.2, n.0.into())).collect();
+    let caption = "Rate relative to no gate (1.0 = no cost)";
+    panel(&left, caption, groups.len(), (lo, hi), &rates, &labels, 14, true)?;
+    let caption = "metadata-gate connect() rate by size";
+    panel(&right, caption, scale.len().max(1), (lo, hi), &scale, &scale_labels, 12, false)?;
     root.present()?;
     Ok(())
 }
 
-/// An interval's whisker at `x`: a vertical line from `lo` to `hi` with caps `cap` wide.
-fn whisker(x: f64, cap: f64, (lo, hi): (f64, f64)) -> Vec<PathElement<(f64, f64)>> {
-    vec![
-        PathElement::new(vec![(x, lo), (x, hi)], BLACK),
-        PathElement::new(vec![(x - cap / 2.0, lo), (x + cap / 2.0, lo)], BLACK),
-        PathElement::new(vec![(x - cap / 2.0, hi), (x + cap / 2.0, hi)], BLACK),
-    ]
+/// One panel: `bars` with their whiskers and values over `n` groups, named by `labels`
+/// (`label_px` high) under the axis, a line at 1.0, and the variants' legend if `legend`.
+#[allow(clippy::too_many_arguments)]
+fn panel(
+    area: &DrawingArea<BitMapBackend<'_>, Shift>,
+    caption: &str,
+    n: usize,
+    (lo, hi): (f64, f64),
+    bars: &[Bar],
+    labels: &[(f64, String)],
+    label_px: u32,
+    legend: bool,
+) -> Result<()> {
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(30)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0f64..n as f64, lo..hi)?;
+    let mut mesh = chart.configure_mesh();
+    mesh.disable_x_mesh().x_labels(0);
+    if legend {
+        mesh.y_desc("variant / none");
+    }
+    mesh.draw()?;
+    chart.draw_series([PathElement::new(vec![(0.0, 1.0), (n as f64, 1.0)], BLACK)])?;
+    for (k, (_, label, color)) in VARIANTS.iter().enumerate() {
+        let series = bars.iter().filter(|b| b.3 == k);
+        let drawn = chart
+            .draw_series(series.map(|b| Rectangle::new([(b.0, lo), (b.1, b.2)], color.filled())))?;
+        if legend {
+            drawn.label(*label).legend(move |(x, y)| {
+                Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled())
+            });
+        }
+    }
+    for &(x0, x1, v, _, (blo, bhi)) in bars {
+        // The interval's whisker: a vertical line with caps a fifth of the bar wide.
+        let (mid, cap) = ((x0 + x1) / 2.0, (x1 - x0) / 10.0);
+        chart.draw_series([
+            PathElement::new(vec![(mid, blo), (mid, bhi)], BLACK),
+            PathElement::new(vec![(mid - cap, blo), (mid + cap, blo)], BLACK),
+            PathElement::new(vec![(mid - cap, bhi), (mid + cap, bhi)], BLACK),
+        ])?;
+        let at = (x0 + (x1 - x0) / 10.0, bhi.max(v) + (hi - lo) * 0.03);
+        chart.draw_series([Text::new(format!("{v:.3}"), at, ("sans-serif", 12))])?;
+    }
+    for (x, label) in labels {
+        let at = (*x, lo - (hi - lo) * 0.001);
+        chart.draw_series([Text::new(label.clone(), at, ("sans-serif", label_px))])?;
+    }
+    if legend {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
+    }
+    Ok(())
 }

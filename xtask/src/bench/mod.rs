@@ -27,55 +27,82 @@ use integration_tests::{
 use crate::bins::{Profile, target_dir};
 pub(crate) use report::Report;
 
-/// How long and how often: `--quick` is a smoke run, never judged on its numbers.
+/// How long and how often: `--quick` is a smoke run, never judged on its numbers. (report.json
+/// keeps it under `details.config`.)
+#[derive(serde::Serialize)]
 pub(crate) struct Cfg {
     pub quick: bool,
     /// Seconds per workload run of the statistics pass (scenario 8).
     pub secs: f64,
-    /// Rounds of the refused-connect scenario (each puts every variant in force once).
+    /// Rounds of the refused-connect and proxy scenarios (each puts every variant in force once).
     pub rounds: usize,
-    /// Refused connect() calls per variant and round.
+    /// Refused connect() calls per variant and round; against nft drop (each waits for the
+    /// timeout): calls per round and their timeout.
     pub deny_n: usize,
-    /// connect() calls per round against nft drop (each waits for the timeout).
     pub drop_n: usize,
     pub drop_timeout_ms: u64,
     /// Policy changes (each way) and new cgroups for the latency scenario.
     pub changes: usize,
     /// gate-agent and bench-probe: the release build, the tests' for `--quick`.
+    #[serde(skip)]
     pub bins: Bins,
     /// The CPU the rate scenarios' workloads and sinks share (the last this process may use).
+    #[serde(skip)]
     pub cpu: usize,
-    /// Cycles of the rate scenarios: in each, every variant runs one slice, in a rotating
-    /// order.
+    /// Cycles of the rate scenarios (in each, every variant runs one slice, in a rotating
+    /// order) and milliseconds per slice.
     pub cycles: usize,
-    /// Milliseconds per slice.
     pub slice_ms: f64,
     /// Rate scenarios with no variant in force in any world: a check of the method, whose
     /// every comparison should come out level.
     pub calibrate: bool,
 }
 
+/// The scenarios, by the name `--only` takes.
+type Scenario = fn(&Cfg, &mut Report) -> Result<()>;
+const SCENARIOS: [(&str, &str, Scenario); 7] = [
+    ("rates", "1-3, 7: connect, UDP and bulk rates; agent memory and CPU", rates::run),
+    ("deny", "4: refused connect() latency", deny::run),
+    ("scale", "5: scale", scale::run),
+    ("apply", "6: policy change and new cgroup to enforcement", apply::run),
+    ("stats", "8: ns per program run (BPF statistics on)", nsrun::run),
+    ("abuse", "9: the agent under abuse (denied cgroups, events)", abuse::run),
+    ("proxy", "10: a served path through the metadata proxy vs direct", proxy::run),
+];
+
 /// What the command line asks of a run.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, clap::Args)]
 pub(crate) struct Options {
+    /// A short smoke run (numbers are not meaningful; never fails on timing)
+    #[arg(long)]
     pub quick: bool,
-    /// Override the rounds.
-    pub rounds: Option<usize>,
-    /// Override the seconds per workload run of the statistics pass.
-    pub secs: Option<f64>,
-    /// Override the cycles of the rate scenarios.
+    /// Cycles of the rate scenarios 1-3, each variant one slice per cycle (default 800;
+    /// quick 6; scale runs half as many): 95 % intervals need at least 6
+    #[arg(long, value_name = "N")]
     pub cycles: Option<usize>,
-    /// Override the milliseconds per slice.
+    /// Milliseconds per slice of the rate scenarios (default 25; quick 10)
+    #[arg(long, value_name = "MS")]
     pub slice_ms: Option<f64>,
-    /// See [`Cfg::calibrate`].
-    pub calibrate: bool,
-    /// Run only these scenarios (`rates`, `deny`, `scale`, `apply`, `stats`, `abuse`, `proxy`); the report is
-    /// then not checked for completeness.
+    /// Only these scenarios: rates, deny, scale, apply, stats, abuse, proxy (repeatable); the
+    /// report is then not checked for completeness
+    #[arg(long, value_name = "SCENARIO", value_parser = SCENARIOS.map(|s| s.0))]
     pub only: Option<Vec<String>>,
+    /// Calibrate the method: the rate scenarios with nothing in force in any world (run
+    /// with `--only rates`); every comparison should come out level
+    #[arg(long, conflicts_with = "quick")]
+    pub calibrate: bool,
+    /// Only redraw chart.png from an existing target/bench/report.json
+    #[arg(long, conflicts_with = "quick")]
+    pub redraw: bool,
 }
 
 pub(crate) fn run_bench(opts: Options) -> Result<()> {
-    let quick = opts.quick;
+    let out = target_dir().join("bench");
+    if opts.redraw {
+        chart::draw(&Report::load(&out.join("report.json"))?, &out.join("chart.png"))?;
+        println!("wrote {}", out.join("chart.png").display());
+        return Ok(());
+    }
     if let Some(why) = missing_privileges() {
         bail!("the benchmark {why}: run it as root (sudo -E cargo xtask bench)");
     }
@@ -84,64 +111,33 @@ pub(crate) fn run_bench(opts: Options) -> Result<()> {
             bail!("{tool} is missing: `cargo xtask setup` installs it");
         }
     }
+    let quick = opts.quick;
     // A smoke run judges no number, so it takes the build the tests already made.
     let bins = crate::bins::build(if quick { Profile::Checked } else { Profile::Release })?;
     sweep_stale();
-    let cpu = integration_tests::sys::last_allowed_cpu()?;
-    let mut cfg = if quick {
-        Cfg {
-            quick,
-            secs: 0.3,
-            rounds: 2,
-            deny_n: 200,
-            drop_n: 1,
-            drop_timeout_ms: 300,
-            changes: 3,
-            bins,
-            cpu,
-            cycles: 6,
-            slice_ms: 10.0,
-            calibrate: opts.calibrate,
-        }
+    let (secs, rounds, deny_n, drop_n, drop_timeout_ms, changes, cycles, slice_ms) = if quick {
+        (0.3, 2, 200, 1, 300, 3, 6, 10.0)
     } else {
-        Cfg {
-            quick,
-            secs: 2.0,
-            rounds: 10,
-            deny_n: 2000,
-            drop_n: 3,
-            drop_timeout_ms: 1000,
-            changes: 20,
-            bins,
-            cpu,
-            cycles: 800,
-            slice_ms: 25.0,
-            calibrate: opts.calibrate,
-        }
+        (2.0, 10, 2000, 3, 1000, 20, 800, 25.0)
     };
-    cfg.rounds = opts.rounds.unwrap_or(cfg.rounds).max(1);
-    cfg.secs = opts.secs.unwrap_or(cfg.secs).max(0.1);
-    cfg.cycles = opts.cycles.unwrap_or(cfg.cycles).max(1);
-    cfg.slice_ms = opts.slice_ms.unwrap_or(cfg.slice_ms).max(1.0);
+    let cfg = Cfg {
+        quick,
+        secs,
+        rounds,
+        deny_n,
+        drop_n,
+        drop_timeout_ms,
+        changes,
+        bins,
+        cpu: integration_tests::sys::last_allowed_cpu()?,
+        cycles: opts.cycles.unwrap_or(cycles).max(1),
+        slice_ms: opts.slice_ms.unwrap_or(slice_ms).max(1.0),
+        calibrate: opts.calibrate,
+    };
     let started = Instant::now();
     let mut rep = Report::new(&cfg);
-    type Scenario = fn(&Cfg, &mut Report) -> Result<()>;
-    let scenarios: [(&str, &str, Scenario); 7] = [
-        ("rates", "1-3, 7: connect, UDP and bulk rates; agent memory and CPU", rates::run),
-        ("deny", "4: refused connect() latency", deny::run),
-        ("scale", "5: scale", scale::run),
-        ("apply", "6: policy change and new cgroup to enforcement", apply::run),
-        ("stats", "8: ns per program run (BPF statistics on)", nsrun::run),
-        ("abuse", "9: the agent under abuse (denied cgroups, events)", abuse::run),
-        ("proxy", "10: a served path through the metadata proxy vs direct", proxy::run),
-    ];
-    if let Some(only) = &opts.only
-        && let Some(bad) = only.iter().find(|o| !scenarios.iter().any(|s| s.0 == o.as_str()))
-    {
-        bail!("no scenario {bad:?}; there are rates, deny, scale, apply, stats, abuse, proxy");
-    }
     let wanted = |key: &str| opts.only.as_ref().is_none_or(|o| o.iter().any(|x| x == key));
-    for (_, name, f) in scenarios.into_iter().filter(|s| wanted(s.0)) {
+    for (_, name, f) in SCENARIOS.into_iter().filter(|s| wanted(s.0)) {
         eprintln!("\x1b[1m== scenario {name}\x1b[0m");
         let t = Instant::now();
         f(&cfg, &mut rep)?;
@@ -149,7 +145,6 @@ pub(crate) fn run_bench(opts: Options) -> Result<()> {
     }
     rep.set_num("duration_s", started.elapsed().as_secs_f64());
     rep.finish();
-    let out = target_dir().join("bench");
     rep.write(&out)?;
     chart::draw(&rep, &out.join("chart.png"))?;
     println!("{}", rep.markdown());
@@ -203,15 +198,6 @@ fn complete(rep: &Report, out: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
-/// Redraw target/bench/chart.png from target/bench/report.json.
-pub(crate) fn redraw() -> Result<()> {
-    let out = target_dir().join("bench");
-    let rep = Report::load(&out.join("report.json"))?;
-    chart::draw(&rep, &out.join("chart.png"))?;
-    println!("wrote {}", out.join("chart.png").display());
-    Ok(())
-}
-
 /// Nothing of ours may survive the run.
 fn leftovers() -> Result<()> {
     let me = format!("mg-{}-", std::process::id());
@@ -234,6 +220,23 @@ fn leftovers() -> Result<()> {
         bail!("left behind: {left:?}");
     }
     Ok(())
+}
+
+/// The nearest-rank p50 and p99 of `v`.
+pub(crate) fn p50_p99(v: &[f64]) -> (f64, f64) {
+    (percentile(v, 50.0), percentile(v, 99.0))
+}
+
+/// The numbers of a JSON array (bench-probe's `samples_us`); none for anything else.
+pub(crate) fn numbers(v: &serde_json::Value) -> Vec<f64> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(serde_json::Value::as_f64).collect())
+        .unwrap_or_default()
+}
+
+/// `items` in round `round`'s order: rotated by one a round, so that none is always first.
+pub(crate) fn rotated<T: Copy>(items: &[T], round: usize) -> impl Iterator<Item = (usize, T)> {
+    (0..items.len()).map(move |i| (i + round) % items.len()).map(|k| (k, items[k]))
 }
 
 /// Median of `v` (NaN for none).

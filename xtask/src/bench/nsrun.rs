@@ -6,15 +6,15 @@
 //!
 //! Statistics are switched on with BPF_ENABLE_STATS, which holds them on for as long as its
 //! file descriptor is open: they go back off when this pass ends, fails, panics or is
-//! killed, and the `kernel.bpf_stats_enabled` sysctl is left as it was. (On a kernel
-//! without that command, the sysctl is set and put back on drop.)
+//! killed, and the `kernel.bpf_stats_enabled` sysctl is never written (every kernel the
+//! project supports, 5.10 on, has the command: it came in 5.8).
 //!
 //! The fast path alone, without the statistics' clock reads: BPF_PROG_TEST_RUN runs the
 //! attached egress and node-level programs a million times on one packet to the benchmark's
 //! unprotected destination (the kernel reads the clock once for all of them), and an empty
 //! program the same way, the floor of that loop. Both go through aya (`enable_stats`,
 //! `TestRun`: see `integration_tests::testrun`).
-use std::{collections::BTreeMap, os::fd::OwnedFd};
+use std::collections::BTreeMap;
 
 use anyhow::{Context as _, Result, bail};
 use aya::sys::{Stats, enable_stats};
@@ -32,53 +32,30 @@ use super::{
     world::World,
 };
 
-const SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
-
-/// BPF run-time statistics on while this lives.
-pub(super) enum StatsOn {
-    /// The BPF_ENABLE_STATS descriptor: closing it (on drop) switches them off.
-    Fd { _held: OwnedFd },
-    /// The sysctl's value before it was set to 1.
-    Sysctl(String),
-}
-
-impl StatsOn {
-    pub(super) fn enable() -> Result<StatsOn> {
-        if let Ok(fd) = enable_stats(Stats::RunTime) {
-            return Ok(StatsOn::Fd { _held: fd });
-        }
-        let old = std::fs::read_to_string(SYSCTL).with_context(|| format!("read {SYSCTL}"))?;
-        std::fs::write(SYSCTL, "1").with_context(|| format!("write {SYSCTL}"))?;
-        Ok(StatsOn::Sysctl(old.trim().to_owned()))
-    }
-}
-
-impl Drop for StatsOn {
-    fn drop(&mut self) {
-        if let StatsOn::Sysctl(old) = self {
-            let _ = std::fs::write(SYSCTL, old.as_bytes());
-        }
-    }
-}
-
-/// Per attach point (`connect4`, `egress`, `setsockopt`, `tc` for the node-level program
-/// wherever it is attached): (run count, run time ns) of its program, from `status --json`
-/// (the node-level program, one program on lo and the uplink, counts once).
-fn counters(agent: &Agent) -> Result<BTreeMap<String, (u64, u64)>> {
+/// The agent's attachments from `status --json`: (attach point, program id, run count, run
+/// time ns), the node-level program's attach points (`tc-egress-<ifindex>`, …) all named `tc`.
+fn attachments(agent: &Agent) -> Result<Vec<(String, u64, u64, u64)>> {
     let (_, status) = agent.status()?;
-    let mut seen = BTreeMap::new();
-    for a in status["attachments"].as_array().into_iter().flatten() {
-        let hook = a["attach_point"].as_str().unwrap_or("?");
-        let point = if hook.starts_with("tc-") { "tc" } else { hook }.to_owned();
-        let id = a["program_id"].as_u64().unwrap_or(0);
-        let run = (a["run_count"].as_u64().unwrap_or(0), a["run_time_ns"].as_u64().unwrap_or(0));
-        seen.insert((point, id), run);
-    }
+    let all = status["attachments"].as_array().into_iter().flatten();
+    Ok(all
+        .map(|a| {
+            let hook = a["attach_point"].as_str().unwrap_or("?");
+            let point = if hook.starts_with("tc-") { "tc" } else { hook }.to_owned();
+            let n = |k: &str| a[k].as_u64().unwrap_or(0);
+            (point, n("program_id"), n("run_count"), n("run_time_ns"))
+        })
+        .collect())
+}
+
+/// Per attach point (`connect4`, `egress`, `setsockopt`, `tc`): (run count, run time ns) of
+/// its program (the node-level program, one program on lo and the uplink, counts once).
+fn counters(agent: &Agent) -> Result<BTreeMap<String, (u64, u64)>> {
+    let seen: BTreeMap<_, _> =
+        attachments(agent)?.into_iter().map(|(p, id, n, t)| ((p, id), (n, t))).collect();
     let mut out: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     for ((program, _), (n, t)) in seen {
         let e = out.entry(program).or_default();
-        e.0 += n;
-        e.1 += t;
+        (e.0, e.1) = (e.0 + n, e.1 + t);
     }
     Ok(out)
 }
@@ -94,7 +71,6 @@ fn test_run(prog: &SkbProgram, frame: &[u8]) -> Result<f64> {
 /// The fast path's own cost, by BPF_PROG_TEST_RUN: (attach point, ns per run) of the
 /// attached egress and node-level programs and of an empty program.
 fn fast_path(agent: &Agent) -> Result<Vec<(String, f64)>> {
-    let (_, status) = agent.status()?;
     let frame = integration_tests::frame::ethernet(
         [0x02, 0, 0, 0, 0, 0x02],
         integration_tests::frame::SRC_MAC,
@@ -109,17 +85,14 @@ fn fast_path(agent: &Agent) -> Result<Vec<(String, f64)>> {
     );
     let mut out = Vec::new();
     let mut done = Vec::new();
-    for a in status["attachments"].as_array().into_iter().flatten() {
-        let hook = a["attach_point"].as_str().unwrap_or("?");
-        let point = if hook.starts_with("tc-") { "tc" } else { hook };
-        let id = a["program_id"].as_u64().unwrap_or(0) as u32;
-        if !matches!(point, "egress" | "tc") || done.contains(&id) {
+    for (point, id, _, _) in attachments(agent)? {
+        if !matches!(point.as_str(), "egress" | "tc") || done.contains(&id) {
             continue;
         }
         done.push(id);
         let kind = if point == "tc" { Kind::Tc } else { Kind::Egress };
-        let prog = SkbProgram::by_id(id, kind).with_context(|| point.to_owned())?;
-        out.push((point.to_owned(), test_run(&prog, &frame)?));
+        let prog = SkbProgram::by_id(id as u32, kind).with_context(|| point.clone())?;
+        out.push((point, test_run(&prog, &frame)?));
     }
     let empty = empty_tc()?;
     out.push(("empty program".to_owned(), test_run(&empty, &frame)?));
@@ -128,11 +101,11 @@ fn fast_path(agent: &Agent) -> Result<Vec<(String, f64)>> {
 
 pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
     let w = World::new()?;
-    let policy =
-        w.write_policy("policy.yaml", &policy::aws(&Extra { endpoints: vec![], allow: vec![] }))?;
+    let policy = w.write_policy("policy.yaml", &policy::aws(&Extra::default()))?;
     let active = variants::apply(Variant::Gate, &w, &policy, &cfg.bins)?;
     let Some(agent) = active.agent() else { bail!("no agent") };
-    let stats = StatsOn::enable().context("switching on BPF statistics")?;
+    // Statistics on while this descriptor is open: closing it switches them off.
+    let stats = enable_stats(Stats::RunTime).context("switching on BPF statistics")?;
     let mut detail = serde_json::Map::new();
     for s in &SCENARIOS {
         let before = counters(agent)?;
@@ -162,14 +135,8 @@ pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
         }
         eprintln!("   {:<8} {}", s.name, parts.join(", "));
         detail.insert(s.name.into(), Value::Object(per));
-        rep.row(
-            "8. ns per program run (bpf_stats, separate pass)",
-            &format!("metadata-gate, {}", s.name),
-            parts.join("; "),
-            None,
-            "",
-            "",
-        );
+        let variant = format!("metadata-gate, {}", s.name);
+        rep.row("8. ns per program run (bpf_stats, separate pass)", &variant, parts.join("; "));
     }
     drop(stats);
     rep.detail("bpf_stats", Value::Object(detail));
@@ -184,9 +151,6 @@ pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
         "8. ns per run of the fast path (BPF_PROG_TEST_RUN, 1 M runs, no per-run clock)",
         "metadata-gate, UDP to the unprotected neighbour",
         text.join("; "),
-        None,
-        "",
-        "",
     );
     Ok(())
 }

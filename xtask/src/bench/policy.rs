@@ -2,6 +2,7 @@
 //! allow entries (scale) or an extra endpoint (policy change latency).
 use std::fmt::Write as _;
 
+#[derive(Default)]
 pub(super) struct Extra {
     /// (name, cidr, ports)
     pub endpoints: Vec<(String, String, String)>,

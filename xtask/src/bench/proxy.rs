@@ -12,16 +12,18 @@ use integration_tests::{
     bench::{self, ANSWER_BODY},
     net::{IMDS_V4, NODE_V4},
 };
-use serde_json::{Value, json};
+use serde_json::json;
 
-use super::{Cfg, Report, agent_usage, percentile, policy, world::World};
+use super::{
+    Cfg, Report, agent_usage, numbers, p50_p99, percentile, policy, rotated, world::World,
+};
 
 const PATH: &str = "/latest/meta-data/instance-id";
 const PROXY_PORT: &str = "9254";
 
 pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
     let w = World::new()?;
-    let text = policy::aws(&policy::Extra { endpoints: vec![], allow: vec![] })
+    let text = policy::aws(&policy::Extra::default())
         + &format!("  - name: reader\n    cgroup: \"workload\"\n    paths: [{PATH}]\n");
     let file = w.write_policy("policy.yaml", &text)?;
     let agent_cgroup = w.cg.create("agent")?;
@@ -40,8 +42,7 @@ pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
     let mut rps: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     let (mut proxied_cpu_s, mut proxied_requests, mut rss_mib) = (0.0, 0usize, 0.0f64);
     for round in 0..cfg.rounds {
-        for i in 0..ways.len() {
-            let (way, cgroup) = ways[(i + round) % ways.len()];
+        for (_, (way, cgroup)) in rotated(&ways, round) {
             let before = pid.and_then(agent_usage);
             let r = bench::run(
                 &cfg.bins,
@@ -59,10 +60,7 @@ pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
                 proxied_requests += n;
                 rss_mib = rss_mib.max(rss);
             }
-            let us = r["samples_us"]
-                .as_array()
-                .map(|a| a.iter().filter_map(Value::as_f64).collect::<Vec<_>>());
-            samples.entry(way).or_default().extend(us.unwrap_or_default());
+            samples.entry(way).or_default().extend(numbers(&r["samples_us"]));
             rps.entry(way).or_default().push(r["rps"].as_f64().unwrap_or(f64::NAN));
         }
     }
@@ -70,10 +68,12 @@ pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
     let stat = |way: &str| {
         let s = samples.get(way).cloned().unwrap_or_default();
         let r = rps.get(way).cloned().unwrap_or_default();
-        (percentile(&s, 50.0), percentile(&s, 99.0), percentile(&r, 50.0))
+        let (p50, p99) = p50_p99(&s);
+        (p50, p99, percentile(&r, 50.0))
     };
     let (d50, d99, drps) = stat("direct");
     let (p50, p99, prps) = stat("proxied");
+    let cpu_per_1k = proxied_cpu_s * 1000.0 / proxied_requests.max(1) as f64 * 1000.0;
     for (key, v) in [
         ("proxy_p50_us_direct", d50),
         ("proxy_p99_us_direct", d99),
@@ -85,10 +85,7 @@ pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
         ("proxy_rps_proxied", prps),
         ("proxy_rps_ratio", prps / drps),
         ("proxy_agent_rss_mib", rss_mib),
-        (
-            "proxy_agent_cpu_ms_per_1k",
-            proxied_cpu_s * 1000.0 / proxied_requests.max(1) as f64 * 1000.0,
-        ),
+        ("proxy_agent_cpu_ms_per_1k", cpu_per_1k),
     ] {
         rep.set_num(key, v);
     }
@@ -97,37 +94,14 @@ pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
         json!({"path": PATH, "requests_per_run": n, "rounds": cfg.rounds, "answer": ANSWER_BODY}),
     );
     let section = "10. a served path: GET through the proxy vs direct";
-    rep.row(
-        section,
-        "direct (allowed)",
-        format!("p50 {d50:.0} µs, p99 {d99:.0} µs, {drps:.0} req/s"),
-        None,
-        "",
-        "",
+    let direct = format!("p50 {d50:.0} µs, p99 {d99:.0} µs, {drps:.0} req/s");
+    rep.row(section, "direct (allowed)", direct);
+    let (a50, a99, ratio) = (p50 - d50, p99 - d99, prps / drps);
+    let proxied = format!(
+        "p50 {p50:.0} µs (+{a50:.0}), p99 {p99:.0} µs (+{a99:.0}), {prps:.0} req/s ({ratio:.2} of direct)"
     );
-    rep.row(
-        section,
-        "through the proxy",
-        format!(
-            "p50 {p50:.0} µs (+{:.0}), p99 {p99:.0} µs (+{:.0}), {prps:.0} req/s ({:.2} of direct)",
-            p50 - d50,
-            p99 - d99,
-            prps / drps
-        ),
-        None,
-        "",
-        "",
-    );
-    rep.row(
-        section,
-        "agent, proxying",
-        format!(
-            "{rss_mib:.1} MiB RSS, {:.0} ms CPU per 1 000 requests",
-            proxied_cpu_s * 1000.0 / proxied_requests.max(1) as f64 * 1000.0
-        ),
-        None,
-        "",
-        "",
-    );
+    rep.row(section, "through the proxy", proxied);
+    let agent = format!("{rss_mib:.1} MiB RSS, {cpu_per_1k:.0} ms CPU per 1 000 requests");
+    rep.row(section, "agent, proxying", agent);
     Ok(())
 }

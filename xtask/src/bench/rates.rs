@@ -2,66 +2,66 @@
 //! throughput from the gated workload to an unprotected address over the veth, per variant;
 //! the agent's memory and CPU at idle and under the connect loop.
 //!
-//! Every variant is in force at once, each in a world of its own, and their workloads take
-//! turns in slices of a few milliseconds, a cycle being one slice of each in a rotating
-//! order (see [`run`] for why, and how the worlds are kept from mattering). Each rate
-//! becomes a ratio to the no-gate rate of the same cycle; the report gives the median ratio
-//! with its 95 % interval, and compares the gate with nftables and iptables by the
-//! per-cycle differences of their ratios (see [`super::stats`]).
-use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+//! Each rate becomes a ratio to the no-gate rate of the same cycle ([`take_turns`]); the
+//! gate is compared with nftables and iptables by the per-cycle differences of their ratios
+//! ([`super::stats`]).
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
 
-use anyhow::{Result, bail};
-use integration_tests::bench::{self, BULK_PORT, CONNECT_PORT, DEST_V4, UDP_PORT};
-use serde_json::json;
+use anyhow::{Context as _, Result, bail};
+use integration_tests::bench::{self, BULK_PORT, CONNECT_PORT, DEST_V4, Slicer, UDP_PORT};
+use serde_json::{Value, json};
 
 use super::{
     Cfg, Report, agent_usage, median,
     policy::{self, Extra},
     report::si,
-    stats::{self, Comparison, Target},
+    rotated,
+    stats::{self, Comparison},
     variants::{self, Variant},
     world::World,
 };
 
+/// A rate scenario: its short name (the prefix of its verdicts and details), the prefix of
+/// its report keys (`connect_rate_ratio_gate`, …), bench-probe's mode and port, the unit of
+/// its rate, its title, and the gate's own target for its ratio, if any (bulk: ≥ 0.99).
 pub(super) struct Scenario {
-    /// Short name, the prefix of the report keys (`connect_rate_ratio_gate`, …).
     pub name: &'static str,
     pub key: &'static str,
     pub mode: &'static str,
     pub port: u16,
-    pub unit: &'static str,
-    pub title: &'static str,
-    /// The gate's own target for its ratio, if any (bulk: ≥ 0.99).
-    pub floor: Option<f64>,
+    unit: &'static str,
+    title: &'static str,
+    floor: Option<f64>,
+}
+
+const fn scenario(
+    name: &'static str,
+    key: &'static str,
+    mode: &'static str,
+    port: u16,
+) -> Scenario {
+    Scenario { name, key, mode, port, unit: "", title: "", floor: None }
 }
 
 pub(super) const SCENARIOS: [Scenario; 3] = [
     Scenario {
-        name: "connect",
-        key: "connect_rate_ratio",
-        mode: "connect-rate",
-        port: CONNECT_PORT,
         unit: "connect()+close()/s",
         title: "1. TCP connect rate",
-        floor: None,
+        ..scenario("connect", "connect_rate_ratio", "connect-rate", CONNECT_PORT)
     },
     Scenario {
-        name: "udp",
-        key: "udp_rate_ratio",
-        mode: "udp-rate",
-        port: UDP_PORT,
         unit: "sendto()/s",
         title: "2. UDP sendto rate",
-        floor: None,
+        ..scenario("udp", "udp_rate_ratio", "udp-rate", UDP_PORT)
     },
     Scenario {
-        name: "bulk",
-        key: "bulk_ratio",
-        mode: "bulk",
-        port: BULK_PORT,
-        unit: "bytes/s",
         title: "3. bulk TCP over veth",
         floor: Some(0.99),
+        ..scenario("bulk", "bulk_ratio", "bulk", BULK_PORT)
     },
 ];
 
@@ -107,28 +107,15 @@ struct Samples<'a> {
 }
 
 pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
-    // One world per variant, all in force at once, so that the variants take turns a slice
-    // of a few milliseconds at a time: the speed of a shared machine wanders within a second
-    // by more than the differences measured here, and only variants measured within a few
-    // milliseconds of each other see the same machine. The worlds are built alike (their
-    // own netns pair, veth, sinks and cgroup tree), yet differ by up to a percent among
-    // themselves in connect rate (the calibration run, `--calibrate`, shows it); so the run
-    // is cut into blocks, and from block to block every variant moves to the next world:
-    // each variant spends the same number of cycles in each world.
-    //
-    // What one variant changes for the whole machine (the static keys that switch on the
-    // cgroup and tc hooks once any program is attached anywhere) the other worlds pay too,
-    // the gate's competitors as much as its no-gate reference: it cancels out of the
-    // comparison, and adds a few ns per packet at most to the no-gate reference.
-    //
-    // The workloads and the sinks they talk to share one CPU.
+    // One world per variant, all in force at once, their workloads taking turns slice by
+    // slice (the machine's speed wanders within a second by more than what is measured);
+    // from block to block every variant moves to the next world, so that the worlds' own
+    // small differences weigh on every variant alike. Why, at length: docs/benchmarks.md,
+    // "Worlds, slices, cycles" and "Blocks". The workloads and their sinks share one CPU.
     let mut worlds = Vec::new();
     for _ in VARIANTS {
         let w = World::on_cpu(cfg.cpu)?;
-        let policy = w.write_policy(
-            "policy.yaml",
-            &policy::aws(&Extra { endpoints: vec![], allow: vec![] }),
-        )?;
+        let policy = w.write_policy("policy.yaml", &policy::aws(&Extra::default()))?;
         worlds.push((w, policy));
     }
     let mut samples = Samples::default();
@@ -152,34 +139,18 @@ pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
         .map(|((s, v), x)| (format!("{s}_{v}"), json!(significant(&x))))
         .collect();
     rep.detail("work_per_cpu_second", serde_json::Value::Object(per_cpu));
-    let (ri, ci, rl, cl) = (
-        median(&load.rss_idle),
-        median(&load.cpu_idle),
-        median(&load.rss_load),
-        load.cpu_s / load.secs * 100.0,
-    );
-    rep.set_num("agent_rss_mib", ri);
-    rep.set_num("agent_rss_mib_load", rl);
-    rep.set_num("agent_cpu_pct_idle", ci);
-    rep.set_num("agent_cpu_pct_load", cl);
-    let rss_target =
-        |rss: f64| format!("RSS < 32 MiB: {}", if rss < 32.0 { "met" } else { "missed" });
-    rep.row(
-        "7. agent at idle",
-        "metadata-gate",
-        format!("{ri:.1} MiB RSS, {ci:.2} % CPU"),
-        None,
-        "",
-        &rss_target(ri),
-    );
-    rep.row(
-        "7. agent under 1.",
-        "metadata-gate",
-        format!("{rl:.1} MiB RSS, {cl:.2} % CPU"),
-        None,
-        "",
-        &rss_target(rl),
-    );
+    let idle = (median(&load.rss_idle), median(&load.cpu_idle));
+    let busy = (median(&load.rss_load), load.cpu_s / load.secs * 100.0);
+    for (title, (rss, cpu), key) in [("at idle", idle, ""), ("under 1.", busy, "_load")] {
+        rep.set_num(&format!("agent_rss_mib{key}"), rss);
+        rep.set_num(
+            &format!("agent_cpu_pct_{}", if key.is_empty() { "idle" } else { "load" }),
+            cpu,
+        );
+        let value = format!("{rss:.1} MiB RSS, {cpu:.2} % CPU");
+        rep.row(&format!("7. agent {title}"), "metadata-gate", value).target =
+            format!("RSS < 32 MiB: {}", stats::met(rss < 32.0));
+    }
     Ok(())
 }
 
@@ -208,38 +179,27 @@ fn run_block(
         }
     }
     for s in &SCENARIOS {
-        // One workload per world, kept open; they take turns, a slice each per cycle, in a
-        // rotating order.
+        // One workload per world, kept open; they take turns.
+        let labels: Vec<String> =
+            placed.iter().map(|p| format!("{} under {}", s.name, p.0.label())).collect();
         let slicers: Result<Vec<_>> =
             placed.iter().map(|(_, (w, _))| w.slicer(cfg, &w.workload, s.mode, s.port)).collect();
-        let mut slicers = slicers?;
-        for cycle in 0..cycles {
-            for i in 0..placed.len() {
-                let k = (i + cycle) % placed.len();
-                let v = placed[k].0;
-                let gate = v == Variant::Gate;
-                let before = pid.filter(|_| gate).and_then(agent_usage);
-                let t = std::time::Instant::now();
-                let r = slicers[k]
-                    .slice(cfg.slice_ms)
-                    .map_err(|e| e.context(format!("{} under {}", s.name, v.label())))?;
-                let rate = r["rate"].as_f64().unwrap_or(0.0);
-                if rate <= 0.0 {
-                    bail!("{} under {}: nothing done in a slice: {r}", s.name, v.label());
-                }
-                samples.rate.entry((s.name, v.key())).or_default().push(rate);
-                let cpu = r["cpu_s"].as_f64().unwrap_or(f64::NAN);
-                let work = r["ops"].as_f64().or(r["bytes"].as_f64()).unwrap_or(f64::NAN);
-                samples.per_cpu.entry((s.name, v.key())).or_default().push(work / cpu);
-                if s.name == "connect"
-                    && let (Some((_, c0)), Some((rss, c1))) = (before, pid.and_then(agent_usage))
-                {
-                    samples.agent.rss_load.push(rss);
-                    samples.agent.cpu_s += c1 - c0;
-                    samples.agent.secs += t.elapsed().as_secs_f64();
-                }
+        let gate_connect = |k: usize| s.name == "connect" && placed[k].0 == Variant::Gate;
+        // The agent's usage around each of the gate's connect slices.
+        let before =
+            |k: usize| (pid.filter(|_| gate_connect(k)).and_then(agent_usage), Instant::now());
+        take_turns(cfg, &mut slicers?, &labels, cycles, before, |k, (before, t), rate, r| {
+            let v = placed[k].0.key();
+            samples.rate.entry((s.name, v)).or_default().push(rate);
+            let cpu = r["cpu_s"].as_f64().unwrap_or(f64::NAN);
+            let work = r["ops"].as_f64().or(r["bytes"].as_f64()).unwrap_or(f64::NAN);
+            samples.per_cpu.entry((s.name, v)).or_default().push(work / cpu);
+            if let (Some((_, c0)), Some((rss, c1))) = (before, pid.and_then(agent_usage)) {
+                samples.agent.rss_load.push(rss);
+                samples.agent.cpu_s += c1 - c0;
+                samples.agent.secs += t.elapsed().as_secs_f64();
             }
-        }
+        })?;
         eprintln!("   block {}/{} {:<8} {cycles} cycles", block + 1, VARIANTS.len(), s.name);
     }
     // Every variant still enforces after its block (an agent that died on the way would
@@ -247,6 +207,33 @@ fn run_block(
     if !cfg.calibrate {
         for (v, (w, _)) in placed {
             variants::verify(*v, w, &cfg.bins)?;
+        }
+    }
+    Ok(())
+}
+
+/// The method's core: `cycles` cycles, in each of which every workload runs one slice, in an
+/// order that rotates from cycle to cycle. `before(k)` runs right before workload k's slice,
+/// `after(k, before's value, rate, answer)` right after it; a slice with nothing done fails
+/// the run, named by `labels[k]`.
+pub(super) fn take_turns<T>(
+    cfg: &Cfg,
+    slicers: &mut [Slicer],
+    labels: &[String],
+    cycles: usize,
+    mut before: impl FnMut(usize) -> T,
+    mut after: impl FnMut(usize, T, f64, &Value),
+) -> Result<()> {
+    let order: Vec<usize> = (0..slicers.len()).collect();
+    for cycle in 0..cycles {
+        for (k, _) in rotated(&order, cycle) {
+            let b = before(k);
+            let r = slicers[k].slice(cfg.slice_ms).with_context(|| labels[k].clone())?;
+            let rate = r["rate"].as_f64().unwrap_or(0.0);
+            if rate <= 0.0 {
+                bail!("{}: nothing done in a slice: {r}", labels[k]);
+            }
+            after(k, b, rate, &r);
         }
     }
     Ok(())
@@ -267,79 +254,54 @@ pub(super) fn significant(v: &[f64]) -> Vec<f64> {
 
 /// The rows, keys and verdicts of one scenario from its per-cycle rates.
 fn report_scenario(rep: &mut Report, s: &Scenario, results: &BTreeMap<(&str, &str), Vec<f64>>) {
-    let (key, name, title) = (s.key, s.name, s.title);
     let values = |v: Variant| results.get(&(s.name, v.key())).cloned().unwrap_or_default();
-    let none = values(Variant::None);
-    let ratios = |v: Variant| stats::ratios(&values(v), &none);
+    let ratios = |v: Variant| stats::ratios(&values(v), &values(Variant::None));
     // The gate against each competitor: paired differences of the ratios, per cycle.
     let mut versus = Vec::new();
     let mut against_nft = Comparison::Undecided;
-    for other in [Variant::Nft, Variant::Ipt] {
+    for (other, label) in [(Variant::Nft, "nftables"), (Variant::Ipt, "iptables")] {
         let diff = stats::differences(&ratios(Variant::Gate), &ratios(other));
         let Some(iv) = stats::median_interval(&diff) else { continue };
         let verdict = stats::compare(&iv);
-        let key = format!("{key}_gate_minus_{}", other.key());
+        let key = format!("{}_gate_minus_{}", s.key, other.key());
         rep.set_interval(&key, &iv);
-        rep.verdict(&format!("{name}_gate_vs_{}", other.key()), verdict.name());
+        rep.verdict(&format!("{}_gate_vs_{}", s.name, other.key()), verdict.name());
         rep.detail(&key, json!({"interval": iv.to_json()}));
-        versus.push(format!(
-            "{}: **{}**, {:+.3} [{:+.3}, {:+.3}]",
-            if other == Variant::Nft { "nftables" } else { "iptables" },
-            verdict.name(),
-            iv.median,
-            iv.lo,
-            iv.hi
-        ));
+        let (name, (m, lo, hi)) = (verdict.name(), (iv.median, iv.lo, iv.hi));
+        versus.push(format!("{label}: **{name}**, {m:+.3} [{lo:+.3}, {hi:+.3}]"));
         if other == Variant::Nft {
             against_nft = verdict;
         }
     }
     for v in VARIANTS {
-        let r = ratios(v);
-        let iv = stats::median_interval(&r);
+        let iv = stats::median_interval(&ratios(v)).filter(|_| v != Variant::None);
         let all = values(v);
         // The raw rates, cycle by cycle (cycle i's ratio is values[i] / no gate's values[i]).
-        rep.detail(&format!("{name}_{}", v.key()), json!({"values": significant(&all)}));
-        if v != Variant::None
-            && let Some(iv) = &iv
-        {
-            rep.set_interval(&format!("{key}_{}", v.key()), iv);
+        rep.detail(&format!("{}_{}", s.name, v.key()), json!({"values": significant(&all)}));
+        if let Some(iv) = &iv {
+            rep.set_interval(&format!("{}_{}", s.key, v.key()), iv);
+        }
+        let mut target = String::new();
+        if v == Variant::Gate {
+            let at_least_nft = against_nft.as_target().name();
+            rep.verdict(&format!("{}_gate_at_least_nft", s.name), at_least_nft);
+            target = format!("≥ nftables: {at_least_nft}");
+            if let (Some(floor), Some(iv)) = (s.floor, &iv) {
+                let t = stats::at_least(iv, floor).name();
+                rep.verdict(&format!("{}_gate_at_least_{floor}", s.name), t);
+                target.push_str(&format!("; ≥ {floor}: {t}"));
+            }
         }
         let value = if s.name == "bulk" {
             format!("{:.2} Gbit/s", median(&all) * 8.0 / 1e9)
         } else {
             format!("{} {}", si(median(&all)), s.unit)
         };
-        let (vs, target) = if v == Variant::Gate {
-            let mut target = format!(
-                "≥ nftables: {}",
-                if against_nft.at_least_level() {
-                    "met"
-                } else if against_nft == Comparison::Behind {
-                    "missed"
-                } else {
-                    "undecided"
-                }
-            );
-            if let (Some(floor), Some(iv)) = (s.floor, &iv) {
-                let t = stats::at_least(iv, floor);
-                rep.verdict(&format!("{name}_gate_at_least_{floor}"), t.name());
-                target.push_str(&format!("; ≥ {floor}: {}", t.name()));
-            }
-            rep.verdict(
-                &format!("{name}_gate_at_least_nft"),
-                match against_nft {
-                    c if c.at_least_level() => Target::Met.name(),
-                    Comparison::Behind => Target::Missed.name(),
-                    _ => Target::Undecided.name(),
-                },
-            );
-            (versus.join("; "), target)
-        } else {
-            (String::new(), String::new())
-        };
-        let ratio = if v == Variant::None { None } else { iv };
-        rep.row(title, v.label(), value, ratio, &vs, &target);
+        let row = rep.row(s.title, v.label(), value);
+        (row.ratio, row.target) = (iv, target);
+        if v == Variant::Gate {
+            row.versus = versus.join("; ");
+        }
     }
 }
 

@@ -6,10 +6,12 @@ use serde_json::{Map, Value, json};
 
 use super::{Cfg, stats::Interval};
 
-pub(super) struct Row {
-    pub scenario: String,
-    pub variant: String,
-    pub value: String,
+/// A row of report.md; [`Report::row`] adds one with the first three cells, the rest are set
+/// on what it returns.
+pub(crate) struct Row {
+    scenario: String,
+    variant: String,
+    value: String,
     /// The ratio to no gate: median and interval over the rounds.
     pub ratio: Option<Interval>,
     /// How it compares with nftables (and iptables), from the paired differences.
@@ -18,6 +20,7 @@ pub(super) struct Row {
     pub target: String,
 }
 
+#[derive(Default)]
 pub(crate) struct Report {
     keys: Map<String, Value>,
     details: Map<String, Value>,
@@ -60,19 +63,8 @@ pub(super) fn machine() -> Value {
 
 impl Report {
     pub(crate) fn new(cfg: &Cfg) -> Report {
-        let mut r = Report {
-            keys: Map::new(),
-            details: Map::new(),
-            verdicts: Map::new(),
-            rows: vec![],
-            machine: machine(),
-        };
-        r.detail(
-            "config",
-            json!({"quick": cfg.quick, "secs": cfg.secs, "rounds": cfg.rounds, "cycles": cfg.cycles, "slice_ms": cfg.slice_ms, "calibrate": cfg.calibrate,
-                   "deny_n": cfg.deny_n, "drop_n": cfg.drop_n,
-                   "drop_timeout_ms": cfg.drop_timeout_ms, "changes": cfg.changes}),
-        );
+        let mut r = Report { machine: machine(), ..Report::default() };
+        r.detail("config", serde_json::to_value(cfg).unwrap_or_default());
         r
     }
 
@@ -90,13 +82,7 @@ impl Report {
             serde_json::from_str(&text).with_context(|| format!("parse {}", path.display()))?;
         let mut keys = v.as_object().cloned().unwrap_or_default();
         keys.retain(|_, v| v.is_number() || v.is_null());
-        Ok(Report {
-            keys,
-            details: Map::new(),
-            verdicts: Map::new(),
-            rows: vec![],
-            machine: v["machine"].clone(),
-        })
+        Ok(Report { keys, machine: v["machine"].clone(), ..Report::default() })
     }
 
     /// A ratio's median under `key`, its interval's ends under `key_lo` and `key_hi`.
@@ -129,23 +115,19 @@ impl Report {
         self.details.insert(key.into(), v);
     }
 
-    pub(crate) fn row(
-        &mut self,
-        scenario: &str,
-        variant: &str,
-        value: String,
-        ratio: Option<Interval>,
-        versus: &str,
-        target: &str,
-    ) {
+    /// A row of report.md: its scenario, variant and result; ratio, comparison and target
+    /// are set on the row returned.
+    pub(crate) fn row(&mut self, scenario: &str, variant: &str, value: String) -> &mut Row {
+        let i = self.rows.len();
         self.rows.push(Row {
             scenario: scenario.into(),
             variant: variant.into(),
             value,
-            ratio,
-            versus: versus.into(),
-            target: target.into(),
+            ratio: None,
+            versus: String::new(),
+            target: String::new(),
         });
+        &mut self.rows[i]
     }
 
     pub(crate) fn write(&self, dir: &Path) -> Result<()> {
@@ -171,17 +153,12 @@ impl Report {
     }
 
     pub(crate) fn machine_line(&self) -> String {
-        let m = &self.machine;
+        let m = |k: &str| self.machine[k].as_str().unwrap_or("?").to_owned();
+        let (cpus, mem) = (&self.machine["cpus"], &self.machine["mem_gib"]);
+        let (model, kernel, nft, ipt) = (m("cpu_model"), m("kernel"), m("nft"), m("iptables"));
+        let (start, end) = (m("load"), m("load_end"));
         format!(
-            "{} × {} ({} GiB), Linux {}, {}, {}; load average {} at the start, {} at the end",
-            m["cpus"],
-            m["cpu_model"].as_str().unwrap_or("?"),
-            m["mem_gib"],
-            m["kernel"].as_str().unwrap_or("?"),
-            m["nft"].as_str().unwrap_or("?"),
-            m["iptables"].as_str().unwrap_or("?"),
-            m["load"].as_str().unwrap_or("?"),
-            m["load_end"].as_str().unwrap_or("?"),
+            "{cpus} × {model} ({mem} GiB), Linux {kernel}, {nft}, {ipt}; load average {start} at the start, {end} at the end"
         )
     }
 
@@ -210,34 +187,38 @@ impl Report {
                 r.scenario, r.variant, r.value, ratio, r.versus, r.target
             ));
         }
-        s.push_str("\nVerdicts (report.json `verdicts`):\n\n```json\n");
-        s.push_str(
-            &serde_json::to_string_pretty(&Value::Object(self.verdicts.clone()))
-                .unwrap_or_default(),
-        );
-        s.push_str("\n```\n");
-        s.push_str("\nKeys (report.json):\n\n```json\n");
-        s.push_str(
-            &serde_json::to_string_pretty(&Value::Object(self.keys.clone())).unwrap_or_default(),
-        );
-        s.push_str("\n```\n");
+        for (what, map) in [
+            ("Verdicts (report.json `verdicts`)", &self.verdicts),
+            ("Keys (report.json)", &self.keys),
+        ] {
+            let json = serde_json::to_string_pretty(map).unwrap_or_default();
+            s.push_str(&format!("\n{what}:\n\n```json\n{json}\n```\n"));
+        }
         s
     }
 }
 
-/// `1234567.8` → `1.23 M`.
+/// `1234567.8` → `1.235 M`.
 pub(super) fn si(v: f64) -> String {
     if !v.is_finite() {
         return "n/a".into();
     }
-    let (d, u) = if v >= 1e9 {
-        (1e9, " G")
-    } else if v >= 1e6 {
-        (1e6, " M")
-    } else if v >= 1e3 {
-        (1e3, " k")
-    } else {
-        (1.0, " ")
-    };
-    format!("{:.3}{u}", v / d).trim_end().to_string()
+    let units = [(1e9, " G"), (1e6, " M"), (1e3, " k")];
+    let (d, u) = units.into_iter().find(|(d, _)| v >= *d).unwrap_or((1.0, ""));
+    format!("{:.3}{u}", v / d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::si;
+
+    #[test]
+    fn si_prefixes() {
+        assert_eq!(si(1_234_567.8), "1.235 M");
+        assert_eq!(
+            (si(2e9), si(999.0), si(1500.0)),
+            ("2.000 G".into(), "999.000".into(), "1.500 k".into())
+        );
+        assert_eq!(si(f64::NAN), "n/a");
+    }
 }

@@ -14,7 +14,7 @@ use serde_json::json;
 use super::{
     Cfg, Report, agent_usage, median,
     policy::{self, Extra},
-    rates::significant,
+    rates::{significant, take_turns},
     report::si,
     stats::{self, Interval},
     variants::{self, Variant},
@@ -65,28 +65,23 @@ pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
         let active = variants::apply(Variant::Gate, &w, &policy, &cfg.bins)?;
         let rss =
             active.agent().and_then(|a| a.pid()).and_then(agent_usage).map_or(f64::NAN, |u| u.0);
-        let (mut gated, mut outside, mut ratios) = (vec![], vec![], vec![]);
-        // The twin and the gated workload take turns, a slice each per cycle, as the
-        // variants of scenarios 1–3 do.
+        // The twin and the gated workload take turns, as the variants of scenarios 1–3 do.
         let mut slicers = [
             w.slicer(cfg, &twin, "connect-rate", CONNECT_PORT)?,
             w.slicer(cfg, &gated0, "connect-rate", CONNECT_PORT)?,
         ];
-        for cycle in 0..cycles {
-            let mut pair = [0.0; 2];
-            for k in 0..2 {
-                let which = (k + cycle) % 2;
-                let r = slicers[which].slice(cfg.slice_ms)?;
-                let rate = r["rate"].as_f64().unwrap_or(0.0);
-                if rate <= 0.0 {
-                    bail!("scale {dim} {entries}/{ncg}: nothing done in a slice: {r}");
-                }
-                pair[which] = rate;
-            }
-            outside.push(pair[0]);
-            gated.push(pair[1]);
-            ratios.push(pair[1] / pair[0]);
-        }
+        let labels = ["twin", "gated"].map(|l| format!("scale {dim} {entries}/{ncg}, {l}"));
+        let mut rates = [vec![], vec![]];
+        take_turns(
+            cfg,
+            &mut slicers,
+            &labels,
+            cycles,
+            |_| (),
+            |k, (), rate, _| rates[k].push(rate),
+        )?;
+        let [outside, gated] = rates;
+        let ratios = stats::ratios(&gated, &outside);
         drop(active);
         let Some(iv) = stats::median_interval(&ratios) else { bail!("scale {dim}: no rounds") };
         let (label, key) = if dim == "entries" {
@@ -119,14 +114,9 @@ pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
             }
             _ => String::new(),
         };
-        rep.row(
-            "5. scale: connect rate (gated / ungated twin)",
-            &label,
-            format!("{} /s, agent {rss:.1} MiB", si(median(&gated))),
-            Some(iv),
-            "",
-            &target,
-        );
+        let value = format!("{} /s, agent {rss:.1} MiB", si(median(&gated)));
+        let row = rep.row("5. scale: connect rate (gated / ungated twin)", &label, value);
+        (row.ratio, row.target) = (Some(iv), target);
     }
     if let (Some(r10k), Some(b)) = (rep.get("connect_rate_ratio_gate_10k"), &base[0]) {
         rep.set_num("connect_rate_10k_vs_1_delta", r10k / b.median - 1.0);

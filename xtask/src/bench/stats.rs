@@ -2,15 +2,9 @@
 //! and the verdicts such an interval supports (ahead / level / behind a competitor, a target
 //! met or missed), never more than it supports.
 //!
-//! Every rate is measured once per round and variant, the variants in a rotating order, and
-//! turned into a ratio to the no-gate measurement of the same round; a comparison between
-//! two variants is the per-round difference of their ratios (paired: a slow round slows
-//! both). The interval for the median of n such numbers is the order-statistic one: the
-//! k-th smallest to the k-th largest, with k the largest whose coverage,
-//! 1 − 2·P(Binomial(n, ½) < k), is still ≥ 95 %. It assumes nothing about the shape of the
-//! noise, only that rounds are independent. Below 6 rounds no such interval reaches 95 %:
-//! the report then gives the whole spread and its lower coverage, and decides nothing it
-//! cannot.
+//! The ratios are paired per cycle (a slow cycle slows both), and the interval for the median
+//! of n of them is the order-statistic one, k-th smallest to k-th largest with k the largest
+//! whose coverage 1 − 2·P(Binomial(n, ½) < k) is still ≥ 95 %: docs/benchmarks.md, "Method".
 use serde_json::{Value, json};
 
 /// The confidence the intervals aim for.
@@ -98,7 +92,8 @@ pub(super) fn differences(a: &[f64], b: &[f64]) -> Vec<f64> {
 
 /// How one variant compares with another, from the interval of their paired differences
 /// (this one's ratio minus the other's, per round).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "lowercase")]
 pub(super) enum Comparison {
     /// The whole interval above 0, and not all of it within the margin.
     Ahead,
@@ -106,8 +101,10 @@ pub(super) enum Comparison {
     Level,
     /// Not behind by more than the margin, possibly ahead by more: the interval from
     /// −margin up, crossing +margin.
+    #[strum(serialize = "level or ahead")]
     LevelOrAhead,
     /// Not ahead by more than the margin, possibly behind by more.
+    #[strum(serialize = "level or behind")]
     LevelOrBehind,
     /// The whole interval below 0, and not all of it within the margin.
     Behind,
@@ -118,19 +115,22 @@ pub(super) enum Comparison {
 
 impl Comparison {
     pub(super) fn name(self) -> &'static str {
-        match self {
-            Comparison::Ahead => "ahead",
-            Comparison::Level => "level",
-            Comparison::LevelOrAhead => "level or ahead",
-            Comparison::LevelOrBehind => "level or behind",
-            Comparison::Behind => "behind",
-            Comparison::Undecided => "undecided",
-        }
+        self.into()
     }
 
     /// What a user choosing between the two wants to know: this one is not the dearer.
     pub(super) fn at_least_level(self) -> bool {
         matches!(self, Comparison::Ahead | Comparison::Level | Comparison::LevelOrAhead)
+    }
+
+    /// The target "at least as cheap as the other": met when at least level, missed when
+    /// behind.
+    pub(super) fn as_target(self) -> Target {
+        match self {
+            c if c.at_least_level() => Target::Met,
+            Comparison::Behind => Target::Missed,
+            _ => Target::Undecided,
+        }
     }
 }
 
@@ -158,7 +158,8 @@ pub(super) fn compare(diff: &Interval) -> Comparison {
 }
 
 /// Whether a target of "at least `target`" holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "lowercase")]
 pub(super) enum Target {
     /// The whole interval at or above the target.
     Met,
@@ -170,12 +171,13 @@ pub(super) enum Target {
 
 impl Target {
     pub(super) fn name(self) -> &'static str {
-        match self {
-            Target::Met => "met",
-            Target::Missed => "missed",
-            Target::Undecided => "undecided",
-        }
+        self.into()
     }
+}
+
+/// A target decided on one number (no interval): `met` or `missed`.
+pub(super) fn met(ok: bool) -> &'static str {
+    if ok { Target::Met.name() } else { Target::Missed.name() }
 }
 
 /// Whether the interval supports "at least `target`".
@@ -270,6 +272,8 @@ mod tests {
         // Five rounds decide nothing, however clear they look.
         assert_eq!(d(&[0.1, 0.1, 0.1, 0.1, 0.1]), Comparison::Undecided);
         assert!(Comparison::LevelOrAhead.at_least_level());
+        assert_eq!(Comparison::LevelOrBehind.name(), "level or behind");
+        assert_eq!((Comparison::Ahead.name(), Target::Undecided.name()), ("ahead", "undecided"));
         assert!(!Comparison::Undecided.at_least_level());
     }
 

@@ -14,7 +14,8 @@ use integration_tests::{
 
 use super::world::{World, cgroup_rel, nft_cgroup_path};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub(super) enum Variant {
     None,
     Gate,
@@ -27,14 +28,9 @@ pub(super) enum Variant {
 }
 
 impl Variant {
+    /// Its name in report keys: `none`, `gate`, `nft`, `nft_drop`, `ipt`.
     pub(super) fn key(self) -> &'static str {
-        match self {
-            Variant::None => "none",
-            Variant::Gate => "gate",
-            Variant::Nft => "nft",
-            Variant::NftDrop => "nft_drop",
-            Variant::Ipt => "ipt",
-        }
+        self.into()
     }
 
     pub(super) fn label(self) -> &'static str {
@@ -112,19 +108,9 @@ fn ipt_rules(world: &World, dst: &str) -> Result<String> {
 fn shipped_hooks(world: &World, lsm: bool) -> Result<Vec<String>> {
     // The cgroup hooks, the metadata proxy's (peer name, sock_ops, bind) included: the agent
     // attaches them whether or not a proxy is configured.
-    let mut hooks: Vec<String> = [
-        "connect4",
-        "connect6",
-        "egress",
-        "setsockopt",
-        "getpeername4",
-        "getpeername6",
-        "sock-ops",
-        "bind4",
-        "bind6",
-    ]
-    .map(String::from)
-    .into();
+    let cgroup =
+        "connect4 connect6 egress setsockopt getpeername4 getpeername6 sock-ops bind4 bind6";
+    let mut hooks: Vec<String> = cgroup.split(' ').map(String::from).collect();
     if lsm {
         hooks.extend(["lsm-bind", "lsm-setsockopt", "lsm-socket"].map(String::from));
     }
@@ -214,4 +200,16 @@ pub(super) fn verify(v: Variant, world: &World, bins: &Bins) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Variant;
+
+    #[test]
+    fn report_keys() {
+        let keys = [Variant::None, Variant::Gate, Variant::Nft, Variant::NftDrop, Variant::Ipt]
+            .map(Variant::key);
+        assert_eq!(keys, ["none", "gate", "nft", "nft_drop", "ipt"]);
+    }
 }

@@ -16,29 +16,13 @@ use integration_tests::{
 
 use super::Cfg;
 
-/// A directory `/tmp/mg-<pid>-<n>/` for policy files (the stale sweep knows the name).
-pub(super) struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub(super) fn new() -> Result<TempDir> {
-        let p = std::env::temp_dir().join(unique("mg"));
-        fs::create_dir_all(&p).with_context(|| format!("mkdir {}", p.display()))?;
-        Ok(TempDir(p))
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
 // Field order is drop order: sink threads leave the netns before it is deleted.
 pub(super) struct World {
     _sink: Sink,
     pub net: TestNet,
     pub cg: CgroupTree,
-    pub dir: TempDir,
+    /// `/tmp/mg-<pid>-<n>/`, for policy files (the stale sweep knows the name).
+    pub dir: tempfile::TempDir,
     /// `gated/workload`: the benchmarked process.
     pub workload: PathBuf,
     /// `gated/cloud-agent`: allow-listed by the policy.
@@ -52,7 +36,8 @@ impl World {
         let cg = CgroupTree::new()?;
         let workload = cg.create("gated/workload")?;
         let allowed = cg.create("gated/cloud-agent")?;
-        Ok(World { _sink: sink, net, cg, dir: TempDir::new()?, workload, allowed })
+        let dir = tempfile::Builder::new().prefix(&unique("mg")).rand_bytes(0).tempdir()?;
+        Ok(World { _sink: sink, net, cg, dir, workload, allowed })
     }
 
     /// A world whose sinks (threads of this process, which inherit the CPU of the thread
@@ -71,8 +56,8 @@ impl World {
     /// Write `text` as `name` in the world's directory (write to a temp file, then rename,
     /// as an editor or a ConfigMap update would).
     pub(super) fn write_policy(&self, name: &str, text: &str) -> Result<PathBuf> {
-        let p = self.dir.0.join(name);
-        let tmp = self.dir.0.join(format!(".{name}.tmp"));
+        let p = self.dir.path().join(name);
+        let tmp = self.dir.path().join(format!(".{name}.tmp"));
         fs::write(&tmp, text).with_context(|| format!("write {}", tmp.display()))?;
         fs::rename(&tmp, &p).with_context(|| format!("rename to {}", p.display()))?;
         Ok(p)
