@@ -145,6 +145,7 @@ impl<C: ClusterOps> Control<C> {
     }
 
     /// The policy ConfigMap followed now.
+    #[cfg(test)]
     pub(crate) fn configmap(&self) -> &ObjectRef<ConfigMap> {
         &self.configmap
     }
