@@ -7,7 +7,7 @@ use anyhow::{Context as _, Result};
 use futures::{Stream, StreamExt as _, future, stream::BoxStream};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::{
-    Api, Client,
+    Api, Client, ResourceExt as _,
     api::DynamicObject,
     config::{KubeConfigOptions, Kubeconfig},
     runtime::{
@@ -93,9 +93,11 @@ pub(crate) fn infrastructure(
     backed_off("infrastructure", watcher::watcher(api, config))
 }
 
-/// The pods of this node.
+/// The pods of this node, without their managedFields (the agent reads none of them, and the
+/// pod store would keep them all).
 pub(crate) fn pods(client: &Client, node: &str) -> BoxStream<'static, Event<Pod>> {
     let api: Api<Pod> = Api::all(client.clone());
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-    backed_off("pods", watcher::watcher(api, config))
+    let pods = watcher::watcher(api, config).modify(|pod| pod.managed_fields_mut().clear());
+    backed_off("pods", pods)
 }

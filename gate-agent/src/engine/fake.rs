@@ -213,13 +213,43 @@ pub(crate) struct Rig {
     pub(crate) root: Root,
 }
 
+/// An engine started with `policy` on a fake gate, as `Engine::start` leaves it; `reopen` is
+/// what the repair check finds at the gated root.
+pub(crate) fn started(
+    start: Start,
+    policy: Policy,
+    allow: Box<dyn AllowSource>,
+    reopen: super::Reopen,
+) -> (Engine<Fake>, Arc<Mutex<FakeState>>) {
+    let (fake, gate) = Fake::new(start);
+    let fake =
+        bring_up_gate(fake, &cfg(), &node(), &policy, &root(7), &allow.allow_set(&policy)).unwrap();
+    let engine = Engine {
+        sinks: EventSinks::new(policy.endpoint_names()),
+        policy,
+        root: root(7),
+        gate: Arc::new(Mutex::new(fake)),
+        metrics: AgentMetrics::default(),
+        ready: Arc::new(AtomicBool::new(true)),
+        cfg: cfg(),
+        state: None,
+        allow,
+        node: Arc::new(node()),
+        _node_links: None,
+        reopen,
+        last_text: None,
+        last_refused: false,
+        retry: None,
+        _server: None,
+        proxy: None,
+    };
+    (engine, gate)
+}
+
 impl Rig {
     pub(crate) fn start(start: Start, text: &str) -> Rig {
-        let (fake, gate) = Fake::new(start);
         let allow = Allow::default();
         allow.set(&[100]);
-        let p = policy(text);
-        let fake = bring_up_gate(fake, &cfg(), &node(), &p, &root(7), &allow.now()).unwrap();
         let seen = Root(Arc::new(Mutex::new(7)));
         let reopen = {
             let seen = seen.clone();
@@ -228,25 +258,8 @@ impl Rig {
                 id => Ok(root(id)),
             }
         };
-        let engine = Engine {
-            sinks: EventSinks::new(p.endpoint_names()),
-            policy: p,
-            root: root(7),
-            gate: Arc::new(Mutex::new(fake)),
-            metrics: AgentMetrics::default(),
-            ready: Arc::new(AtomicBool::new(true)),
-            cfg: cfg(),
-            state: None,
-            allow: Box::new(allow.clone()),
-            node: Arc::new(node()),
-            _node_links: None,
-            reopen: Box::new(reopen),
-            last_text: None,
-            last_refused: false,
-            retry: None,
-            _server: None,
-            proxy: None,
-        };
+        let (engine, gate) =
+            started(start, policy(text), Box::new(allow.clone()), Box::new(reopen));
         Rig { engine, gate, allow, root: seen }
     }
 
