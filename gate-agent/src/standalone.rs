@@ -61,7 +61,7 @@ pub(crate) async fn run(cfg: &AgentConfig, policy_path: &Path, cgroup_root: &Pat
                     Ok(text) => {
                         engine.offer(&source, &text, trigger.as_str()).await;
                     }
-                    Err(e) => engine.refuse(&source, trigger.as_str(), &format!("{e:#}")),
+                    Err(e) => engine.reject(&source, trigger.as_str(), &format!("{e:#}")),
                 }
             }
             _ = tick.tick() => engine.sync().await,

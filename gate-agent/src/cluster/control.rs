@@ -5,7 +5,7 @@
 //! signals and timers that make the real stream are in [`super::run`].
 //!
 //! The engine starts once a good policy and the first full pod list are in, so an allowed
-//! component is never refused for want of a list. Until then a gate pinned by an earlier
+//! component is never denied for want of a list. Until then a gate pinned by an earlier
 //! agent keeps enforcing what it enforced.
 use anyhow::{Result, bail};
 use futures::{Stream, StreamExt as _};
@@ -232,7 +232,7 @@ impl<C: ClusterOps> Control<C> {
                     offer_policy(self.engine.as_mut(), &mut self.pending, &source, text).await
                 {
                     let note = format!(
-                        "metadata-gate refused this policy, the last good one stays: {why}"
+                        "metadata-gate rejected this policy, the last good one stays: {why}"
                     );
                     let object = self.configmap.clone().into();
                     self.ops.publish(object, true, kevents::REJECTED_REASON, note).await;
@@ -286,7 +286,7 @@ fn policy_text(cm: &ConfigMap) -> Result<String, String> {
 
 /// A policy ConfigMap's text: before the engine runs, a good policy waits for the pod list
 /// (the newest good one wins, a bad one leaves it waiting); once the engine runs, it is
-/// offered. Returns why it was refused, for the Event on the ConfigMap.
+/// offered. Returns why it was rejected, for the Event on the ConfigMap.
 async fn offer_policy<G: GateOps>(
     engine: Option<&mut Engine<G>>,
     pending: &mut Option<Policy>,
@@ -298,7 +298,7 @@ async fn offer_policy<G: GateOps>(
             let offer = match text {
                 Ok(text) => engine.offer(source, &text, "configmap changed").await,
                 Err(why) => {
-                    engine.refuse(source, "configmap changed", &why);
+                    engine.reject(source, "configmap changed", &why);
                     Offer::Rejected(why)
                 }
             };

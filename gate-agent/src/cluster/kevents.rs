@@ -91,7 +91,7 @@ pub(crate) fn denial_note(d: &Denied, container: Option<&str>) -> String {
              listed paths are served"
         ),
         None => format!(
-            "{who}{} to {dst}:{port}/{} ({}) refused: cloud instance metadata is not for \
+            "{who}{} to {dst}:{port}/{} ({}) denied: cloud instance metadata is not for \
              workloads",
             d.event.comm(),
             d.event.proto_name(),
@@ -133,7 +133,7 @@ mod notes {
         let kernel = denial_note(&denied(None), Some("app"));
         assert_eq!(
             kernel,
-            "container app: curl to 169.254.169.254:80/TCP (ec2-imds) refused: cloud instance \
+            "container app: curl to 169.254.169.254:80/TCP (ec2-imds) denied: cloud instance \
              metadata is not for workloads"
         );
         let request =

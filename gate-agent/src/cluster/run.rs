@@ -4,7 +4,7 @@
 //!    providerID ([`super::platform`]). The Infrastructure object is watched.
 //! 2. Policy: the ConfigMap `<namespace>/metadata-gate-policy-<platform>` (key `policy.yaml`),
 //!    watched and hot-reloaded through the same validate → compile → swap path as files. A bad
-//!    one is refused (log, metric, Kubernetes Event on the ConfigMap); the last good stays.
+//!    one is rejected (log, metric, Kubernetes Event on the ConfigMap); the last good stays.
 //! 3. Allow set: the pods on this node (field selector `spec.nodeName`), mapped to their
 //!    cgroups ([`super::identity`]). A pod that is allowed is allowed from the moment it is
 //!    seen (its pod-level cgroup), a deleted pod is removed.

@@ -238,7 +238,7 @@ pub(crate) fn started(
         _node_links: None,
         reopen,
         last_text: None,
-        last_refused: false,
+        last_rejected: false,
         retry: None,
         _server: None,
         proxy: None,

@@ -211,7 +211,7 @@ pub(crate) struct Engine<G: GateOps = Gate> {
     /// judged once; a text that failed to *apply* is not recorded here but retried.
     last_text: Option<String>,
     /// Whether `last_text` was rejected (so the policy in force is not the newest one).
-    last_refused: bool,
+    last_rejected: bool,
     /// A valid policy whose apply failed: retried with backoff by [`Engine::sync`].
     retry: Option<Retry>,
     /// The health and metrics server (none in the fast tests).
@@ -293,7 +293,7 @@ impl Engine<Gate> {
             _node_links: Some(node_links),
             reopen: Box::new(GatedRoot::open),
             last_text: None,
-            last_refused: false,
+            last_rejected: false,
             retry: None,
             _server: None,
             proxy,
@@ -394,7 +394,7 @@ impl<G: GateOps> Engine<G> {
     /// Log and count a policy that was rejected: the one place both modes report it. Until a
     /// policy is applied (or the newest text turns out to be the live policy),
     /// `metadata_gate_policy_rejected` stays 1.
-    pub(crate) fn refuse(&self, source: &str, trigger: &str, why: &str) {
+    pub(crate) fn reject(&self, source: &str, trigger: &str, why: &str) {
         tracing::error!(
             trigger, policy = %source, error = %why, live_policy_hash = %self.policy.hash(),
             "policy rejected; the last good policy stays in force"
@@ -413,23 +413,23 @@ impl<G: GateOps> Engine<G> {
         if self.last_text.as_deref() == Some(text) {
             tracing::debug!(trigger, "policy unchanged");
             self.metrics.reload("unchanged");
-            self.metrics.policy_rejected.set(i64::from(self.last_refused));
+            self.metrics.policy_rejected.set(i64::from(self.last_rejected));
             return Offer::Unchanged;
         }
         let candidate = match Policy::parse(source, text) {
             Ok(c) => c,
             Err(e) => {
                 self.last_text = Some(text.to_owned());
-                self.last_refused = true;
+                self.last_rejected = true;
                 self.retry = None;
                 let msg = e.to_string();
-                self.refuse(source, trigger, &msg);
+                self.reject(source, trigger, &msg);
                 return Offer::Rejected(msg);
             }
         };
         if candidate.hash() == self.policy.hash() {
             self.last_text = Some(text.to_owned());
-            self.last_refused = false;
+            self.last_rejected = false;
             self.retry = None;
             self.metrics.reload("unchanged");
             self.metrics.policy_rejected.set(0);
@@ -451,7 +451,7 @@ impl<G: GateOps> Engine<G> {
             Ok(g) => g,
             Err(e) => {
                 let msg = format!("{e:#}");
-                self.refuse(source, trigger, &msg);
+                self.reject(source, trigger, &msg);
                 let backoff = self.retry.as_ref().map_or(Retry::FIRST, |r| r.backoff * 2);
                 let backoff = backoff.min(Retry::MAX);
                 tracing::warn!(
@@ -468,7 +468,7 @@ impl<G: GateOps> Engine<G> {
             }
         };
         self.last_text = Some(text.to_owned());
-        self.last_refused = false;
+        self.last_rejected = false;
         self.retry = None;
         self.metrics.policy_rejected.set(0);
         if let Ok(mut n) = self.sinks.endpoints.write() {

@@ -105,7 +105,7 @@ async fn the_same_text_again_is_not_installed_again() {
 }
 
 #[tokio::test]
-async fn an_invalid_policy_is_refused_and_the_last_good_one_stays() {
+async fn an_invalid_policy_is_rejected_and_the_last_good_one_stays() {
     let mut rig = Rig::start(Start::Fresh, GOOD);
     let got = rig.engine.offer("cm", INVALID, "test").await;
     let Offer::Rejected(why) = got else { panic!("{got:?}") };
@@ -124,7 +124,7 @@ async fn an_invalid_policy_is_refused_and_the_last_good_one_stays() {
 }
 
 #[tokio::test]
-async fn a_good_policy_after_a_refused_one_is_installed() {
+async fn a_good_policy_after_a_rejected_one_is_installed() {
     let mut rig = Rig::start(Start::Fresh, GOOD);
     rig.engine.offer("cm", INVALID, "test").await;
     assert!(matches!(rig.engine.offer("cm", OTHER, "test").await, Offer::Applied));
@@ -211,7 +211,7 @@ async fn a_failed_apply_is_retried_when_the_text_comes_again() {
 }
 
 #[tokio::test]
-async fn a_refusal_cancels_a_pending_retry() {
+async fn a_rejection_cancels_a_pending_retry() {
     let mut rig = Rig::start(Start::Fresh, GOOD);
     rig.fail_apply(true);
     rig.engine.offer("cm", OTHER, "test").await;

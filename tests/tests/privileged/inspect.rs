@@ -138,7 +138,7 @@ fn must_gather_collects_every_nodes_gate_and_the_clusters_objects() {
     api.put(kubeapi::INFRASTRUCTURES, kubeapi::infrastructure("AWS"));
     api.put(kubeapi::CORE_EVENTS, json!({"apiVersion": "v1", "kind": "Event",
         "metadata": {"name": "e1", "namespace": "team-a"}, "reason": "MetadataAccessBlocked",
-        "message": "refused", "involvedObject": {"kind": "Pod", "name": "pod-a", "namespace": "team-a"}}));
+        "message": "denied", "involvedObject": {"kind": "Pod", "name": "pod-a", "namespace": "team-a"}}));
     let agent_log = env.agent().logs().join("\n") + "\n";
     api.set_log(ns, "metadata-gate-agent-x1", "agent", &agent_log);
     let kubeconfig = api.kubeconfig(&dir.0.join("kubeconfig"), "t").expect("kubeconfig");

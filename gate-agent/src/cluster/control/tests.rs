@@ -1,5 +1,5 @@
 //! Which policy is in force in cluster mode, decided over a scripted stream of inputs with a
-//! fake gate and a fake cluster: start, offers, refusals before and after start, platform
+//! fake gate and a fake cluster: start, offers, rejections before and after start, platform
 //! changes, the allow set following the pods, repair triggers, and denials' Events.
 use std::sync::{Arc, Mutex};
 
@@ -251,7 +251,7 @@ async fn with_the_pods_listed_first_the_policy_starts_the_engine() {
 }
 
 #[tokio::test]
-async fn before_start_a_bad_policy_is_refused_and_the_newest_good_one_starts() {
+async fn before_start_a_bad_policy_is_rejected_and_the_newest_good_one_starts() {
     let mut t = T::new();
     t.feed(vec![aws(INVALID), cm(AWS_CM, None)]).await;
     t.feed(listed(&[])).await;
@@ -284,7 +284,7 @@ async fn running(text: &str) -> T {
 }
 
 #[tokio::test]
-async fn after_start_a_policy_is_offered_and_a_bad_one_refused_the_last_good_kept() {
+async fn after_start_a_policy_is_offered_and_a_bad_one_rejected_the_last_good_kept() {
     let mut t = running(GOOD).await;
     t.feed(vec![aws(OTHER)]).await;
     assert_eq!(t.enforced(), Some(policy(OTHER).hash()));
@@ -296,12 +296,12 @@ async fn after_start_a_policy_is_offered_and_a_bad_one_refused_the_last_good_kep
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].0.name.as_deref(), Some(AWS_CM));
     assert!(
-        events[0].2.starts_with("metadata-gate refused this policy, the last good one stays: ")
+        events[0].2.starts_with("metadata-gate rejected this policy, the last good one stays: ")
     );
     // Deleted: the last good stays, nothing is said on the (gone) ConfigMap.
     t.feed(vec![Input::Policy(Box::new(Event::Delete(configmap(AWS_CM, Some(OTHER)))))]).await;
     assert_eq!(t.enforced(), Some(policy(OTHER).hash()));
-    // A ConfigMap without the key is refused; a good one clears the refusal.
+    // A ConfigMap without the key is rejected; a good one clears the rejection.
     t.feed(vec![cm(AWS_CM, None)]).await;
     assert_eq!((t.enforced(), t.events().len()), (Some(policy(OTHER).hash()), 2));
     t.feed(vec![aws(GOOD)]).await;
@@ -332,7 +332,7 @@ async fn a_platform_change_takes_the_other_configmaps_policy() {
         (last.platform.as_str(), last.endpoints.as_slice()),
         ("GCP", &["gce".to_owned()][..])
     );
-    // A refusal now names the ConfigMap followed.
+    // A rejection now names the ConfigMap followed.
     t.feed(vec![cm(GCP_CM, Some(INVALID))]).await;
     assert_eq!(t.events().last().unwrap().0.name.as_deref(), Some(GCP_CM));
     assert_eq!(t.enforced(), Some(policy(GCP).hash()));
@@ -476,14 +476,14 @@ fn idle() -> Option<&'static mut Engine<Fake>> {
 }
 
 #[tokio::test]
-async fn before_start_a_good_policy_waits_and_a_bad_one_is_refused() {
+async fn before_start_a_good_policy_waits_and_a_bad_one_is_rejected() {
     let mut pending = None;
     let why = offer_policy(idle(), &mut pending, CM, Ok(INVALID.into())).await;
     assert!(why.is_some_and(|w| w.contains("cidr")));
     assert!(pending.is_none(), "nothing to start with");
     assert!(offer_policy(idle(), &mut pending, CM, Ok(GOOD.into())).await.is_none());
     assert_eq!(pending.as_ref().map(Policy::hash), Some(policy(GOOD).hash()));
-    // A bad one later leaves the good one waiting; a missing key is refused too.
+    // A bad one later leaves the good one waiting; a missing key is rejected too.
     for text in [Ok(INVALID.into()), Err("data.policy.yaml: missing".to_owned())] {
         assert!(offer_policy(idle(), &mut pending, CM, text).await.is_some());
         assert_eq!(pending.as_ref().map(Policy::hash), Some(policy(GOOD).hash()));
@@ -494,7 +494,7 @@ async fn before_start_a_good_policy_waits_and_a_bad_one_is_refused() {
 }
 
 #[tokio::test]
-async fn after_start_a_policy_is_offered_and_a_bad_one_refused() {
+async fn after_start_a_policy_is_offered_and_a_bad_one_rejected() {
     let mut rig = fake::Rig::start(Start::Fresh, GOOD);
     let mut pending = None;
     let got = offer_policy(Some(&mut rig.engine), &mut pending, CM, Ok(OTHER.into())).await;
@@ -503,7 +503,7 @@ async fn after_start_a_policy_is_offered_and_a_bad_one_refused() {
     let got = offer_policy(Some(&mut rig.engine), &mut pending, CM, Ok(INVALID.into())).await;
     assert!(got.is_some_and(|w| w.contains("cidr")));
     assert_eq!(rig.enforced(), policy(OTHER).hash());
-    // The live policy again clears the refusal; a ConfigMap without the key is refused.
+    // The live policy again clears the rejection; a ConfigMap without the key is rejected.
     assert!(
         offer_policy(Some(&mut rig.engine), &mut pending, CM, Ok(OTHER.into())).await.is_none()
     );
