@@ -101,12 +101,13 @@ pub(crate) fn denial_note(d: &Denied, container: Option<&str>) -> String {
 }
 
 #[cfg(test)]
-mod notes {
+pub(crate) mod notes {
     use gate_common::abi::{DenyEvent, PROTO_TCP};
 
     use super::{Denied, denial_note};
 
-    fn denied(request: Option<(String, String)>) -> Denied {
+    /// A denial of curl's TCP connect to 169.254.169.254:80 (the cluster loop's tests too).
+    pub(crate) fn denied(request: Option<(String, String)>) -> Denied {
         let mut addr = [0u8; 16];
         addr[..4].copy_from_slice(&[169, 254, 169, 254]);
         let mut comm = [0u8; 16];

@@ -4,10 +4,7 @@
 use std::sync::{Arc, Mutex};
 
 use futures::stream;
-use gate_common::{
-    abi::{DenyEvent, PROTO_TCP},
-    user::PolicyHash,
-};
+use gate_common::user::PolicyHash;
 use k8s_openapi::api::core::v1::ConfigMap;
 use serde_json::json;
 
@@ -192,25 +189,11 @@ fn infrastructure(platform: &str) -> Input {
 }
 
 fn denied(workload: Identity) -> Input {
-    let mut addr = [0u8; 16];
-    addr[..4].copy_from_slice(&[169, 254, 169, 254]);
-    let mut comm = [0u8; 16];
-    comm[..4].copy_from_slice(b"curl");
-    let event = DenyEvent {
-        cgroup_id: 1,
-        ts_ns: 0,
-        addr,
-        pid: 0,
-        endpoint: 0,
-        port: 80,
-        proto: PROTO_TCP,
-        family: 4,
-        verdict: 2,
-        hook: 0,
-        _pad: [0; 2],
-        comm,
-    };
-    Input::Denied(Box::new(Denied { workload, event, endpoint: "imds".into(), request: None }))
+    Input::Denied(Box::new(Denied {
+        workload,
+        endpoint: "imds".into(),
+        ..kevents::notes::denied(None)
+    }))
 }
 
 fn started(t: &T) -> Vec<PolicyHash> {
