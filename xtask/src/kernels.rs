@@ -528,21 +528,27 @@ fn guest_script(
     s += &format!("export CI=true GATE_TEST_SLOWDOWN={SLOWDOWN}\n");
     // The host's filesystem is shared uncached (9p): an exec of the agent from it took 4 to 6 s
     // under TCG, from the guest's tmpfs 1.2 s. The binaries are copied there once.
+    // Each keeps its file name: tests read the probe's comm.
     s += "mkdir /tmp/vm-bin\n";
     for (k, v) in env {
-        s += &format!("cp {} /tmp/vm-bin/{k}\nexport {k}=/tmp/vm-bin/{k}\n", v.display());
+        s += &format!("cp {} /tmp/vm-bin/\nexport {k}=/tmp/vm-bin/{}\n", v.display(), file_name(v));
     }
-    s += &format!("cp {} /tmp/vm-bin/suite\n", suite_bin.display());
+    s += &format!("cp {} /tmp/vm-bin/\n", suite_bin.display());
     for t in tests {
         s += &format!(
             "echo \"=== {t}\"; s=$(date +%s)\n\
-             timeout -k 10 {tmo} /tmp/vm-bin/suite --exact --test-threads=1 --nocapture {t} > {o}/{t}.log 2>&1\n\
+             timeout -k 10 {tmo} /tmp/vm-bin/{suite} --exact --test-threads=1 --nocapture {t} > {o}/{t}.log 2>&1\n\
              rc=$?; echo \"{t} $rc $(( $(date +%s) - s ))\" | tee -a {o}/results\n",
             tmo = TEST_TIMEOUT.as_secs(),
+            suite = file_name(suite_bin),
         );
     }
     s += &format!("echo finished > {o}/finished\nsync\n");
     s
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name().unwrap_or_default().to_string_lossy().into_owned()
 }
 
 /// The process group of the running VM, for the signal handler.
