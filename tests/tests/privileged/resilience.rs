@@ -80,7 +80,10 @@ fn a_torn_down_gate_is_repaired_within_a_tick() {
     let out = env
         .gate_agent(&["cleanup", "--force", "--pin-dir", &pin], Duration::from_secs(10))
         .expect("cleanup --force");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Under emulation a repair tick can land inside the removal and pin again before its
+    // last step, the pin dir's rmdir, which then finds the directory not empty.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() || stderr.contains("Directory not empty"), "{stderr}");
     // A tick that ran while the removal was under way repairs what was gone by then; the
     // next one the rest: what the repair lines say together.
     let repaired = || {
@@ -93,7 +96,7 @@ fn a_torn_down_gate_is_repaired_within_a_tick() {
             .collect();
         what.join(", ")
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    let deadline = std::time::Instant::now() + integration_tests::sys::slow(Duration::from_secs(3));
     let whole = |w: &str| w.contains("link connect4") && w.contains("map pin CONFIG");
     while !whole(&repaired()) && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
