@@ -30,7 +30,7 @@ fn show(who: &str, o: &probe::Outcome) {
         let err = o.errno.map(std::io::Error::from_raw_os_error);
         let err = err.map_or_else(|| "no answer".to_string(), |e| e.to_string());
         println!(
-            "   {who:<12} \x1b[31mrefused\x1b[0m  at {}: {err} ({} µs)",
+            "   {who:<12} \x1b[31mdenied\x1b[0m   at {}: {err} ({} µs)",
             o.stage, o.elapsed_us
         );
     }
@@ -69,15 +69,15 @@ pub(crate) fn run() -> Result<()> {
             "Both workloads ask the metadata service: GET http://{IMDS_V4}/latest/meta-data/instance-id"
         ),
     );
-    let refused = probe::run(&bins, &net, &web, &["tcp", IMDS_V4, "80", &token("demo-web")])?;
-    show("web-app", &refused);
+    let denied = probe::run(&bins, &net, &web, &["tcp", IMDS_V4, "80", &token("demo-web")])?;
+    show("web-app", &denied);
     let served = probe::run(&bins, &net, &cloud, &["tcp", IMDS_V4, "80", &token("demo-cloud")])?;
     show("cloud-agent", &served);
     let dns = probe::run(&bins, &net, &web, &["udp", IMDS_V4, "53", &token("demo-dns")])?;
     println!(
         "   {:<12} {} (port 53 on the same address is not protected)",
         "web-app",
-        if dns.ok { "\x1b[32mDNS served\x1b[0m" } else { "\x1b[31mDNS refused\x1b[0m" }
+        if dns.ok { "\x1b[32mDNS served\x1b[0m" } else { "\x1b[31mDNS denied\x1b[0m" }
     );
 
     step(5, "The denial event the agent logged");
@@ -94,7 +94,7 @@ pub(crate) fn run() -> Result<()> {
     }
 
     step(6, "Cleaning up: agent stopped, gate unpinned, namespaces and cgroups removed");
-    let ok = !refused.ok && served.ok && dns.ok && !imds.saw("demo-web");
+    let ok = !denied.ok && served.ok && dns.ok && !imds.saw("demo-web");
     drop(agent);
     drop(imds);
     drop(net);
@@ -103,7 +103,7 @@ pub(crate) fn run() -> Result<()> {
         bail!("the gate did not behave as shown above");
     }
     println!(
-        "\n\x1b[1mThe gate refused web-app with EPERM at connect(), served the allow-listed cloud-agent, and left DNS alone.\x1b[0m"
+        "\n\x1b[1mThe gate denied web-app with EPERM at connect(), served the allow-listed cloud-agent, and left DNS alone.\x1b[0m"
     );
     Ok(())
 }
