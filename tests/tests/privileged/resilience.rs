@@ -75,17 +75,19 @@ fn a_torn_down_gate_is_repaired_within_a_tick() {
     let env = Env::with_agent("enforce");
     env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
     let pin = env.agent().pin_dir.to_string_lossy().into_owned();
+    let pins_before = pin_tree(&env.agent().pin_dir);
     // Forced removal: every pin goes, the links detach — the gate is open at that moment
     // (a cleanup without an agent leaves it open: lifecycle::cleanup_opens_the_gate…).
     let out = env
         .gate_agent(&["cleanup", "--force", "--pin-dir", &pin], Duration::from_secs(10))
         .expect("cleanup --force");
-    // Under emulation a repair tick can land inside the removal and pin again before its
-    // last step, the pin dir's rmdir, which then finds the directory not empty.
+    // Under emulation repair ticks can land inside the removal and pin again until it gives
+    // up with "Directory not empty": then part of the tree (the maps, say) was never removed.
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() || stderr.contains("Directory not empty"), "{stderr}");
-    // A tick that ran while the removal was under way repairs what was gone by then; the
-    // next one the rest: what the repair lines say together.
+    let removed_all = out.status.success();
+    assert!(removed_all || stderr.contains("Directory not empty"), "{stderr}");
+    // What the repair lines say together: a tick that ran while the removal was under way
+    // repaired what was gone by then, the next one the rest.
     let repaired = || {
         let lines = env.agent().logs();
         let what: Vec<String> = lines
@@ -96,13 +98,22 @@ fn a_torn_down_gate_is_repaired_within_a_tick() {
             .collect();
         what.join(", ")
     };
-    let deadline = std::time::Instant::now() + integration_tests::sys::slow(Duration::from_secs(3));
-    let whole = |w: &str| w.contains("link connect4") && w.contains("map pin CONFIG");
-    while !whole(&repaired()) && std::time::Instant::now() < deadline {
+    // Whole: every pin is back, and a removal that went through is named in the repair log.
+    let whole = |w: &str| {
+        !w.is_empty()
+            && (!removed_all || (w.contains("link connect4") && w.contains("map pin CONFIG")))
+            && pin_tree(&env.agent().pin_dir) == pins_before
+    };
+    let deadline = Instant::now() + integration_tests::sys::slow(Duration::from_secs(3));
+    while !whole(&repaired()) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
     let what = repaired();
-    assert!(whole(&what), "the agent repairs the gate: {what:?}");
+    assert!(
+        whole(&what),
+        "the agent repairs the gate: {what:?}; pins {:?}, were {pins_before:?}",
+        pin_tree(&env.agent().pin_dir)
+    );
     env.assert_refused("gated/pod-a", "tcp", IMDS_V4, "80", "connect");
     env.assert_served("gated/cloud-agent", "tcp", IMDS_V4, "80");
     let s = status(&env);
@@ -116,6 +127,23 @@ fn a_torn_down_gate_is_repaired_within_a_tick() {
     let (_, body) = env.agent().http_get("/metrics").expect("metrics");
     // Every cgroup link: connect4/6, egress, setsockopt.
     assert!(metric(&body, "metadata_gate_repairs_total{what=\"link\"}") >= Some(4.0), "{body}");
+}
+
+/// Every path under `dir`, relative to it, sorted.
+fn pin_tree(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    fn walk(base: &std::path::Path, dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            out.push(path.strip_prefix(base).unwrap_or(&path).to_path_buf());
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                walk(base, &path, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
 }
 
 /// Remove the gated root and its children, then make the same tree again: new cgroup ids.
