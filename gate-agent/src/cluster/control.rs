@@ -259,6 +259,9 @@ impl<C: ClusterOps> Control<C> {
                     self.configmap =
                         ObjectRef::new(&self.platform.configmap_name()).within(&self.namespace);
                     tracing::info!(configmap = %self.source(), "following the platform's policy ConfigMap");
+                    // A policy still waiting came from the ConfigMap left behind: the engine
+                    // starts on the new platform's own.
+                    self.pending = None;
                     self.ops.follow(&self.configmap);
                 }
             }

@@ -322,6 +322,16 @@ async fn a_platform_change_takes_the_other_configmaps_policy() {
 }
 
 #[tokio::test]
+async fn a_platform_change_before_start_drops_the_waiting_policy() {
+    let mut t = T::new();
+    t.feed(vec![aws(GOOD), infrastructure("GCP")]).await;
+    t.feed(listed(&[])).await;
+    assert!(started(&t).is_empty(), "the AWS policy does not start a GCP node");
+    t.feed(vec![cm(GCP_CM, Some(GCP))]).await;
+    assert_eq!(started(&t), [policy(GCP).hash()]);
+}
+
+#[tokio::test]
 async fn a_named_policy_configmap_stays_whatever_the_platform() {
     let mut t = T::with(Some(("ops".into(), "gate-policy".into())));
     let mut named = configmap("gate-policy", Some(GOOD));
