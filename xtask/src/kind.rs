@@ -9,7 +9,7 @@
 //!    deploy/kind/e2e/fake-imds.yaml; start the clients of deploy/kind/e2e/clients.yaml;
 //! 5. baseline, before the gate: every client is served (proves the fake IMDS is reachable);
 //! 6. `kubectl apply -k deploy/overlays/kind` (AWS policy) and wait for the rollout;
-//! 7. the pod-network and the host-network client are refused with EPERM; the host-network
+//! 7. the pod-network and the host-network client are denied with EPERM; the host-network
 //!    client that matches the AWS policy's aws-cloud-controller-manager entry is served;
 //! 8. the worker's metrics, from the worker itself: https on port 9752 answers 401 without
 //!    a token, 403 to a service account without `get` on /metrics and the agent's metrics to
@@ -180,15 +180,15 @@ fn scenario() -> Result<()> {
         let who = format!("{}/{}", c.namespace, c.pod);
         match (c.allowed, &got) {
             (true, Fetch::Served) => eprintln!("   {who}: served (allow-listed)"),
-            (false, Fetch::Refused { message, elapsed }) if message.contains("not permitted") => {
+            (false, Fetch::Failed { message, elapsed }) if message.contains("not permitted") => {
                 if *elapsed > Duration::from_secs(3) {
-                    bail!("{who}: refused, but only after {elapsed:?}; EPERM must come at once");
+                    bail!("{who}: denied, but only after {elapsed:?}; EPERM must come at once");
                 }
-                eprintln!("   {who}: refused at once ({})", message.trim());
+                eprintln!("   {who}: denied at once ({})", message.trim());
             }
             (true, _) => bail!("{who} is allow-listed but was not served: {}", got.describe()),
             (false, _) => bail!(
-                "{who} must be refused with EPERM (Operation not permitted), got: {}",
+                "{who} must be denied with EPERM (Operation not permitted), got: {}",
                 got.describe()
             ),
         }
@@ -271,7 +271,7 @@ enum Fetch {
     Served,
     /// Ran, but got something other than the fake IMDS's answer.
     Other(String),
-    Refused {
+    Failed {
         message: String,
         elapsed: Duration,
     },
@@ -286,7 +286,7 @@ impl Fetch {
         match self {
             Fetch::Served => "served".into(),
             Fetch::Other(s) => format!("unexpected answer {s:?}"),
-            Fetch::Refused { message, elapsed } => {
+            Fetch::Failed { message, elapsed } => {
                 format!("failed after {elapsed:?}: {}", message.trim())
             }
         }
@@ -304,7 +304,7 @@ fn fetch(c: &Client) -> Result<Fetch> {
         return Ok(if stdout.trim() == SERVED { Fetch::Served } else { Fetch::Other(stdout) });
     }
     let message = format!("{}{}", String::from_utf8_lossy(&out.stderr), stdout);
-    Ok(Fetch::Refused { message, elapsed })
+    Ok(Fetch::Failed { message, elapsed })
 }
 
 /// What helps to understand a failure; errors here are printed, not raised.

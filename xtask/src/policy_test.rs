@@ -110,12 +110,12 @@ pub(crate) fn run(file: &Path, platform: Option<&str>) -> Result<()> {
             let tok = token("policy-test");
             let (addr, port) = (t.addr.to_string(), t.port.to_string());
             let o = probe::run(&bins, &net, cgroup, &[t.proto, &addr, &port, &tok])?;
-            let refused = !o.ok && o.errno == Some(EPERM);
-            let pass = if want_served { o.ok } else { refused };
+            let denied = !o.ok && o.errno == Some(EPERM);
+            let pass = if want_served { o.ok } else { denied };
             let seen = if o.ok {
                 "served".to_owned()
-            } else if refused {
-                "refused (EPERM)".to_owned()
+            } else if denied {
+                "denied (EPERM)".to_owned()
             } else {
                 format!(
                     "failed at {} ({:?})",
@@ -136,7 +136,7 @@ pub(crate) fn run(file: &Path, platform: Option<&str>) -> Result<()> {
                     "{who} → {} {addr} port {port} ({}): {seen}, expected {}",
                     t.proto,
                     t.what,
-                    if want_served { "served" } else { "refused with EPERM" }
+                    if want_served { "served" } else { "denied with EPERM" }
                 ));
             }
             Ok(())
@@ -164,7 +164,7 @@ pub(crate) fn run(file: &Path, platform: Option<&str>) -> Result<()> {
         bail!("the policy does not do what it says:\n  {}", failures.join("\n  "));
     }
     println!(
-        "\nevery protected port refused the gated workload with EPERM and served the allowed \
+        "\nevery protected port denied the gated workload with EPERM and served the allowed \
          cgroup{}",
         if neighbours.is_empty() { "" } else { "; every neighbour stayed open" }
     );

@@ -169,7 +169,7 @@ pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
         (
             "policy change → enforced, under the abuse",
             format!(
-                "added → refused p50 {c50:.1} ms, removed → served p50 {o50:.1} ms, max {cmax:.1} ms"
+                "added → denied p50 {c50:.1} ms, removed → served p50 {o50:.1} ms, max {cmax:.1} ms"
             ),
             format!("max < 100 ms: {apply_met}"),
         ),

@@ -80,7 +80,7 @@ pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
     rep.detail("policy_apply_ms", json!({"supported": supported, "close": close, "open": open}));
     let value = if supported {
         format!(
-            "endpoint added → refused: p50 {c50:.1} ms, p99 {c99:.1} ms; removed → served: p50 {o50:.1} ms, p99 {o99:.1} ms"
+            "endpoint added → denied: p50 {c50:.1} ms, p99 {c99:.1} ms; removed → served: p50 {o50:.1} ms, p99 {o99:.1} ms"
         )
     } else {
         "live reload unsupported".into()

@@ -1,4 +1,4 @@
-//! Scenario 4: how long a refused connect() takes to return to the workload: the gate
+//! Scenario 4: how long a denied connect() takes to return to the workload: the gate
 //! (EPERM from the connect hook), nftables reject (RST), nftables drop (the client's own
 //! timeout), iptables REJECT. Samples of all rounds pooled; p50 and p99.
 use std::collections::BTreeMap;
@@ -36,7 +36,7 @@ pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
                 &["deny", IMDS_V4, "80", &n.to_string(), &timeout.to_string()],
             )?;
             if r["ok"] != true {
-                bail!("refused connect() under {}: a connect() was served: {r}", v.label());
+                bail!("denied connect() under {}: a connect() was served: {r}", v.label());
             }
             samples.entry(v.key()).or_default().extend(numbers(&r["samples_us"]));
             errnos.entry(v.key()).or_default().push(r["errnos"].clone());
@@ -67,7 +67,7 @@ pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
         if v == Variant::Gate {
             rep.verdict("deny_p99_under_50us", met);
         }
-        let row = rep.row("4. refused connect() returns", v.label(), value);
+        let row = rep.row("4. denied connect() returns", v.label(), value);
         if v == Variant::Gate {
             row.target = format!("p99 < 50 µs: {met}");
         }

@@ -34,9 +34,9 @@ pub(crate) struct Cfg {
     pub quick: bool,
     /// Seconds per workload run of the statistics pass (scenario 8).
     pub secs: f64,
-    /// Rounds of the refused-connect and proxy scenarios (each puts every variant in force once).
+    /// Rounds of the denied-connect and proxy scenarios (each puts every variant in force once).
     pub rounds: usize,
-    /// Refused connect() calls per variant and round; against nft drop (each waits for the
+    /// Denied connect() calls per variant and round; against nft drop (each waits for the
     /// timeout): calls per round and their timeout.
     pub deny_n: usize,
     pub drop_n: usize,
@@ -62,7 +62,7 @@ pub(crate) struct Cfg {
 type Scenario = fn(&Cfg, &mut Report) -> Result<()>;
 const SCENARIOS: [(&str, &str, Scenario); 7] = [
     ("rates", "1-3, 7: connect, UDP and bulk rates; agent memory and CPU", rates::run),
-    ("deny", "4: refused connect() latency", deny::run),
+    ("deny", "4: denied connect() latency", deny::run),
     ("scale", "5: scale", scale::run),
     ("apply", "6: policy change and new cgroup to enforcement", apply::run),
     ("stats", "8: ns per program run (BPF statistics on)", nsrun::run),

@@ -1,6 +1,6 @@
 //! The variants every scenario compares, all enforcing the same AWS policy
 //! (deploy/examples/standalone-aws.yaml: 169.254.169.254 TCP 80 and fd00:ec2::254 TCP 80
-//! refused from the gated cgroup, `cloud-agent` below it allowed):
+//! denied from the gated cgroup, `cloud-agent` below it allowed):
 //! no enforcement, metadata-gate, nftables and iptables rules in the workload netns.
 use std::path::Path;
 
@@ -72,7 +72,7 @@ impl Drop for Active {
 }
 
 /// The nftables ruleset a careful administrator would write: cheap address match first,
-/// the allow-listed cgroup accepted, the rest of the gated cgroup refused.
+/// the allow-listed cgroup accepted, the rest of the gated cgroup denied.
 pub(super) fn nft_ruleset(world: &World, verdict: &str) -> Result<String> {
     let (_, level) = cgroup_rel(&world.cg.gated())?;
     let gated = nft_cgroup_path(&world.cg.gated())?;
@@ -153,7 +153,7 @@ pub(super) fn shipped_gate(
 }
 
 /// Put `v` in force in `world` (`policy` is the gate's policy file) and check that it
-/// enforces the policy: the workload is refused, the allow-listed cgroup served.
+/// enforces the policy: the workload is denied, the allow-listed cgroup served.
 /// `bins` is the build under test (gate-agent, and bench-probe for the check).
 pub(super) fn apply(v: Variant, world: &World, policy: &Path, bins: &Bins) -> Result<Active> {
     let netns = world.net.node_path();
@@ -195,8 +195,8 @@ pub(super) fn verify(v: Variant, world: &World, bins: &Bins) -> Result<()> {
         bail!(
             "{} does not enforce the policy: workload {}, cloud-agent {}",
             v.label(),
-            if workload { "served" } else { "refused" },
-            if allowed { "served" } else { "refused" }
+            if workload { "served" } else { "denied" },
+            if allowed { "served" } else { "denied" }
         );
     }
     Ok(())
