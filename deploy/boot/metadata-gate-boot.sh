@@ -3,7 +3,7 @@
 # It closes the gate (cgroup hooks, node-level and LSM programs, pinned) with, in order:
 #   the policy and allow set the agent kept in $METADATA_GATE_STATE_DIR (reboots);
 #   else the installed policy $METADATA_GATE_POLICY if that file exists;
-#   else the policy shipped for $METADATA_GATE_PLATFORM ("auto": ignition.platform.id).
+#   else the policy shipped for $METADATA_GATE_PLATFORM ("auto": ignition.platform.id, else DMI).
 # It runs the agent's binary kept in the state dir; where there is none (a node's first
 # boot) or it fails, the agent's image $METADATA_GATE_IMAGE with podman, as OpenShift's own
 # node units run theirs. Settings: /etc/metadata-gate/boot.env (see deploy/README.md).

@@ -28,7 +28,11 @@ use crate::{
     engine,
     loader::Layout,
     node::NodeLevel,
-    policy::{Policy, shipped},
+    policy::{
+        Policy,
+        detect::{self, Dmi},
+        shipped,
+    },
     state::{BootRecord, StateDir, boot_id},
 };
 
@@ -37,7 +41,7 @@ use crate::{
 pub(crate) enum Installed {
     File(PathBuf),
     Platform(String),
-    /// The platform from the kernel command line.
+    /// The platform the node names: its kernel command line, else its firmware's DMI strings.
     Auto,
     None,
 }
@@ -52,8 +56,8 @@ impl Installed {
         }
     }
 
-    /// The installed policy's (source, text).
-    fn read(&self, cmdline: &str) -> Result<(String, String)> {
+    /// The installed policy's (source, text); `cmdline` and `dmi` are the node's, for `Auto`.
+    fn read(&self, cmdline: &str, dmi: &Dmi) -> Result<(String, String)> {
         match self {
             Installed::File(f) => {
                 let text = std::fs::read_to_string(f)
@@ -62,13 +66,18 @@ impl Installed {
             }
             Installed::Platform(p) => Ok((format!("shipped for {p}"), shipped::policy_for(p)?)),
             Installed::Auto => {
-                let p = shipped::from_ignition(cmdline).ok_or_else(|| {
-                    anyhow!(
-                        "--platform auto: the kernel command line names no known \
-                         ignition.platform.id; pass --platform or --policy"
-                    )
-                })?;
-                Ok((format!("shipped for {p} (ignition.platform.id)"), shipped::policy_for(p)?))
+                let (p, by) = detect::from_ignition(cmdline)
+                    .map(|p| (p, "ignition.platform.id".to_owned()))
+                    .or_else(|| detect::from_dmi(dmi).map(|(p, field)| (p, format!("DMI {field}"))))
+                    .ok_or_else(|| {
+                        anyhow!(
+                            "--platform auto: neither the kernel command line's \
+                             ignition.platform.id nor the DMI strings (sys_vendor, \
+                             product_name, chassis_asset_tag) name a known platform; pass \
+                             --platform or --policy"
+                        )
+                    })?;
+                Ok((format!("shipped for {p} ({by})"), shipped::policy_for(p)?))
             }
             Installed::None => Err(anyhow!("no --policy or --platform to fall back on")),
         }
@@ -124,11 +133,12 @@ pub(crate) fn run(args: BootArgs) -> Result<()> {
 fn close(args: BootArgs, state: &StateDir, record: &mut BootRecord) -> Result<()> {
     let installed = Installed::from_args(args.policy, args.platform);
     let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
+    let dmi = Dmi::read(std::path::Path::new("/"));
     let kept_source = state.policy_path().display().to_string();
     let (policy, source, kept) = choose(
         state.load_policy(),
         &kept_source,
-        || installed.read(&cmdline),
+        || installed.read(&cmdline, &dmi),
         &mut record.problems,
     )?;
     record.policy = Some(source.clone());
@@ -223,12 +233,21 @@ mod tests {
     #[test]
     fn no_policy_anywhere_is_an_error_never_an_open_gate() {
         let mut problems = vec![];
-        let e = choose(Ok("{".into()), "kept.yaml", || Installed::None.read(""), &mut problems)
-            .unwrap_err();
+        let e = choose(
+            Ok("{".into()),
+            "kept.yaml",
+            || Installed::None.read("", &Dmi::default()),
+            &mut problems,
+        )
+        .unwrap_err();
         assert!(format!("{e:#}").contains("no --policy or --platform"), "{e:#}");
-        let e =
-            choose(Ok("{".into()), "kept.yaml", || Installed::Auto.read("quiet"), &mut problems)
-                .unwrap_err();
+        let e = choose(
+            Ok("{".into()),
+            "kept.yaml",
+            || Installed::Auto.read("quiet", &Dmi::default()),
+            &mut problems,
+        )
+        .unwrap_err();
         assert!(format!("{e:#}").contains("ignition.platform.id"), "{e:#}");
         let bad = || Ok(("installed".into(), "platform: AWS\nendpoints: 3\n".into()));
         let e = choose(Ok("{".into()), "kept.yaml", bad, &mut problems).unwrap_err();
@@ -236,9 +255,14 @@ mod tests {
     }
 
     #[test]
-    fn auto_reads_the_ignition_platform() {
-        let (source, text) = Installed::Auto.read("ro ignition.platform.id=azure").unwrap();
-        assert!(source.contains("Azure"), "{source}");
+    fn auto_reads_the_ignition_platform_else_the_dmi_strings() {
+        let gce = Dmi { product_name: "Google Compute Engine".into(), ..Dmi::default() };
+        let (source, text) = Installed::Auto.read("ro ignition.platform.id=azure", &gce).unwrap();
+        assert_eq!(source, "shipped for Azure (ignition.platform.id)", "ignition comes first");
         assert_eq!(Policy::parse(&source, &text).unwrap().platform, "Azure");
+        // Without it, the firmware's strings.
+        let (source, text) = Installed::Auto.read("ro quiet", &gce).unwrap();
+        assert_eq!(source, "shipped for GCP (DMI product_name)");
+        assert_eq!(Policy::parse(&source, &text).unwrap().platform, "GCP");
     }
 }

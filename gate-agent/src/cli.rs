@@ -252,8 +252,9 @@ pub(crate) struct BootArgs {
     #[arg(long, value_name = "FILE", conflicts_with = "platform")]
     pub policy: Option<PathBuf>,
     /// Else the policy shipped for this platform (OpenShift PlatformType, as `run
-    /// --platform`), or `auto`: from the kernel command line's ignition.platform.id (RHCOS,
-    /// Fedora CoreOS)
+    /// --platform`), or `auto`: the platform the node names, by the kernel command line's
+    /// ignition.platform.id (RHCOS, Fedora CoreOS), else by its firmware's DMI strings (AWS,
+    /// GCP, Azure, Alibaba Cloud, OCI, OpenStack)
     #[arg(long, value_name = "PLATFORM")]
     pub platform: Option<String>,
     /// The gated cgroup (created if the kubelet has not yet), e.g.

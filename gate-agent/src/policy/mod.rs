@@ -38,6 +38,7 @@ use ipnet::IpNet;
 use kube::core::{Expression, Selector, SelectorExt as _};
 
 pub mod check;
+pub mod detect;
 pub mod platforms;
 pub mod profiles;
 mod schema;

@@ -60,30 +60,6 @@ pub fn policy_for(platform: &str) -> Result<String, ShippedError> {
         .ok_or_else(|| ShippedError::Malformed(platform.to_owned(), "key missing".into()))
 }
 
-/// The platform a CoreOS node was provisioned on, from its kernel command line's
-/// `ignition.platform.id` (RHCOS and Fedora CoreOS set it on every boot), as OpenShift's
-/// PlatformType. `qemu` (libvirt and bare VMs) has no metadata service: `None`.
-pub fn from_ignition(cmdline: &str) -> Option<&'static str> {
-    let id = cmdline.split_whitespace().find_map(|w| w.strip_prefix("ignition.platform.id="))?;
-    Some(match id {
-        "aws" => "AWS",
-        "gcp" => "GCP",
-        "azure" | "azurestack" => "Azure",
-        "openstack" => "OpenStack",
-        "ibmcloud" => "IBMCloud",
-        "aliyun" => "AlibabaCloud",
-        "oraclecloud" => "External/oci",
-        "vmware" => "VSphere",
-        "kubevirt" => "KubeVirt",
-        "nutanix" => "Nutanix",
-        "powervs" => "PowerVS",
-        "packet" => "EquinixMetal",
-        "metal" => "BareMetal",
-        "qemu" => "None",
-        _ => return None,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,35 +88,5 @@ mod tests {
             "AWS"
         );
         assert!(matches!(policy_for("Mars"), Err(ShippedError::Unknown(..))));
-    }
-
-    #[test]
-    fn ignition_platform_ids() {
-        let line =
-            "BOOT_IMAGE=(hd0,gpt3)/ostree/rhcos/vmlinuz ignition.platform.id=aws root=UUID=x";
-        assert_eq!(from_ignition(line), Some("AWS"));
-        assert_eq!(from_ignition("ignition.platform.id=oraclecloud"), Some("External/oci"));
-        assert_eq!(from_ignition("ignition.platform.id=unknowncloud"), None);
-        assert_eq!(from_ignition("quiet splash"), None);
-        // Every platform an id maps to has a shipped policy.
-        for id in [
-            "aws",
-            "gcp",
-            "azure",
-            "openstack",
-            "ibmcloud",
-            "aliyun",
-            "oraclecloud",
-            "vmware",
-            "kubevirt",
-            "nutanix",
-            "powervs",
-            "packet",
-            "metal",
-            "qemu",
-        ] {
-            let p = from_ignition(&format!("ignition.platform.id={id}")).expect(id);
-            policy_for(p).unwrap_or_else(|e| panic!("{id}: {e}"));
-        }
     }
 }
