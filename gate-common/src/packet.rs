@@ -223,17 +223,14 @@ pub fn passes_fast_v4(filter: &Prefilter, ver_ihl: u8, first: u8, last: u8) -> b
 }
 
 /// The fast path on an IPv6 header: `ver` its first byte, `next` its next-header field,
-/// `first` and `last` its destination's first and last bytes. Not when a routing header may
-/// follow (directly, or after hop-by-hop or destination options), nor for a destination
-/// starting with 0, which may be IPv4-mapped (judged as the IPv4 address by the full path).
+/// `first` and `last` its destination's first and last bytes. Only when the transport comes
+/// right after the fixed header: behind any extension header the full path walks (not only
+/// hop-by-hop and destination options, also AH, mobility, HIP, shim6 and the experimental
+/// ones) a routing header may follow. Not for a destination starting with 0 either, which may
+/// be IPv4-mapped (judged as the IPv4 address by the full path).
 #[inline(always)]
 pub fn passes_fast_v6(filter: &Prefilter, ver: u8, next: u8, first: u8, last: u8) -> bool {
-    ver >> 4 == 6
-        && next != 0
-        && next != 43
-        && next != 60
-        && first != 0
-        && !filter.may(true, first, last)
+    ver >> 4 == 6 && !is_v6_extension(next) && first != 0 && !filter.may(true, first, last)
 }
 
 /// What the transport header at `l4` says (`end`: where the IP packet ends). Every field
@@ -417,5 +414,7 @@ pub fn subject<T: Tables>(t: &T, generation: Option<u32>, p: &Parsed) -> Option<
     }
 }
 
+#[cfg(all(not(target_arch = "bpf"), any(test, feature = "fuzzing")))]
+pub mod fuzzing;
 #[cfg(test)]
 mod tests;
