@@ -34,19 +34,25 @@ fn endpoints() -> Vec<EndpointSpec> {
 /// What the first byte asks for: bit 0 clear, an Ethernet frame; set, a packet read at its
 /// network header, which the sk_buff calls by the next two bytes' protocol.
 pub fn check(data: &[u8]) {
+    // Compiled once: the policy is fixed, and compiling it per input cost most of a run.
+    static POLICY: std::sync::OnceLock<(Vec<EndpointSpec>, HostTables, Prefilter)> =
+        std::sync::OnceLock::new();
+    let (eps, t, prefilter) = POLICY.get_or_init(|| {
+        let eps = endpoints();
+        let Ok(image) = compile(&eps) else { panic!("the fixed policy compiles") };
+        let mut t = HostTables::default();
+        t.load(&image, GENERATION);
+        (eps, t, image.prefilter)
+    });
     let Some((&mode, rest)) = data.split_first() else { return };
-    let eps = endpoints();
-    let Ok(image) = compile(&eps) else { panic!("the fixed policy compiles") };
-    let mut t = HostTables::default();
-    t.load(&image, GENERATION);
     if mode & 1 == 0 {
-        check_frame(&t, &image.prefilter, &eps, rest);
+        check_frame(t, prefilter, eps, rest);
     } else {
         let Some((proto, packet)) = rest.split_first_chunk::<2>() else { return };
         let protocol = u16::from_be_bytes(*proto);
         match network_of_packet(packet.first().map(|b| b >> 4), protocol) {
-            CARRIES_IPV4 => check_ip(&t, &image.prefilter, &eps, packet, 0, false),
-            CARRIES_IPV6 => check_ip(&t, &image.prefilter, &eps, packet, 0, true),
+            CARRIES_IPV4 => check_ip(t, prefilter, eps, packet, 0, false),
+            CARRIES_IPV6 => check_ip(t, prefilter, eps, packet, 0, true),
             CARRIES_OTHER => assert!(
                 protocol != ETH_P_IP && protocol != ETH_P_IPV6,
                 "a packet the sk_buff calls IP passed as not IP"
