@@ -5,15 +5,14 @@ use aya_build::{Package, Toolchain};
 
 fn main() -> anyhow::Result<()> {
     let manifest_dir = std::env::var("CARGO_MANIFEST_DIR").context("CARGO_MANIFEST_DIR")?;
-    let root_dir = std::path::Path::new(&manifest_dir)
+    let workspace = std::path::Path::new(&manifest_dir)
         .parent()
-        .ok_or_else(|| anyhow!("gate-agent has no parent directory"))?
-        .join("gate-ebpf");
+        .ok_or_else(|| anyhow!("gate-agent has no parent directory"))?;
+    let root_dir = workspace.join("gate-ebpf");
     let root_dir = root_dir.to_str().ok_or_else(|| anyhow!("non-UTF-8 path {root_dir:?}"))?;
-    let gate_common = root_dir.replace("gate-ebpf", "gate-common");
-    println!("cargo:rerun-if-changed={gate_common}");
+    println!("cargo:rerun-if-changed={}", workspace.join("gate-common").display());
     aya_build::build_ebpf(
         [Package { name: "gate-ebpf", root_dir, ..Default::default() }],
-        Toolchain::default(),
+        Toolchain::Custom(gate_common::EBPF_TOOLCHAIN),
     )
 }

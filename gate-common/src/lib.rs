@@ -30,3 +30,25 @@ pub mod sockets;
 #[cfg(feature = "user")]
 pub mod user;
 pub mod verdict;
+
+/// The toolchain that builds the kernel programs (gate-agent's build.rs, `cargo xtask lint`
+/// and `setup`): the nightly proven with bpf-linker 0.10.1, which links with that
+/// toolchain's own LLVM (22). A newer nightly may carry an LLVM it was not proven with.
+/// `gate-ebpf/rust-toolchain.toml` names the same one for cargo run by hand in that
+/// directory (a test holds the two together).
+#[cfg(not(target_arch = "bpf"))]
+pub const EBPF_TOOLCHAIN: &str = "nightly-2026-05-19";
+
+#[cfg(all(test, not(target_arch = "bpf")))]
+mod toolchain_tests {
+    #[test]
+    fn the_ebpf_crates_toolchain_file_names_the_pinned_nightly() {
+        let file = include_str!("../../gate-ebpf/rust-toolchain.toml");
+        let channel = file
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("channel"))
+            .and_then(|v| v.trim().strip_prefix('='))
+            .map(|v| v.trim().trim_matches('"'));
+        assert_eq!(channel, Some(super::EBPF_TOOLCHAIN));
+    }
+}

@@ -3,11 +3,13 @@
 use std::process::Command;
 
 use anyhow::Result;
+use gate_common::EBPF_TOOLCHAIN;
 
 use crate::util::{self, root};
 
 pub(crate) fn run() -> Result<()> {
-    util::run(Command::new("cargo").args(["+nightly", "fmt", "--all", "--", "--check"]))?;
+    let nightly = format!("+{EBPF_TOOLCHAIN}");
+    util::run(Command::new("cargo").args([&nightly, "fmt", "--all", "--", "--check"]))?;
     // The eBPF crate needs nightly features and its own target: it is linted on its own below.
     util::run(Command::new("cargo").args([
         "clippy",
@@ -21,7 +23,7 @@ pub(crate) fn run() -> Result<()> {
     ]))?;
     // The eBPF crate on its own, for its real target.
     util::run(Command::new("cargo").current_dir(root().join("gate-ebpf")).args([
-        "+nightly",
+        &nightly,
         "clippy",
         "-p",
         "gate-ebpf",

@@ -31,7 +31,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Install what a fresh machine lacks: nightly rust-src, bpf-linker 0.10.1, the Debian
+    /// Install what a fresh machine lacks: the pinned nightly (2026-05-19) with rust-src,
+    /// bpf-linker 0.10.1, the Debian
     /// packages the tests, the bench and the kernel VMs use (iproute2, nftables, iptables,
     /// QEMU, a static busybox …), virtme-ng, and the pinned Python SDKs of the privileged test
     /// proxy::sdk (under target/)

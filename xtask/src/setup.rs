@@ -2,6 +2,7 @@
 use std::process::Command;
 
 use anyhow::{Context as _, Result, bail};
+use gate_common::EBPF_TOOLCHAIN;
 
 use integration_tests::sys::is_root;
 
@@ -18,7 +19,7 @@ pub(crate) fn ensure() -> Result<()> {
         "list",
         "--installed",
         "--toolchain",
-        "nightly",
+        EBPF_TOOLCHAIN,
     ]))
     .unwrap_or_default();
     let missing: Vec<&str> = ["rust-src", "clippy", "rustfmt"]
@@ -29,7 +30,7 @@ pub(crate) fn ensure() -> Result<()> {
         run(Command::new("rustup").args([
             "toolchain",
             "install",
-            "nightly",
+            EBPF_TOOLCHAIN,
             "--profile",
             "minimal",
             "--component",
@@ -37,7 +38,7 @@ pub(crate) fn ensure() -> Result<()> {
         ]))?;
     } else if !missing.is_empty() {
         let mut cmd = Command::new("rustup");
-        cmd.args(["component", "add", "--toolchain", "nightly"]).args(&missing);
+        cmd.args(["component", "add", "--toolchain", EBPF_TOOLCHAIN]).args(&missing);
         run(&mut cmd)?;
     }
 
