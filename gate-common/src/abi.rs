@@ -13,7 +13,7 @@
 
 /// Bumped whenever a type, map or program below changes incompatibly; the agent pins under
 /// `<pin-dir>/v<ABI_VERSION>/`.
-pub const ABI_VERSION: u32 = 9;
+pub const ABI_VERSION: u32 = 10;
 
 /// Map names as they appear in the eBPF object (and under the pin dir).
 pub mod names {
@@ -61,9 +61,12 @@ pub mod names {
     /// initial sequence numbers ([`HandshakeKey`](super::HandshakeKey)). A plain hash, never
     /// an LRU: one workload's flood cannot evict another's record.
     pub const PENDING: &str = "PENDING";
+    /// Records each workload has in PENDING (an LRU: a count lost to eviction only lets a
+    /// workload have more, never denies one), so that one workload cannot fill it.
+    pub const INFLIGHT: &str = "INFLIGHT";
 
     /// Every map of the object, in pin order.
-    pub const ALL: [&str; 20] = [
+    pub const ALL: [&str; 21] = [
         CONFIG,
         POLICY_META,
         PREFIX_V4,
@@ -84,6 +87,7 @@ pub mod names {
         PROXY,
         SK_RECORDS,
         PENDING,
+        INFLIGHT,
     ];
 }
 
@@ -169,7 +173,13 @@ pub const STAT_EVENTS_LOST: u32 = NUM_HOOKS * NUM_VERDICTS;
 /// STATS slot counting proxied handshakes whose record found no room in PENDING (the proxy
 /// refuses those connections: no record).
 pub const STAT_PENDING_LOST: u32 = STAT_EVENTS_LOST + 1;
-pub const NUM_STATS: u32 = STAT_PENDING_LOST + 1;
+/// STATS slot counting connects to the proxy denied because their workload had
+/// [`MAX_PENDING_PER_WORKLOAD`] handshakes in flight already.
+pub const STAT_PENDING_CAPPED: u32 = STAT_PENDING_LOST + 1;
+/// STATS slot counting packets of connections sent to the proxy that were leaving for another
+/// address or port (a DNAT or route after the redirect): dropped.
+pub const STAT_PROXY_DIVERTED: u32 = STAT_PENDING_CAPPED + 1;
+pub const NUM_STATS: u32 = STAT_PROXY_DIVERTED + 1;
 
 pub const CONFIG_ACTIVE_GEN: u32 = 0;
 /// Next RECENT slot to write (wraps; the slot is `cursor % RECENT_DENIALS`).
@@ -521,6 +531,13 @@ pub const HTTP_PORT: u16 = 80;
 pub const ENTRY_SERVED: u32 = ALLOW_ENTRY_MASK;
 /// Records in flight between a client's handshake and the proxy's (PENDING).
 pub const MAX_PENDING: u32 = 65_536;
+/// Records one workload (a pod: the parent of a container's cgroup, see
+/// [`workload_of`](crate::verdict::workload_of)) may have in PENDING at once: a record
+/// lives one round trip on the node, so a client needs only a few; above it the workload's
+/// connects to the proxy are denied. PENDING fills only with a thousand workloads at it.
+pub const MAX_PENDING_PER_WORKLOAD: u32 = 64;
+/// Workloads INFLIGHT counts at once.
+pub const MAX_INFLIGHT_WORKLOADS: u32 = 16_384;
 
 /// [`ProxyConfig::families`] bits.
 pub const PROXY_V4: u16 = 1;
@@ -569,6 +586,15 @@ pub struct ProxyRecord {
     pub endpoint: u32,
     /// bpf_ktime_get_ns when recorded (stale PENDING entries are swept).
     pub ts_ns: u64,
+    /// The workload (pod) the caller belongs to ([`workload_of`](crate::verdict::workload_of)):
+    /// the unit of INFLIGHT's quota and of the proxy's connection slots.
+    pub workload: u64,
+    /// Client side: the key its record went into PENDING under, while `pending` is 1, so
+    /// that the record leaves PENDING when the client's socket closes before the proxy's side
+    /// of the handshake took it.
+    pub handshake: HandshakeKey,
+    pub pending: u32,
+    pub _pad: u32,
 }
 
 /// PENDING key: a handshake's initial sequence numbers, as both ends see them.
@@ -635,7 +661,7 @@ const _: () = {
     assert!(RECENT_DENIALS.is_power_of_two());
     assert!(size_of::<PolicyMeta>() == 16416);
     assert!(size_of::<ProxyConfig>() == 32);
-    assert!(size_of::<ProxyRecord>() == 48);
+    assert!(size_of::<ProxyRecord>() == 72);
     assert!(size_of::<HandshakeKey>() == 8);
     assert!(size_of::<Prefilter>() == 16384);
     assert!(size_of::<PrefixV4>() == 8);

@@ -132,13 +132,25 @@ pub const PROXY_REQUESTS: Family = Family {
 pub const PROXY_CONNECTIONS_REFUSED: Family = Family {
     name: "metadata_gate_proxy_connections_refused",
     kind: Kind::Counter,
-    help: "Connections to the metadata proxy closed or answered 503 before a request was judged, by reason (no_record: the kernel recorded no caller; busy, busy_node: the workload's or the proxy's connection bound; no_table, generation: no policy, or not the kernel's; timeout; malformed)",
+    help: "Connections to the metadata proxy closed or answered 503 before a request was judged, by reason (no_record: the kernel recorded no caller; busy, busy_node: the pod's or the proxy's connection bound; busy_served: a served pod, and only the slots kept for allow entries left; no_table, generation: no policy, or not the kernel's; timeout; malformed)",
     labels: &["reason"],
 };
 pub const PROXY_RECORDS_LOST: Family = Family {
     name: "metadata_gate_proxy_records_lost",
     kind: Kind::Counter,
     help: "Connections sent to the metadata proxy whose caller record found no room in the kernel's table of handshakes in flight: the proxy refused them (no_record)",
+    labels: &[],
+};
+pub const PROXY_HANDSHAKES_OVER_QUOTA: Family = Family {
+    name: "metadata_gate_proxy_handshakes_over_quota",
+    kind: Kind::Counter,
+    help: "Connects to the metadata proxy denied (EPERM, or refused there without a record) because their workload (pod) had 64 handshakes in flight already: one workload cannot fill the kernel's table for the others",
+    labels: &[],
+};
+pub const PROXY_DIVERTED_PACKETS: Family = Family {
+    name: "metadata_gate_proxy_diverted_packets",
+    kind: Kind::Counter,
+    help: "Packets of connections the kernel sent to the metadata proxy that were leaving for another address or port (a DNAT or route after the redirect: a hostPort, a Service externalIP on the proxy's port): dropped",
     labels: &[],
 };
 pub const PROXY_PATHS_UNTRACKED: Family = Family {
@@ -174,6 +186,8 @@ pub const ALL: &[Family] = &[
     PROXY_REQUESTS,
     PROXY_CONNECTIONS_REFUSED,
     PROXY_RECORDS_LOST,
+    PROXY_HANDSHAKES_OVER_QUOTA,
+    PROXY_DIVERTED_PACKETS,
     PROXY_RECORDS_EXPIRED,
     PROXY_PATHS_UNTRACKED,
 ];

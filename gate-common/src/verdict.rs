@@ -9,9 +9,9 @@
 //! 3. [`decide`]: mode and allow → verdict.
 use crate::abi::{
     AllowKey, ENDPOINT_NONE, ENTRY_SERVED, HTTP_PORT, KIND_ANYPORT_ANYPROTO, KIND_ANYPORT_PROTO,
-    KIND_PORT_ANYPROTO, KIND_PORT_PROTO, MAX_CGROUP_DEPTH, MODE_AUDIT, PORT_ANY, PROTO_ANY,
-    PROTO_TCP, PortRuleKey, Prefilter, PrefixValue, VERDICT_ALLOWED, VERDICT_AUDITED,
-    VERDICT_DENIED, allow_entry,
+    KIND_PORT_ANYPROTO, KIND_PORT_PROTO, MAX_CGROUP_DEPTH, MAX_PENDING_PER_WORKLOAD, MODE_AUDIT,
+    PORT_ANY, PROTO_ANY, PROTO_TCP, PortRuleKey, Prefilter, PrefixValue, VERDICT_ALLOWED,
+    VERDICT_AUDITED, VERDICT_DENIED, allow_entry,
 };
 
 /// A destination address as the hooks see it: IPv4 (its four bytes first, the other twelve
@@ -270,6 +270,39 @@ pub fn proxy_route(
     }
 }
 
+/// The workload a connect belongs to, for quotas one workload must not be able to exhaust for
+/// the others: the parent of the caller's cgroup (`cgroup_id`, at some level below the gated
+/// root at `root_level`), which on a node is the pod's cgroup (containers are its leaves,
+/// the QoS classes' cgroups sit above it); the caller's own cgroup where its parent is the
+/// root itself (standalone workloads one level down) or where the walk does not find it.
+/// `ancestor(level)` returns the caller's ancestor at `level` (0 past its own level).
+#[inline(always)]
+pub fn workload_of(root_level: u32, cgroup_id: u64, mut ancestor: impl FnMut(u32) -> u64) -> u64 {
+    let mut parent = 0;
+    let mut depth = 1;
+    while depth <= MAX_CGROUP_DEPTH {
+        let id = ancestor(root_level + depth);
+        if id == 0 {
+            break;
+        }
+        if id == cgroup_id {
+            return if parent == 0 { cgroup_id } else { parent };
+        }
+        parent = id;
+        depth += 1;
+    }
+    cgroup_id
+}
+
+/// Whether a workload with `count` handshakes in flight (INFLIGHT's value) may start another
+/// one. The count is kept with atomic adds and subtracts; one lost to an LRU eviction can make
+/// a later subtract wrap below zero, which is read as zero (a workload is never denied for
+/// records it does not have).
+#[inline(always)]
+pub fn may_start_handshake(count: u32) -> bool {
+    !(MAX_PENDING_PER_WORKLOAD..1 << 31).contains(&count)
+}
+
 /// Verdict for traffic that matched an endpoint. Any mode other than audit enforces.
 #[inline(always)]
 pub fn decide(mode: u32, allowed: bool) -> u32 {
@@ -436,5 +469,43 @@ mod tests {
         });
         assert_eq!(r, None);
         assert_eq!(calls, MAX_CGROUP_DEPTH);
+    }
+
+    /// Ancestors of a cgroup as a list of ids from the level below the root (level 1 here).
+    fn chain(ids: &[u64]) -> impl FnMut(u32) -> u64 + '_ {
+        move |level| ids.get(level as usize - 1).copied().unwrap_or(0)
+    }
+
+    #[test]
+    fn a_workload_is_the_parent_of_the_callers_cgroup() {
+        // kubepods(root, level 0) / burstable(1) / pod(2) / container(3).
+        assert_eq!(workload_of(0, 3, chain(&[1, 2, 3])), 2, "a burstable pod's container");
+        // kubepods / pod(2) / container(3): a guaranteed pod.
+        assert_eq!(workload_of(0, 3, chain(&[2, 3])), 2);
+        // Two containers of one pod share the workload; another pod's do not.
+        assert_eq!(workload_of(0, 4, chain(&[1, 2, 4])), 2);
+        assert_eq!(workload_of(0, 6, chain(&[1, 5, 6])), 5);
+        // Standalone: a workload cgroup right below the root is its own workload.
+        assert_eq!(workload_of(0, 9, chain(&[9])), 9);
+        // The root at a deeper level: the same.
+        assert_eq!(workload_of(4, 3, chain(&[0, 0, 0, 0, 1, 2, 3])), 2);
+    }
+
+    #[test]
+    fn a_caller_not_found_below_the_root_is_its_own_workload() {
+        // The walk ends (0) before it meets the caller, or never meets it within the depth.
+        assert_eq!(workload_of(0, 42, chain(&[1, 2])), 42);
+        let deep: std::vec::Vec<u64> = (1..=u64::from(MAX_CGROUP_DEPTH) + 2).collect();
+        assert_eq!(workload_of(0, 999, chain(&deep)), 999);
+    }
+
+    #[test]
+    fn a_workload_starts_handshakes_up_to_its_quota_and_a_wrapped_count_reads_as_none() {
+        assert!(may_start_handshake(0));
+        assert!(may_start_handshake(MAX_PENDING_PER_WORKLOAD - 1));
+        assert!(!may_start_handshake(MAX_PENDING_PER_WORKLOAD));
+        assert!(!may_start_handshake(1 << 20));
+        // One subtract too many (its add was lost to an eviction): below zero, read as zero.
+        assert!(may_start_handshake(0u32.wrapping_sub(1)));
     }
 }

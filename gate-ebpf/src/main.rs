@@ -61,7 +61,7 @@ use gate_common::{
         parse_ip, parse_ipv4, parse_ipv6,
     },
     sockets,
-    verdict::{Addr, Dst},
+    verdict::{Addr, Dst, workload_of},
 };
 
 use crate::{
@@ -101,8 +101,10 @@ fn sock_addr(ctx: &SockAddrContext, hook: u32, v6: bool) -> i32 {
     if verdict != VERDICT_PROXIED {
         return i32::from(verdict != VERDICT_DENIED);
     }
+    let root_level = generation.and_then(|g| POLICY_META.get(g)).map_or(0, |m| m.root_level);
     let record = ProxyRecord {
         cgroup_id: cgroup_id(),
+        workload: workload_of(root_level, cgroup_id(), ancestor),
         addr: *dst.addr.bytes(),
         port: dst.port,
         v6: u8::from(dst.addr.is_v6()),
@@ -278,6 +280,10 @@ fn lsm_judge(hook: u32, what: Reported<'_>) -> i32 {
 #[inline(always)]
 fn egress(ctx: &SkBuffContext, task: bool) -> i32 {
     let skb = ctx.skb.skb;
+    // Before the fast path: the proxy's address is not a protected one.
+    if proxy::diverted(ctx, || parse_ip(&Skb(&ctx.skb), 0)) {
+        return 0;
+    }
     // The version nibble says which header; what is not IPv4 is taken for IPv6, whose fast
     // path checks the version itself (and the full parse fails closed on either).
     let v6 = linear::<20>(&ctx.skb, 0).is_some_and(|h| h[0] >> 4 == 6);

@@ -10,9 +10,9 @@ use gate_common::{
     abi::{
         AccessKey, AccessStats, AllowKey, DenyEvent, EVENTS_BYTES, EndpointCounters, EndpointName,
         EpNameKey, GEN_PREFIX_BITS, GateInfo, HandshakeKey, MAX_ACCESS_KEYS, MAX_ALLOWED_CGROUPS,
-        MAX_ENDPOINTS, MAX_PENDING, MAX_PORT_RULES, MAX_TC_ATTACHMENTS, NUM_CONFIG, NUM_STATS,
-        PolicyMeta, PortRuleKey, Prefilter, PrefixV4, PrefixV6, PrefixValue, ProxyConfig,
-        ProxyRecord, RECENT_DENIALS, TcClsact,
+        MAX_ENDPOINTS, MAX_INFLIGHT_WORKLOADS, MAX_PENDING, MAX_PORT_RULES, MAX_TC_ATTACHMENTS,
+        NUM_CONFIG, NUM_STATS, PolicyMeta, PortRuleKey, Prefilter, PrefixV4, PrefixV6, PrefixValue,
+        ProxyConfig, ProxyRecord, RECENT_DENIALS, TcClsact,
     },
     verdict::{Addr, Tables, surely_unprotected},
 };
@@ -74,6 +74,10 @@ pub(crate) static SK_RECORDS: SkStorage<ProxyRecord> = SkStorage::new();
 #[map]
 pub(crate) static PENDING: HashMap<HandshakeKey, ProxyRecord> =
     HashMap::with_max_entries(MAX_PENDING, BPF_F_NO_PREALLOC);
+/// Records each workload has in PENDING (see `gate_common::verdict::may_start_handshake`).
+#[map]
+pub(crate) static INFLIGHT: LruHashMap<u64, u32> =
+    LruHashMap::with_max_entries(MAX_INFLIGHT_WORKLOADS, 0);
 
 /// The policy maps as gate-common's [`Tables`].
 pub(crate) struct KernelTables;

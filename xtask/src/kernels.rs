@@ -84,6 +84,10 @@ pub(crate) const MATRIX: &[(&str, &[&str])] = &[
     ("lifecycle::an_abi_change_hands_over_to_a_new_pin_dir_without_an_open_window",    K5_10),
     ("proxy::served_paths_go_through_the_proxy_and_nothing_else_does",                 ALL),
     ("proxy::a_pod_network_workload_is_served_its_paths_under_hop_limit_1",            HOST),
+    ("proxy::handshake::a_dnat_of_the_proxys_address_diverts_no_redirected_connection", K5_10),
+    ("proxy::handshake::a_pod_holding_handshakes_is_held_to_its_quota",                K6_1),
+    // Its strength is a native flood's rate; the kernels' part (the close callback) is the quota test's.
+    ("proxy::handshake::an_orphan_handshake_flood_locks_no_other_workload_out",        HOST),
     ("proxy::audit::audit_shows_every_path_then_suggest_narrows_it_and_enforce_serves_only_that", HOST),
     ("bypass::ipv6_extension_header_chains_are_refused",                               HOST),
     ("enforcement::nested_and_late_cgroups_under_an_allowed_one_are_allowed",          K5_10),

@@ -300,6 +300,8 @@ fn caller(r: ProxyRecord, since_ns: u64) -> Caller {
     };
     Caller {
         cgroup_id: r.cgroup_id,
+        // A record without one (never from this ABI's programs) is its own workload.
+        workload: if r.workload == 0 { r.cgroup_id } else { r.workload },
         generation: if r.ts_ns < since_ns { STALE } else { r.generation },
         entry: (r.entry != ENTRY_SERVED).then_some(r.entry),
         endpoint: r.endpoint,
@@ -335,6 +337,9 @@ mod tests {
         let c = caller(record(false, 3, 100), 50);
         assert_eq!(c.dst, "169.254.169.254:80".parse().expect("addr"));
         assert_eq!((c.cgroup_id, c.generation, c.entry), (7, 1, Some(3)));
+        assert_eq!(c.workload, 7, "a record without a workload is its own");
+        let c = caller(ProxyRecord { workload: 5, ..record(false, 3, 100) }, 50);
+        assert_eq!(c.workload, 5, "the pod the kernel found");
         let c = caller(record(true, ENTRY_SERVED, 100), 50);
         assert_eq!(c.dst, "[fd00:ec2::254]:80".parse().expect("addr"));
         assert_eq!(c.entry, None, "no entry: served");

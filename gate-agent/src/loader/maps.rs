@@ -8,8 +8,8 @@ use gate_common::abi::{
     AccessKey, AccessStats, AllowKey, CONFIG_ACTIVE_GEN, CONFIG_RECENT_CURSOR, DenyEvent,
     EndpointCounters, EndpointName, EpNameKey, GateInfo, HandshakeKey, MAX_ENDPOINTS, NUM_HOOKS,
     NUM_VERDICTS, PolicyMeta, PortRuleKey, Prefilter, PrefixV4, PrefixV6, PrefixValue, ProxyConfig,
-    ProxyRecord, RECENT_DENIALS, STAT_EVENTS_LOST, STAT_PENDING_LOST, TcClsact, fixed_str_value,
-    names, stat_slot,
+    ProxyRecord, RECENT_DENIALS, STAT_EVENTS_LOST, STAT_PENDING_CAPPED, STAT_PENDING_LOST,
+    STAT_PROXY_DIVERTED, TcClsact, fixed_str_value, names, stat_slot,
 };
 
 use super::{LoaderError, map_err, pins::Layout};
@@ -36,6 +36,8 @@ pub(crate) struct Maps {
     /// proxy reads it through its own handle, `loader::RecordReader`).
     pub records: Map,
     pub pending: HashMap<MapData, HandshakeKey, ProxyRecord>,
+    /// Each workload's records in PENDING (the kernel's; pinned with the rest).
+    pub inflight: HashMap<MapData, u64, u32>,
 }
 
 /// Counters read back from the kernel.
@@ -46,6 +48,10 @@ pub(crate) struct Stats {
     pub events_lost: u64,
     /// Proxied handshakes whose record found no room (STAT_PENDING_LOST).
     pub pending_lost: u64,
+    /// Connects to the proxy over their workload's quota of handshakes (STAT_PENDING_CAPPED).
+    pub pending_capped: u64,
+    /// Packets of redirected connections leaving for another address (STAT_PROXY_DIVERTED).
+    pub proxy_diverted: u64,
     pub endpoints: Vec<EndpointCounters>,
 }
 
@@ -97,6 +103,7 @@ macro_rules! open_all {
             proxy: $f($src, names::PROXY)?,
             records: $raw($src, names::SK_RECORDS)?,
             pending: $f($src, names::PENDING)?,
+            inflight: $f($src, names::INFLIGHT)?,
         })
     };
 }
@@ -127,6 +134,7 @@ impl Maps {
                 _ => return None,
             },
             names::PENDING => self.pending.map(),
+            names::INFLIGHT => self.inflight.map(),
             _ => return None,
         })
     }
@@ -186,6 +194,8 @@ impl Maps {
             decisions,
             events_lost: read(STAT_EVENTS_LOST)?,
             pending_lost: read(STAT_PENDING_LOST)?,
+            pending_capped: read(STAT_PENDING_CAPPED)?,
+            proxy_diverted: read(STAT_PROXY_DIVERTED)?,
             endpoints: eps,
         })
     }

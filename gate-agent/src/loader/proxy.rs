@@ -51,7 +51,9 @@ impl Gate {
         };
         let config = Array::try_from(open(names::CONFIG)?).map_err(map_err(names::CONFIG))?;
         let pending = HashMap::try_from(open(names::PENDING)?).map_err(map_err(names::PENDING))?;
-        Ok(RecordReader { records: open(names::SK_RECORDS)?, config, pending })
+        let inflight =
+            HashMap::try_from(open(names::INFLIGHT)?).map_err(map_err(names::INFLIGHT))?;
+        Ok(RecordReader { records: open(names::SK_RECORDS)?, config, pending, inflight })
     }
 }
 
@@ -61,6 +63,7 @@ pub(crate) struct RecordReader {
     records: Map,
     config: Array<MapData, u32>,
     pending: HashMap<MapData, HandshakeKey, ProxyRecord>,
+    inflight: HashMap<MapData, u64, u32>,
 }
 
 impl RecordReader {
@@ -85,14 +88,28 @@ impl RecordReader {
     /// proxy's side of their handshake: a client that never sent its last ACK, a connection
     /// reset before `accept()`. Returns how many, and how many are left.
     pub(crate) fn sweep(&mut self, now_ns: u64, max_age_ns: u64) -> (usize, usize) {
-        let stale: Vec<HandshakeKey> = self
+        let stale: Vec<(HandshakeKey, u64)> = self
             .pending
             .iter()
             .filter_map(Result::ok)
             .filter(|(_, r)| now_ns.saturating_sub(r.ts_ns) > max_age_ns)
-            .map(|(k, _)| k)
+            .map(|(k, r)| (k, r.workload))
             .collect();
-        let removed = stale.iter().filter(|k| self.pending.remove(k).is_ok()).count();
+        let mut removed = 0;
+        for (key, workload) in stale {
+            // Whoever removes a record gives its workload's count back (as the programs do).
+            // From here without an atomic subtract: a kernel update racing with it may be lost
+            // (one off, rare: only records the close callback did not remove get here).
+            if self.pending.remove(&key).is_ok() {
+                removed += 1;
+                if let Ok(n) = self.inflight.get(&workload, 0)
+                    && n > 0
+                    && n < 1 << 31
+                {
+                    let _ = self.inflight.insert(workload, n - 1, 0);
+                }
+            }
+        }
         (removed, self.pending.keys().count())
     }
 }

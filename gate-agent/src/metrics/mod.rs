@@ -24,9 +24,9 @@ use crate::{
 use families::{
     BOOT_STEP_FAILED, DECISIONS, ENDPOINT_DECISIONS, EVENTS_LOST, Kind, LSM_ENFORCING,
     MAP_CAPACITY, MAP_ENTRIES, NODE_ATTACH_FAILURES, POLICY_GENERATION, POLICY_REJECTED,
-    POLICY_RELOADS, PREGATE_PACKET_SOCKETS, PROXY_CONNECTIONS_REFUSED, PROXY_PATHS_UNTRACKED,
-    PROXY_RECORDS_EXPIRED, PROXY_RECORDS_LOST, PROXY_REQUESTS, REPAIRS, WORKLOAD_ACCESSES,
-    WORKLOAD_DENIALS,
+    POLICY_RELOADS, PREGATE_PACKET_SOCKETS, PROXY_CONNECTIONS_REFUSED, PROXY_DIVERTED_PACKETS,
+    PROXY_HANDSHAKES_OVER_QUOTA, PROXY_PATHS_UNTRACKED, PROXY_RECORDS_EXPIRED, PROXY_RECORDS_LOST,
+    PROXY_REQUESTS, REPAIRS, WORKLOAD_ACCESSES, WORKLOAD_DENIALS,
 };
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -282,6 +282,10 @@ fn encode_snapshot(s: &Snapshot, mut enc: DescriptorEncoder) -> Result<(), std::
 
     let fam = describe(&mut enc, &PROXY_RECORDS_LOST)?;
     ConstCounter::new(s.stats.pending_lost).encode(fam)?;
+    let fam = describe(&mut enc, &PROXY_HANDSHAKES_OVER_QUOTA)?;
+    ConstCounter::new(s.stats.pending_capped).encode(fam)?;
+    let fam = describe(&mut enc, &PROXY_DIVERTED_PACKETS)?;
+    ConstCounter::new(s.stats.proxy_diverted).encode(fam)?;
 
     let fam = describe(&mut enc, &POLICY_GENERATION)?;
     ConstGauge::new(s.generation as i64).encode(fam)?;
@@ -366,6 +370,8 @@ mod tests {
                 decisions: vec![vec![1; Verdict::ALL.len()]; Hook::ALL.len()],
                 events_lost: 0,
                 pending_lost: 0,
+                pending_capped: 0,
+                proxy_diverted: 0,
                 endpoints: vec![EndpointCounters::default()],
             },
             generation: 1,

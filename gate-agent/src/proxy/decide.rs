@@ -180,6 +180,7 @@ pub(crate) fn judge_request(
     };
     let caller = Caller {
         cgroup_id: 0,
+        workload: 0,
         generation: table.generation(),
         entry,
         endpoint: 0,
@@ -214,7 +215,7 @@ allow:
 
     fn caller(generation: u32, entry: Option<u32>) -> Caller {
         let dst = "169.254.169.254:80".parse().expect("dst");
-        Caller { cgroup_id: 9, generation, entry, endpoint: 0, dst }
+        Caller { cgroup_id: 9, workload: 9, generation, entry, endpoint: 0, dst }
     }
 
     fn head(method: &str, target: &str) -> Parts {

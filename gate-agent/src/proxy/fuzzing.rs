@@ -66,7 +66,14 @@ fn caller(selector: u8) -> Caller {
         _ if selector & 0x80 == 0 => (Some(9), GENERATION),
         _ => (Some(1), GENERATION + 1),
     };
-    Caller { cgroup_id: 42, generation, entry, endpoint: 0, dst: ([169, 254, 169, 254], 80).into() }
+    Caller {
+        cgroup_id: 42,
+        workload: 42,
+        generation,
+        entry,
+        endpoint: 0,
+        dst: ([169, 254, 169, 254], 80).into(),
+    }
 }
 
 /// Serve `data[1..]` as one connection from the caller `data[0]` picks, and check what reached

@@ -38,7 +38,7 @@ impl Proxy {
         metrics: ProxyMetrics,
         paths: Arc<PathLog>,
     ) -> Proxy {
-        let slots = Slots::new(limits.per_workload, limits.total);
+        let slots = Slots::new(limits.per_workload, limits.total, limits.reserve);
         let log = DecisionLog::default();
         Proxy {
             shared: Arc::new(Shared { tables, callers, upstream, limits, metrics, log, paths }),
@@ -89,11 +89,21 @@ impl Proxy {
             Ok(None) => return refuse(ConnRefusal::NoRecord, None, "no record"),
             Err(e) => return refuse(ConnRefusal::NoRecord, None, &e.to_string()),
         };
-        let slot = match self.slots.acquire(caller.cgroup_id) {
+        let slot = match self.slots.acquire(caller.workload, caller.entry.is_some()) {
             Ok(s) => s,
             Err(Full::Workload) => {
-                let detail = format!("{} connections open", self.shared.limits.per_workload);
+                let detail =
+                    format!("{} connections open for its pod", self.shared.limits.per_workload);
                 return refuse(ConnRefusal::Busy, Some(caller.cgroup_id), &detail);
+            }
+            Err(Full::Served) => {
+                let limits = &self.shared.limits;
+                let detail = format!(
+                    "{} connections open in all, the last {} kept for allow entries",
+                    limits.total - limits.reserve,
+                    limits.reserve
+                );
+                return refuse(ConnRefusal::BusyServed, Some(caller.cgroup_id), &detail);
             }
             Err(Full::Node) => {
                 let detail = format!("{} connections open in all", self.shared.limits.total);

@@ -50,6 +50,9 @@ pub(crate) use table::Table;
 pub(crate) struct Caller {
     /// The gated workload's cgroup.
     pub(crate) cgroup_id: u64,
+    /// The workload (pod) it belongs to, as the kernel found it: the unit of the proxy's
+    /// connection bound.
+    pub(crate) workload: u64,
     /// The policy generation the kernel decided under.
     pub(crate) generation: u32,
     /// The allow entry's index in the policy; `None`: `served` (no entry selects the workload).
@@ -76,10 +79,14 @@ pub(crate) trait Callers: Send + Sync + 'static {
 /// Bounds and timeouts. [`Limits::default`] holds the production values; tests shrink them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Limits {
-    /// Connections open at once per workload (cgroup): one workload cannot take them all.
+    /// Connections open at once per workload (a pod, all its containers together): one
+    /// workload cannot take them all.
     pub(crate) per_workload: usize,
     /// Connections open at once in all.
     pub(crate) total: usize,
+    /// Of `total`, the connections only callers under an allow entry may hold: the `served`
+    /// pods together cannot take the proxy from the components the policy names.
+    pub(crate) reserve: usize,
     /// hyper's read buffer, which bounds the request line and headers (at least 8 KiB, hyper's
     /// minimum; less is raised to it).
     pub(crate) max_buf: usize,
@@ -103,6 +110,7 @@ impl Default for Limits {
         Limits {
             per_workload: 16,
             total: 1024,
+            reserve: 256,
             max_buf: 16 * 1024,
             max_response: 1024 * 1024,
             header_read: Duration::from_secs(5),

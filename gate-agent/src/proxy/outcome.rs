@@ -20,6 +20,8 @@ pub(crate) enum ConnRefusal {
     Busy,
     /// The proxy already has as many connections open as it may.
     BusyNode,
+    /// A `served` caller, and only the slots kept for allow entries are left.
+    BusyServed,
     /// No policy is loaded yet (503).
     NoTable,
     /// The proxy's policy is not the one the kernel decided the connection under (503).
@@ -31,10 +33,11 @@ pub(crate) enum ConnRefusal {
 }
 
 impl ConnRefusal {
-    pub(crate) const ALL: [ConnRefusal; 7] = [
+    pub(crate) const ALL: [ConnRefusal; 8] = [
         ConnRefusal::NoRecord,
         ConnRefusal::Busy,
         ConnRefusal::BusyNode,
+        ConnRefusal::BusyServed,
         ConnRefusal::NoTable,
         ConnRefusal::Generation,
         ConnRefusal::Timeout,
@@ -47,6 +50,7 @@ impl ConnRefusal {
             ConnRefusal::NoRecord => "no_record",
             ConnRefusal::Busy => "busy",
             ConnRefusal::BusyNode => "busy_node",
+            ConnRefusal::BusyServed => "busy_served",
             ConnRefusal::NoTable => "no_table",
             ConnRefusal::Generation => "generation",
             ConnRefusal::Timeout => "timeout",

@@ -36,6 +36,11 @@
 //! token in a loop until a line arrives on stdin, and reports
 //! `attempts=N successes=N eperm=N other=N` as its reply (ok = no success). It will not run
 //! without --netns: it never sends from the host namespace.
+//!
+//! The way to the metadata proxy (`handshake`): `orphan-flood ADDR PORT` connects with the
+//! handshake's last ACK delayed and resets at once, in a loop until a stdin line;
+//! `hold-many ADDR PORT N` opens N connections and holds them until a stdin line;
+//! `hold-forge ADDR PORT MARKER` listens and answers every connection 200 with MARKER.
 use std::{
     io::{BufRead as _, Read as _, Write as _},
     net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, UdpSocket},
@@ -46,6 +51,8 @@ use std::{
 use integration_tests::{frame, testrun};
 use serde_json::json;
 
+#[path = "probe/handshake.rs"]
+mod handshake;
 #[path = "probe/sidedoor.rs"]
 mod sidedoor;
 
@@ -268,6 +275,9 @@ fn run(cmd: &str, dst: SocketAddr, token: &str, iface: &str) -> Outcome {
             Err(e) => fail("connect", &e),
         },
         "hammer-tcp" => hammer_tcp(dst, token),
+        "orphan-flood" => handshake::orphan_flood(dst),
+        "hold-many" => handshake::hold_many(dst, token),
+        "hold-forge" => handshake::hold_forge(dst, token),
         "packet" => packet_udp(dst, token, iface),
         _ => Outcome { ok: false, errno: Some(libc::EINVAL), stage: "usage", reply: None },
     }

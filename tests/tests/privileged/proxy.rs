@@ -12,6 +12,7 @@ use integration_tests::{
 use super::{EPERM, Env, INSTANCE_ID, policy};
 
 mod audit;
+mod handshake;
 mod sdk;
 
 const PROXY_V6: &str = "fd00:ec2::1";

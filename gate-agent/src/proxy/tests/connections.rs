@@ -118,6 +118,51 @@ async fn each_workload_has_its_own_bound() {
 }
 
 #[tokio::test]
+async fn a_pods_containers_share_its_bound() {
+    let limits = Limits { per_workload: 2, header_read: Duration::from_secs(5), ..test_limits() };
+    let h = Harness::with(limits, Recorder::default()).await;
+    // Two containers (cgroups 11 and 12) of one pod (workload 10), one connection each.
+    let in_pod = |cgroup| Caller { workload: 10, ..h.caller(cgroup, CSI) };
+    let mut held = Vec::new();
+    for cgroup in [11, 12] {
+        let mut s = h.connect(Some(in_pod(cgroup))).await;
+        s.write_all(b"GET /latest").await.expect("write");
+        held.push(s);
+    }
+    eventually("the pod's two slots taken", || h.proxy.slots().open(10).0 == 2).await;
+    // A third container of the pod gets none: the bound is the pod's, not each container's.
+    assert!(h.send(Some(in_pod(13)), INSTANCE_ID.as_bytes()).await.raw.is_empty());
+    assert_eq!(h.metrics.refused_of(ConnRefusal::Busy), 1);
+    // Another pod is served meanwhile.
+    assert_eq!(h.send(Some(h.caller(20, CSI)), INSTANCE_ID.as_bytes()).await.status(), 200);
+}
+
+#[tokio::test]
+async fn served_pods_leave_the_reserve_to_allow_entries() {
+    let limits = Limits {
+        per_workload: 4,
+        total: 3,
+        reserve: 1,
+        header_read: Duration::from_secs(5),
+        ..test_limits()
+    };
+    let h = Harness::with(limits, Recorder::default()).await;
+    // Two served pods (no allow entry) hold what is not the reserve.
+    let mut held = Vec::new();
+    for cgroup in [1, 2] {
+        let mut s = h.connect(Some(h.caller(cgroup, None))).await;
+        s.write_all(b"GET /latest").await.expect("write");
+        held.push(s);
+    }
+    eventually("two slots taken", || h.proxy.slots().open(1).1 == 2).await;
+    // A third served pod is turned away, and counted as such.
+    assert!(h.send(Some(h.caller(3, None)), INSTANCE_ID.as_bytes()).await.raw.is_empty());
+    assert_eq!(h.metrics.refused_of(ConnRefusal::BusyServed), 1);
+    // The allow-listed component is still served, from the reserve.
+    assert_eq!(h.send(Some(h.caller(4, CSI)), INSTANCE_ID.as_bytes()).await.status(), 200);
+}
+
+#[tokio::test]
 async fn the_node_bound_holds_across_workloads() {
     let limits =
         Limits { per_workload: 4, total: 2, header_read: Duration::from_secs(5), ..test_limits() };
@@ -212,6 +257,7 @@ async fn serve_stops_at_shutdown() {
     let port = socket.local_addr().expect("local").port();
     let caller = Caller {
         cgroup_id: 1,
+        workload: 1,
         generation: GENERATION,
         entry: CSI,
         endpoint: 0,

@@ -165,7 +165,14 @@ impl Harness {
 
     /// The record of a connection of `cgroup_id` through `entry`, to the stand-in.
     pub(super) fn caller(&self, cgroup_id: u64, entry: Option<u32>) -> Caller {
-        Caller { cgroup_id, generation: GENERATION, entry, endpoint: 0, dst: self.upstream_addr }
+        Caller {
+            cgroup_id,
+            workload: cgroup_id,
+            generation: GENERATION,
+            entry,
+            endpoint: 0,
+            dst: self.upstream_addr,
+        }
     }
 
     /// A connection to the proxy, recorded as `caller`'s before it is opened (`None`: no
