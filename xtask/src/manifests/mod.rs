@@ -8,9 +8,11 @@
 //!   containers, the DaemonSet's namespace and service account exist, the SCC allows exactly
 //!   what the DaemonSet asks and is granted to it, policy ConfigMaps are named after their
 //!   platform, the MachineConfigs carry the boot unit as shipped; how the metrics are reached
-//!   and alerted on is in [`monitoring`].
+//!   and alerted on is in [`monitoring`]; how the metadata proxy's port is kept from other
+//!   pods and from Services is in [`proxy`].
 mod monitoring;
 mod promql;
+mod proxy;
 mod schema;
 
 use std::collections::BTreeSet;
@@ -18,6 +20,9 @@ use std::path::Path;
 use std::process::Command;
 
 use anyhow::{Context as _, Result, bail};
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
@@ -205,6 +210,7 @@ fn check_set(objects: &[Object]) -> Vec<String> {
     let mut problems: Vec<String> = objects.iter().flat_map(check_object).collect();
     problems.extend(check_policy_configmaps(objects));
     problems.extend(check_daemonsets(objects));
+    problems.extend(proxy::check(objects));
     problems.extend(monitoring::check_services(objects));
     let (found, scrapes) = monitoring::check_service_monitors(objects);
     problems.extend(found);
@@ -226,6 +232,16 @@ const KINDS: &[(&str, &str, Check)] = &[
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", typed::<ClusterRoleBinding>),
     ("rbac.authorization.k8s.io/v1", "Role", typed::<Role>),
     ("rbac.authorization.k8s.io/v1", "RoleBinding", typed::<RoleBinding>),
+    (
+        "admissionregistration.k8s.io/v1",
+        "ValidatingAdmissionPolicy",
+        typed::<ValidatingAdmissionPolicy>,
+    ),
+    (
+        "admissionregistration.k8s.io/v1",
+        "ValidatingAdmissionPolicyBinding",
+        typed::<ValidatingAdmissionPolicyBinding>,
+    ),
     ("security.openshift.io/v1", "SecurityContextConstraints", custom),
     ("machineconfiguration.openshift.io/v1", "MachineConfig", |v| {
         custom(v).and_then(|()| machineconfig(v))
@@ -588,6 +604,20 @@ fn check_scc(
                 scc_bool(scc_field)
             ));
         }
+    }
+    // On a hostNetwork pod every declared containerPort is a hostPort.
+    let host_network = spec.get("hostNetwork").and_then(Value::as_bool).unwrap_or(false);
+    let host_ports = containers.iter().any(|c| {
+        c.get("ports").and_then(Value::as_array).into_iter().flatten().any(|p| {
+            host_network || p.get("hostPort").and_then(Value::as_u64).is_some_and(|n| n > 0)
+        })
+    });
+    if host_ports != scc_bool("allowHostPorts") {
+        problems.push(format!(
+            "{scc_label}: allowHostPorts is {} but the pod {} host ports",
+            scc_bool("allowHostPorts"),
+            if host_ports { "declares" } else { "declares no" }
+        ));
     }
     if containers
         .iter()

@@ -72,10 +72,10 @@ enum Serves {
 
 /// A port a container of the pod listens on, as its flags say.
 #[derive(Clone, Debug)]
-struct Listener {
-    container: String,
-    host: String,
-    port: u16,
+pub(super) struct Listener {
+    pub(super) container: String,
+    pub(super) host: String,
+    pub(super) port: u16,
     serves: Serves,
 }
 
@@ -100,17 +100,17 @@ fn split_addr(addr: &str) -> Option<(String, u16)> {
     Some((host.to_owned(), port.parse().ok()?))
 }
 
-fn container_name(c: &Value) -> String {
+pub(super) fn container_name(c: &Value) -> String {
     c.get("name").and_then(Value::as_str).unwrap_or("?").to_owned()
 }
 
 /// The agent's container: the one whose first argument is `run`.
-fn is_agent(c: &Value) -> bool {
+pub(super) fn is_agent(c: &Value) -> bool {
     string_list(c, "/args").first().is_some_and(|a| a == "run")
 }
 
 /// Every listener the containers' flags declare, and what cannot be read.
-fn listeners(containers: &[&Value]) -> (Vec<Listener>, Vec<String>) {
+pub(super) fn listeners(containers: &[&Value]) -> (Vec<Listener>, Vec<String>) {
     let (mut out, mut errs) = (Vec::new(), Vec::new());
     for c in containers {
         let args = string_list(c, "/args");
@@ -140,6 +140,20 @@ fn listeners(containers: &[&Value]) -> (Vec<Listener>, Vec<String>) {
         }
     }
     (out, errs)
+}
+
+/// The number a probe's or a Service's port stands for: the number itself, or the
+/// `containerPort` of the port that name declares in one of `containers`.
+pub(super) fn port_number(containers: &[&Value], port: &Value) -> Option<u64> {
+    if let Some(n) = port.as_u64() {
+        return Some(n);
+    }
+    let name = port.as_str()?;
+    containers
+        .iter()
+        .flat_map(|c| c.get("ports").and_then(Value::as_array).into_iter().flatten())
+        .find(|p| p.get("name").and_then(Value::as_str) == Some(name))
+        .and_then(|p| p.get("containerPort").and_then(Value::as_u64))
 }
 
 /// The volume a container mounts at the directory holding `path`, if any.
@@ -189,7 +203,7 @@ pub(super) fn check_daemonset(
             [("livenessProbe", &["/healthz"][..]), ("readinessProbe", &["/readyz", "/healthz"])]
         {
             let Some(get) = c.pointer(&format!("/{kind}/httpGet")) else { continue };
-            let port = get.get("port").and_then(Value::as_u64);
+            let port = get.get("port").and_then(|p| port_number(&[c], p));
             let path = get.get("path").and_then(Value::as_str).unwrap_or("/");
             match probe {
                 Some(p) if port == Some(u64::from(p.port)) && !p.loopback() => {}
@@ -369,10 +383,9 @@ fn selected_daemonsets<'a>(objects: &'a [Object], svc: &Object) -> Vec<&'a Objec
 /// The listener a Service port reaches on a DaemonSet's pods, or why none.
 fn target(ds: &Object, port: &Value) -> Result<Listener, String> {
     let target = port.get("targetPort").or_else(|| port.get("port"));
-    let Some(n) = target.and_then(Value::as_u64) else {
+    let Some(n) = target.and_then(|t| port_number(&ds.containers(), t)) else {
         return Err(format!(
-            "targetPort {}: name the port number (the pod declares no ports: on a hostNetwork \
-             pod each would become a hostPort)",
+            "targetPort {}: neither a number nor the name of a port the pod declares",
             target.map(Value::to_string).unwrap_or_default()
         ));
     };
@@ -846,8 +859,9 @@ mod tests {
     use super::*;
     use crate::util::root;
 
-    /// The objects of deploy/base and components/monitoring as shipped (what `kubectl apply
-    /// -k` of both creates, less the policies), each file's text first changed by `edits`
+    /// The objects of deploy/base, components/monitoring and components/proxy-port-guard as
+    /// shipped (what `kubectl apply -k` of them creates, less the policies), each file's text
+    /// first changed by `edits`
     /// (file, from, to); every edit must apply.
     fn shipped_with(edits: &[(&str, &str, &str)]) -> Vec<Object> {
         const FILES: &[&str] = &[
@@ -859,6 +873,7 @@ mod tests {
             "deploy/components/monitoring/servicemonitor.yaml",
             "deploy/components/monitoring/prometheusrule.yaml",
             "deploy/components/monitoring/prometheus-rbac.yaml",
+            "deploy/components/proxy-port-guard/validatingadmissionpolicy.yaml",
         ];
         let mut objects = Vec::new();
         for file in FILES {
@@ -1042,10 +1057,18 @@ mod tests {
         refused(
             &[(
                 DS,
-                "path: /readyz\n              port: 9750",
-                "path: /readyz\n              port: 9751",
+                "path: /readyz\n              port: probes",
+                "path: /readyz\n              port: metrics-local",
             )],
             &["readinessProbe probes port Some(9751)"],
+        );
+        refused(
+            &[(
+                DS,
+                "path: /readyz\n              port: probes",
+                "path: /readyz\n              port: probe",
+            )],
+            &["readinessProbe probes port None"],
         );
         refused(&[(DS, "path: /healthz", "path: /metrics")], &["livenessProbe probes /metrics"]);
     }
