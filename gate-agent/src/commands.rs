@@ -257,6 +257,8 @@ pub fn main() -> ExitCode {
         Command::Run(args) => {
             let args = *args;
             init_logging(args.log_format);
+            // Before anything holds a descriptor: connections and sockets need the room.
+            crate::fdlimit::raise_nofile();
             let cfg = match args.into_config() {
                 Ok(cfg) => cfg,
                 Err(e) => {

@@ -3,6 +3,7 @@
 //! of this crate drive directly; everything else is private to the crate.
 mod access;
 mod boot;
+mod bounds;
 mod cgroup;
 mod cli;
 pub mod cluster;
@@ -10,6 +11,7 @@ pub mod commands;
 mod config;
 mod engine;
 mod events;
+mod fdlimit;
 mod inspect;
 mod loader;
 mod metrics;

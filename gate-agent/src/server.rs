@@ -3,6 +3,11 @@
 //! probes on the node's addresses in plain HTTP, because the kubelet probes the pod's IP, and
 //! /metrics on loopback only, where the kube-rbac-proxy sidecar alone reaches it and serves
 //! it on with TLS, authentication and authorization.
+//!
+//! Each listener holds few connections and briefly ([`accept`]): any pod may reach the
+//! node's addresses, and a connection held is a file descriptor of the agent's.
+mod accept;
+
 use std::{
     io,
     net::SocketAddr,
@@ -14,6 +19,10 @@ use std::{
 
 use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
 use prometheus_client::registry::Registry;
+
+pub(crate) use accept::{LISTENERS, Limits, Refusal};
+
+use crate::metrics::ListenerMetrics;
 
 /// Where each endpoint is served.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,32 +92,28 @@ async fn bind(addr: SocketAddr, what: &'static str) -> Result<tokio::net::TcpLis
     tokio::net::TcpListener::bind(addr).await.map_err(|source| BindError { addr, what, source })
 }
 
-fn spawn(
-    listener: tokio::net::TcpListener,
-    app: Router,
-    what: &'static str,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, serving = what, "http server stopped");
-        }
-    })
-}
-
-/// Bind every address now (so that a bad one fails the start) and serve in the background.
+/// Bind every address now (so that a bad one fails the start) and serve in the background,
+/// each listener within `limits`, its refusals counted in `counters`.
 pub(crate) async fn serve(
     listen: Listen,
     ready: Arc<AtomicBool>,
     registry: Registry,
+    limits: Limits,
+    counters: ListenerMetrics,
 ) -> Result<Server, BindError> {
     let registry = Arc::new(registry);
+    let spawn = |listener, app, label, what| {
+        let l = accept::Listener { listener, app, limits, metrics: counters.clone(), label, what };
+        tokio::spawn(l.run())
+    };
     match listen.metrics {
         None => {
             let what = "/healthz, /readyz and /metrics";
             let listener = bind(listen.probes, what).await?;
             let probes = local_addr(&listener, listen.probes);
             let app = probe_routes(ready).merge(metrics_routes(registry));
-            Ok(Server { probes, metrics: probes, _tasks: vec![spawn(listener, app, what)] })
+            let tasks = vec![spawn(listener, app, accept::PROBES, what)];
+            Ok(Server { probes, metrics: probes, _tasks: tasks })
         }
         Some(metrics_addr) => {
             let (p_what, m_what) = ("/healthz and /readyz", "/metrics");
@@ -116,8 +121,8 @@ pub(crate) async fn serve(
             let m = bind(metrics_addr, m_what).await?;
             let (probes, metrics) = (local_addr(&p, listen.probes), local_addr(&m, metrics_addr));
             let tasks = vec![
-                spawn(p, probe_routes(ready), p_what),
-                spawn(m, metrics_routes(registry), m_what),
+                spawn(p, probe_routes(ready), accept::PROBES, p_what),
+                spawn(m, metrics_routes(registry), accept::METRICS, m_what),
             ];
             Ok(Server { probes, metrics, _tasks: tasks })
         }
@@ -132,7 +137,12 @@ fn local_addr(l: &tokio::net::TcpListener, asked: SocketAddr) -> SocketAddr {
 mod tests {
     use super::*;
     use prometheus_client::metrics::counter::Counter;
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use std::time::Duration;
+    use tokio::{
+        io::{AsyncReadExt as _, AsyncWriteExt as _},
+        net::TcpStream,
+        time::timeout,
+    };
 
     const ANY: &str = "127.0.0.1:0";
 
@@ -148,6 +158,10 @@ mod tests {
         (code, body)
     }
 
+    fn counters() -> ListenerMetrics {
+        ListenerMetrics::default()
+    }
+
     fn registry() -> Registry {
         let mut r = Registry::default();
         let c = Counter::<u64>::default();
@@ -160,7 +174,9 @@ mod tests {
     async fn metrics_apart_are_served_only_on_their_own_address() {
         let ready = Arc::new(AtomicBool::new(false));
         let listen = Listen { probes: ANY.parse().unwrap(), metrics: Some(ANY.parse().unwrap()) };
-        let s = serve(listen, ready.clone(), registry()).await.expect("serve");
+        let s = serve(listen, ready.clone(), registry(), Limits::default(), counters())
+            .await
+            .expect("serve");
         assert_ne!(s.probes, s.metrics);
 
         assert_eq!(get(s.probes, "/healthz").await.0, 200);
@@ -180,7 +196,8 @@ mod tests {
     async fn metrics_share_the_probe_address_by_default() {
         let ready = Arc::new(AtomicBool::new(true));
         let listen = Listen { probes: ANY.parse().unwrap(), metrics: None };
-        let s = serve(listen, ready, registry()).await.expect("serve");
+        let s =
+            serve(listen, ready, registry(), Limits::default(), counters()).await.expect("serve");
         assert_eq!(s.probes, s.metrics);
         assert_eq!(get(s.probes, "/readyz").await.0, 200);
         let (code, body) = get(s.probes, "/metrics").await;
@@ -193,10 +210,131 @@ mod tests {
         let taken = std::net::TcpListener::bind(ANY).expect("bind");
         let addr = taken.local_addr().expect("addr");
         let listen = Listen { probes: ANY.parse().unwrap(), metrics: Some(addr) };
-        let e = serve(listen, Arc::new(AtomicBool::new(false)), registry())
-            .await
-            .expect_err("address in use");
+        let e = serve(
+            listen,
+            Arc::new(AtomicBool::new(false)),
+            registry(),
+            Limits::default(),
+            counters(),
+        )
+        .await
+        .expect_err("address in use");
         assert_eq!((e.addr, e.what), (addr, "/metrics"));
         assert!(e.to_string().contains(&addr.to_string()), "{e}");
+    }
+
+    /// Long enough that no connection of a test is closed by a timer it does not test.
+    const LONG: Duration = Duration::from_secs(60);
+    /// Far more than any answer or close takes, short enough to fail a test soon.
+    const WAIT: Duration = Duration::from_secs(5);
+
+    /// The probe listener alone (/metrics on it), within `limits`.
+    async fn bounded(limits: Limits) -> (SocketAddr, ListenerMetrics) {
+        let counters = counters();
+        let listen = Listen { probes: ANY.parse().unwrap(), metrics: None };
+        let ready = Arc::new(AtomicBool::new(true));
+        let s = serve(listen, ready, registry(), limits, counters.clone()).await.expect("serve");
+        // The listener task lives on without the handle.
+        (s.probes, counters)
+    }
+
+    /// A connection to `addr` from `from` (any port), or from the system's choice.
+    async fn connect(addr: SocketAddr, from: Option<&str>) -> TcpStream {
+        let sock = tokio::net::TcpSocket::new_v4().expect("socket");
+        if let Some(ip) = from {
+            let local: SocketAddr = format!("{ip}:0").parse().expect("address");
+            sock.bind(local).expect("bind the client to its address");
+        }
+        sock.connect(addr).await.expect("connect")
+    }
+
+    /// `GET /healthz` on `s`: the status code, or `None` if the connection was closed (or
+    /// reset) without an answer.
+    async fn healthz_on(mut s: TcpStream) -> Option<u16> {
+        let req = "GET /healthz HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n";
+        // A write to a connection closed already may fail: no answer, then.
+        let _ = s.write_all(req.as_bytes()).await;
+        let mut out = Vec::new();
+        match timeout(WAIT, s.read_to_end(&mut out)).await.expect("no answer and no close") {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {}
+            Err(e) => panic!("reading: {e}"),
+        }
+        let out = String::from_utf8_lossy(&out);
+        out.split(' ').nth(1).and_then(|c| c.parse().ok())
+    }
+
+    /// Whether `s` is still open: nothing to read and no close within a short while.
+    async fn still_open(s: &mut TcpStream) -> bool {
+        let mut byte = [0u8; 1];
+        timeout(Duration::from_millis(200), s.read(&mut byte)).await.is_err()
+    }
+
+    /// Connections past the listener's budget are closed unanswered; one given back (here:
+    /// closed by its client) makes room again. Without the budget the extra connection would
+    /// be answered, and ~1000 idle ones would take every descriptor of the agent.
+    #[tokio::test]
+    async fn connections_past_the_budget_are_closed_unanswered() {
+        let limits = Limits { per_peer: 100, total: 3, header_read: LONG, connection: LONG };
+        let (addr, counters) = bounded(limits).await;
+        let mut idle = Vec::new();
+        for _ in 0..3 {
+            idle.push(connect(addr, None).await);
+        }
+        assert_eq!(healthz_on(connect(addr, None).await).await, None, "over the budget");
+        assert_eq!(counters.refused_of(accept::PROBES, Refusal::Busy), 1);
+        for s in &mut idle {
+            assert!(still_open(s).await, "a connection within the budget is held");
+        }
+
+        drop(idle.pop());
+        // The slot is given back once the server has seen the close: until then, refused.
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            match healthz_on(connect(addr, None).await).await {
+                Some(code) => break assert_eq!(code, 200),
+                None => assert!(tokio::time::Instant::now() < deadline, "no slot given back"),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// A connection that sends no request (or half of one) is closed after the header-read
+    /// timeout, which frees its slot.
+    #[tokio::test]
+    async fn a_silent_connection_is_closed_after_the_header_timeout() {
+        let header_read = Duration::from_millis(300);
+        let limits = Limits { per_peer: 100, total: 2, header_read, connection: LONG };
+        let (addr, counters) = bounded(limits).await;
+        let started = tokio::time::Instant::now();
+        let mut silent = connect(addr, None).await;
+        let mut slow = connect(addr, None).await;
+        slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: te").await.expect("write");
+        for s in [&mut silent, &mut slow] {
+            let mut out = Vec::new();
+            let read = timeout(WAIT, s.read_to_end(&mut out)).await.expect("not closed");
+            assert!(started.elapsed() >= header_read, "closed before the timeout");
+            match read {
+                Ok(_) => assert!(out.is_empty(), "an answer: {:?}", String::from_utf8_lossy(&out)),
+                Err(e) => assert_eq!(e.kind(), io::ErrorKind::ConnectionReset, "{e}"),
+            }
+        }
+        assert_eq!(counters.refused_of(accept::PROBES, Refusal::Timeout), 2);
+        assert_eq!(healthz_on(connect(addr, None).await).await, Some(200), "the slots are free");
+    }
+
+    /// One peer address fills its own budget only: another (here 127.0.0.2, as the kubelet
+    /// is to a pod) is still served.
+    #[tokio::test]
+    async fn one_peer_cannot_take_the_slots_of_another() {
+        let limits = Limits { per_peer: 2, total: 100, header_read: LONG, connection: LONG };
+        let (addr, counters) = bounded(limits).await;
+        let _idle =
+            [connect(addr, Some("127.0.0.1")).await, connect(addr, Some("127.0.0.1")).await];
+        let third = connect(addr, Some("127.0.0.1")).await;
+        assert_eq!(healthz_on(third).await, None, "over the peer's budget");
+        assert_eq!(counters.refused_of(accept::PROBES, Refusal::BusyPeer), 1);
+        let other = connect(addr, Some("127.0.0.2")).await;
+        assert_eq!(healthz_on(other).await, Some(200), "another peer is served");
     }
 }

@@ -165,6 +165,12 @@ pub const PROXY_RECORDS_EXPIRED: Family = Family {
     help: "Caller records removed from the kernel's table of handshakes in flight after 30 s without the proxy's side of the handshake (a client that never completed it)",
     labels: &[],
 };
+pub const LISTENER_CONNECTIONS_REFUSED: Family = Family {
+    name: "metadata_gate_listener_connections_refused",
+    kind: Kind::Counter,
+    help: "Connections to the agent's probe and metrics listeners (--listen, --metrics-listen) closed unanswered, by listener (probes, metrics) and reason (busy_peer, busy: the peer address's or the listener's connection bound; timeout: no request within the header-read timeout, or the connection outlived its time limit)",
+    labels: &["listener", "reason"],
+};
 
 /// Every family the agent exports.
 pub const ALL: &[Family] = &[
@@ -190,4 +196,5 @@ pub const ALL: &[Family] = &[
     PROXY_DIVERTED_PACKETS,
     PROXY_RECORDS_EXPIRED,
     PROXY_PATHS_UNTRACKED,
+    LISTENER_CONNECTIONS_REFUSED,
 ];

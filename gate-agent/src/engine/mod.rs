@@ -250,9 +250,14 @@ impl Engine<Gate> {
         let agent_metrics = AgentMetrics::default();
         let ready = Arc::new(AtomicBool::new(false));
         let shared = metrics::Shared { gate: gate.clone(), sinks: sinks.clone() };
-        let server =
-            server::serve(cfg.listen, ready.clone(), metrics::registry(shared, &agent_metrics))
-                .await?;
+        let server = server::serve(
+            cfg.listen,
+            ready.clone(),
+            metrics::registry(shared, &agent_metrics),
+            server::Limits::default(),
+            agent_metrics.listeners.clone(),
+        )
+        .await?;
         // The proxy names the workloads it refuses as the event reader does.
         let proxy_names = names.again();
         if let Some((ring, tally)) = ring {

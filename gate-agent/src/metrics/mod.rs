@@ -22,11 +22,12 @@ use crate::{
     loader::{Gate, Stats},
 };
 use families::{
-    BOOT_STEP_FAILED, DECISIONS, ENDPOINT_DECISIONS, EVENTS_LOST, Kind, LSM_ENFORCING,
-    MAP_CAPACITY, MAP_ENTRIES, NODE_ATTACH_FAILURES, POLICY_GENERATION, POLICY_REJECTED,
-    POLICY_RELOADS, PREGATE_PACKET_SOCKETS, PROXY_CONNECTIONS_REFUSED, PROXY_DIVERTED_PACKETS,
-    PROXY_HANDSHAKES_OVER_QUOTA, PROXY_PATHS_UNTRACKED, PROXY_RECORDS_EXPIRED, PROXY_RECORDS_LOST,
-    PROXY_REQUESTS, REPAIRS, WORKLOAD_ACCESSES, WORKLOAD_DENIALS,
+    BOOT_STEP_FAILED, DECISIONS, ENDPOINT_DECISIONS, EVENTS_LOST, Kind,
+    LISTENER_CONNECTIONS_REFUSED, LSM_ENFORCING, MAP_CAPACITY, MAP_ENTRIES, NODE_ATTACH_FAILURES,
+    POLICY_GENERATION, POLICY_REJECTED, POLICY_RELOADS, PREGATE_PACKET_SOCKETS,
+    PROXY_CONNECTIONS_REFUSED, PROXY_DIVERTED_PACKETS, PROXY_HANDSHAKES_OVER_QUOTA,
+    PROXY_PATHS_UNTRACKED, PROXY_RECORDS_EXPIRED, PROXY_RECORDS_LOST, PROXY_REQUESTS, REPAIRS,
+    WORKLOAD_ACCESSES, WORKLOAD_DENIALS,
 };
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -52,6 +53,8 @@ pub(crate) struct AgentMetrics {
     pub boot_step_failed: Gauge,
     /// The metadata proxy's counters.
     pub proxy: ProxyMetrics,
+    /// The probe and metrics listeners' counters.
+    pub listeners: ListenerMetrics,
 }
 
 /// Every `result` of a reload.
@@ -72,6 +75,7 @@ impl Default for AgentMetrics {
             node_attach_failures: Gauge::default(),
             boot_step_failed: Gauge::default(),
             proxy: ProxyMetrics::default(),
+            listeners: ListenerMetrics::default(),
         };
         for result in RELOAD_RESULTS {
             let _ = m.reloads.get_or_create(&ReloadLabels { result });
@@ -163,6 +167,48 @@ impl ProxyMetrics {
     #[cfg(test)]
     pub(crate) fn refused_of(&self, why: crate::proxy::ConnRefusal) -> u64 {
         self.connections_refused.get_or_create(&ProxyRefusedLabels { reason: why.label() }).get()
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ListenerRefusedLabels {
+    /// One of [`crate::server::LISTENERS`].
+    pub(crate) listener: &'static str,
+    /// One of [`crate::server::Refusal`]'s labels.
+    pub(crate) reason: &'static str,
+}
+
+/// The probe and metrics listeners' counters.
+#[derive(Clone, Debug)]
+pub(crate) struct ListenerMetrics {
+    pub(crate) connections_refused: Family<ListenerRefusedLabels, Counter>,
+}
+
+impl Default for ListenerMetrics {
+    /// Every listener and reason starts at 0, as the reloads do.
+    fn default() -> Self {
+        let m = ListenerMetrics { connections_refused: Family::default() };
+        for listener in crate::server::LISTENERS {
+            for why in crate::server::Refusal::ALL {
+                let labels = ListenerRefusedLabels { listener, reason: why.label() };
+                let _ = m.connections_refused.get_or_create(&labels);
+            }
+        }
+        m
+    }
+}
+
+impl ListenerMetrics {
+    pub(crate) fn connection_refused(&self, listener: &'static str, why: crate::server::Refusal) {
+        let labels = ListenerRefusedLabels { listener, reason: why.label() };
+        self.connections_refused.get_or_create(&labels).inc();
+    }
+
+    /// A refusal counter's value.
+    #[cfg(test)]
+    pub(crate) fn refused_of(&self, listener: &'static str, why: crate::server::Refusal) -> u64 {
+        let labels = ListenerRefusedLabels { listener, reason: why.label() };
+        self.connections_refused.get_or_create(&labels).get()
     }
 }
 
@@ -340,6 +386,11 @@ fn register_agent(r: &mut Registry, agent: &AgentMetrics) {
         PROXY_PATHS_UNTRACKED.name,
         PROXY_PATHS_UNTRACKED.help,
         agent.proxy.paths_untracked.clone(),
+    );
+    r.register(
+        LISTENER_CONNECTIONS_REFUSED.name,
+        LISTENER_CONNECTIONS_REFUSED.help,
+        agent.listeners.connections_refused.clone(),
     );
 }
 

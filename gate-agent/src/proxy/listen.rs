@@ -1,6 +1,6 @@
 //! Accepting connections: each one is asked its kernel record and given a slot before
 //! anything is read from it; without either it is closed at once, without a byte.
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{future::Future, sync::Arc};
 
 use tokio::{
     net::{TcpListener, TcpStream},
@@ -10,18 +10,16 @@ use tokio::{
 
 use super::{
     Callers, Limits, ProxyError,
-    bounds::{Full, Slots},
     conn::{Shared, serve_connection},
     forward::{TcpUpstream, Upstream},
     outcome::{ConnRefusal, DecisionLog},
     paths::PathLog,
     table::Table,
 };
-use crate::metrics::ProxyMetrics;
-
-/// Pause after a failed `accept()` (out of file descriptors, say), so that the loop does not
-/// spin while the condition lasts.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+use crate::{
+    bounds::{ACCEPT_BACKOFF, Full, Slots},
+    metrics::ProxyMetrics,
+};
 
 /// The proxy: what its connections share, and their slots.
 pub(crate) struct Proxy {
@@ -91,12 +89,12 @@ impl Proxy {
         };
         let slot = match self.slots.acquire(caller.workload, caller.entry.is_some()) {
             Ok(s) => s,
-            Err(Full::Workload) => {
+            Err(Full::Caller) => {
                 let detail =
                     format!("{} connections open for its pod", self.shared.limits.per_workload);
                 return refuse(ConnRefusal::Busy, Some(caller.cgroup_id), &detail);
             }
-            Err(Full::Served) => {
+            Err(Full::Reserved) => {
                 let limits = &self.shared.limits;
                 let detail = format!(
                     "{} connections open in all, the last {} kept for allow entries",
@@ -105,7 +103,7 @@ impl Proxy {
                 );
                 return refuse(ConnRefusal::BusyServed, Some(caller.cgroup_id), &detail);
             }
-            Err(Full::Node) => {
+            Err(Full::Total) => {
                 let detail = format!("{} connections open in all", self.shared.limits.total);
                 return refuse(ConnRefusal::BusyNode, Some(caller.cgroup_id), &detail);
             }

@@ -19,7 +19,6 @@
 //! asked for (for `report` and `suggest`).
 use std::{net::SocketAddr, time::Duration};
 
-mod bounds;
 mod conn;
 mod decide;
 mod forward;
