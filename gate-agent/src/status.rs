@@ -35,7 +35,7 @@ pub(crate) struct Status {
     pub terminate_established: &'static str,
     /// What the last terminate-established scan could see.
     pub terminate_scan: TerminateScan,
-    /// Whether the LSM programs enforce (`enforcing`), or why they do not (`inactive: …`):
+    /// Whether the LSM programs enforce (`enforcing`), or which doors are open and why (`open: …`):
     /// without them, 32-bit compat and io_uring setsockopt and packet capture stay open.
     pub lsm: String,
     /// The boot step's record of this boot (`gate-agent boot`), from the state dir; none: it

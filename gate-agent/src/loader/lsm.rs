@@ -26,19 +26,25 @@ use super::{Gate, LoaderError, attach::Repair, program};
 pub(crate) enum LsmState {
     /// Loaded and attached; the kernel runs them.
     Active,
-    /// Not attached, and why (the BPF LSM is not active, the kernel rejected the programs).
+    /// Not attached, and why (the BPF LSM is not active, the kernel rejected the programs):
+    /// two doors are open on this node.
     Inactive(String),
 }
 
 impl LsmState {
-    /// `enforcing`, or `inactive: <why>`, as `status` shows it.
+    /// `enforcing`, or `open: <the doors>: <why>`, as `status` shows it: not running the
+    /// programs leaves two doors open, and the word says so.
     pub(crate) fn text(&self) -> String {
         match self {
             LsmState::Active => "enforcing".into(),
-            LsmState::Inactive(why) => format!("inactive: {why}"),
+            LsmState::Inactive(why) => format!("open: {OPEN_DOORS}: {why}"),
         }
     }
 }
+
+/// What stays open where the LSM programs do not run (docs/threat-model.md).
+pub(crate) const OPEN_DOORS: &str =
+    "PACKET_QDISC_BYPASS through the 32-bit ABI and capturing the node's traffic are not closed";
 
 const LSM_LIST: &str = "/sys/kernel/security/lsm";
 

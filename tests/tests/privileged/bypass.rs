@@ -289,7 +289,7 @@ impl World {
         let (_, body) = agent.http_get("/metrics").expect("metrics");
         let gauge = super::metric(&body, "metadata_gate_lsm_enforcing");
         let enforcing = lsm == "enforcing";
-        assert!(enforcing || lsm.starts_with("inactive: "), "status lsm: {lsm:?}");
+        assert!(enforcing || lsm.starts_with("open: "), "status lsm: {lsm:?}");
         assert_eq!(gauge, Some(f64::from(u8::from(enforcing))), "gauge against status {lsm:?}");
         if !enforcing {
             let why: Vec<String> =
