@@ -621,16 +621,8 @@ fn test_run(id: u32, kind: testrun::Kind, frames: &[Vec<u8>]) -> Outcome {
 
 /// connect() + send the token in a tight loop until stdin yields a line.
 fn hammer_tcp(dst: SocketAddr, token: &str) -> Outcome {
-    use std::sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    };
-    let stop = Arc::new(AtomicBool::new(false));
-    let s2 = stop.clone();
-    std::thread::spawn(move || {
-        read_token();
-        s2.store(true, Ordering::Release);
-    });
+    use std::sync::atomic::Ordering;
+    let stop = handshake::stop_on_stdin();
     print(&Outcome { ok: true, errno: None, stage: "connected", reply: None }, Instant::now());
     let (mut attempts, mut successes, mut eperm, mut other) = (0u64, 0u64, 0u64, 0u64);
     while !stop.load(Ordering::Acquire) {

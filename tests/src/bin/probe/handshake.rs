@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{Outcome, fail, print, read_token};
+use super::{Outcome, fail, print, read_token, setsockopt};
 
 /// A TCP socket of `dst`'s family.
 fn tcp_socket(dst: &SocketAddr) -> std::io::Result<OwnedFd> {
@@ -26,18 +26,15 @@ fn tcp_socket(dst: &SocketAddr) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-fn setsockopt<T>(fd: &OwnedFd, level: i32, name: i32, value: &T) -> std::io::Result<()> {
-    // SAFETY: `value` is a valid T for the call's duration.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            (value as *const T).cast(),
-            size_of::<T>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+/// A flag raised when a line arrives on stdin (the test's word to stop).
+pub(super) fn stop_on_stdin() -> Arc<AtomicBool> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let raised = stop.clone();
+    std::thread::spawn(move || {
+        read_token();
+        raised.store(true, Ordering::Release);
+    });
+    stop
 }
 
 /// A blocking connect of `fd` to `dst`.
@@ -73,12 +70,7 @@ fn connect(fd: &OwnedFd, dst: &SocketAddr) -> std::io::Result<()> {
 /// that the far end never completes its side of the handshake. No capability needed. Reports
 /// `attempts=N connected=N eperm=N other=N` (ok: some connected).
 pub(super) fn orphan_flood(dst: SocketAddr) -> Outcome {
-    let stop = Arc::new(AtomicBool::new(false));
-    let s2 = stop.clone();
-    std::thread::spawn(move || {
-        read_token();
-        s2.store(true, Ordering::Release);
-    });
+    let stop = stop_on_stdin();
     print(&Outcome { ok: true, errno: None, stage: "connected", reply: None }, Instant::now());
     let linger = libc::linger { l_onoff: 1, l_linger: 0 };
     let (mut attempts, mut connected, mut eperm, mut other) = (0u64, 0u64, 0u64, 0u64);
@@ -157,12 +149,7 @@ pub(super) fn hold_forge(addr: SocketAddr, marker: &str) -> Outcome {
         Err(e) => return fail("bind", &e),
     };
     let _ = listener.set_nonblocking(true);
-    let stop = Arc::new(AtomicBool::new(false));
-    let s2 = stop.clone();
-    std::thread::spawn(move || {
-        read_token();
-        s2.store(true, Ordering::Release);
-    });
+    let stop = stop_on_stdin();
     print(&Outcome { ok: true, errno: None, stage: "connected", reply: None }, Instant::now());
     let accepted = AtomicU64::new(0);
     let body = format!("forged {marker}\n");
