@@ -275,7 +275,8 @@ mod tests {
     /// be answered, and ~1000 idle ones would take every descriptor of the agent.
     #[tokio::test]
     async fn connections_past_the_budget_are_closed_unanswered() {
-        let limits = Limits { per_peer: 100, total: 3, header_read: LONG, connection: LONG };
+        let limits =
+            Limits { per_peer: 100, total: 3, reserve: 0, header_read: LONG, connection: LONG };
         let (addr, counters) = bounded(limits).await;
         let mut idle = Vec::new();
         for _ in 0..3 {
@@ -304,7 +305,7 @@ mod tests {
     #[tokio::test]
     async fn a_silent_connection_is_closed_after_the_header_timeout() {
         let header_read = Duration::from_millis(300);
-        let limits = Limits { per_peer: 100, total: 2, header_read, connection: LONG };
+        let limits = Limits { per_peer: 100, total: 2, reserve: 0, header_read, connection: LONG };
         let (addr, counters) = bounded(limits).await;
         let started = tokio::time::Instant::now();
         let mut silent = connect(addr, None).await;
@@ -327,7 +328,8 @@ mod tests {
     /// is to a pod) is still served.
     #[tokio::test]
     async fn one_peer_cannot_take_the_slots_of_another() {
-        let limits = Limits { per_peer: 2, total: 100, header_read: LONG, connection: LONG };
+        let limits =
+            Limits { per_peer: 2, total: 100, reserve: 0, header_read: LONG, connection: LONG };
         let (addr, counters) = bounded(limits).await;
         let _idle =
             [connect(addr, Some("127.0.0.1")).await, connect(addr, Some("127.0.0.1")).await];
@@ -336,5 +338,22 @@ mod tests {
         assert_eq!(counters.refused_of(accept::PROBES, Refusal::BusyPeer), 1);
         let other = connect(addr, Some("127.0.0.2")).await;
         assert_eq!(healthz_on(other).await, Some(200), "another peer is served");
+    }
+
+    /// Peers from elsewhere fill what is not the reserve: a caller on the node (here: from
+    /// the very address it connects to, as the kubelet does to a hostNetwork pod) is still
+    /// served, from the reserve.
+    #[tokio::test]
+    async fn the_last_slots_are_kept_for_callers_on_the_node() {
+        let limits =
+            Limits { per_peer: 4, total: 3, reserve: 1, header_read: LONG, connection: LONG };
+        let (addr, counters) = bounded(limits).await;
+        let _idle =
+            [connect(addr, Some("127.0.0.2")).await, connect(addr, Some("127.0.0.3")).await];
+        let third = connect(addr, Some("127.0.0.4")).await;
+        assert_eq!(healthz_on(third).await, None, "a peer from elsewhere took the reserve");
+        assert_eq!(counters.refused_of(accept::PROBES, Refusal::Busy), 1);
+        let on_node = connect(addr, Some("127.0.0.1")).await;
+        assert_eq!(healthz_on(on_node).await, Some(200), "the node's caller is served");
     }
 }

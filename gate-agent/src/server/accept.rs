@@ -2,7 +2,9 @@
 //! address and in all) before anything is read from it, or is closed at once without a byte;
 //! a served one has a time limit for its request head and one for the whole connection, and
 //! carries one request. Whoever reaches the port (any pod, on the node's addresses) can hold
-//! only a few of the agent's file descriptors, and never the kubelet's probe's slot.
+//! only a few of the agent's file descriptors, and never the last slots, which are kept for
+//! callers on the node itself (the kubelet probes from the node's address to the pod's,
+//! which for this hostNetwork pod is the same one; a pod-network pod's address is its own).
 use std::{net::IpAddr, time::Duration};
 
 use axum::Router;
@@ -29,6 +31,9 @@ pub(crate) struct Limits {
     pub(crate) per_peer: usize,
     /// Connections open at once in all.
     pub(crate) total: usize,
+    /// Of `total`, the connections only callers on the node may hold: those that connect from
+    /// the address they connect to.
+    pub(crate) reserve: usize,
     /// Time for the request line and headers to arrive.
     pub(crate) header_read: Duration,
     /// Time for a whole connection, response included.
@@ -36,13 +41,14 @@ pub(crate) struct Limits {
 }
 
 impl Default for Limits {
-    /// 256 idle connections cost a few MiB and 256 descriptors; filling them takes 32 peer
-    /// addresses (pods) each reconnecting every 5 s. The kubelet's probes and the metrics
-    /// sidecar's scrapes answer in milliseconds.
+    /// 256 idle connections cost a few MiB and 256 descriptors; filling the 224 that pods may
+    /// take needs 28 peer addresses each reconnecting every 5 s, and leaves the kubelet's
+    /// probes and the metrics sidecar's scrapes (which answer in milliseconds) their 32.
     fn default() -> Self {
         Limits {
             per_peer: 8,
             total: 256,
+            reserve: 32,
             header_read: Duration::from_secs(5),
             connection: Duration::from_secs(10),
         }
@@ -94,7 +100,8 @@ pub(super) struct Listener {
 impl Listener {
     /// Accept and serve until the task is aborted; the connections go with it.
     pub(super) async fn run(self) {
-        let slots = Slots::<IpAddr>::new(self.limits.per_peer, self.limits.total, 0);
+        let slots =
+            Slots::<IpAddr>::new(self.limits.per_peer, self.limits.total, self.limits.reserve);
         let mut conns = JoinSet::new();
         loop {
             tokio::select! {
@@ -102,7 +109,11 @@ impl Listener {
                     Ok((stream, peer)) => {
                         // An IPv4 peer of a dual-stack listener is one peer, however written.
                         let ip = peer.ip().to_canonical();
-                        match slots.acquire(ip, true) {
+                        // From the address it connects to: the kubelet to this hostNetwork
+                        // pod, the metrics sidecar on loopback.
+                        let on_node =
+                            stream.local_addr().is_ok_and(|l| l.ip().to_canonical() == ip);
+                        match slots.acquire(ip, on_node) {
                             Ok(slot) => {
                                 let serving = self.serve(stream);
                                 conns.spawn(async move {
