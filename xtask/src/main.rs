@@ -1,11 +1,12 @@
 //! Project orchestration: `cargo xtask <command>`. Orchestration only; no product logic here.
 //!
 //! One module per command (`setup`, `lint`, `test`, `kernels`, `demo`, `policy_test`,
-//! `manifests`, `kind`, `bench`);
+//! `manifests`, `kind`, `cluster`, `bench`);
 //! what several of them use lives in `bins` (building and locating the binaries) and `util`
 //! (running commands).
 mod bench;
 mod bins;
+mod cluster;
 mod demo;
 mod kernels;
 mod kind;
@@ -84,9 +85,23 @@ enum Cmd {
         #[arg(long)]
         no_build: bool,
     },
+    /// A real Kubernetes for the cluster tests: `build` makes kube-apiserver,
+    /// kube-controller-manager, kube-scheduler and kubelet from the Go module pinned in
+    /// tests/cluster (needs Go and the Go module proxy) into target/cluster/bin, again only
+    /// when its pins change
+    Cluster {
+        #[command(subcommand)]
+        cmd: ClusterCmd,
+    },
     /// Benchmarks: the gate against no gate, nftables and iptables, side by side; writes
     /// target/bench/{report.json,report.md,chart.png} (root)
     Bench(bench::Options),
+}
+
+#[derive(Subcommand)]
+enum ClusterCmd {
+    /// Build the Kubernetes components (cold: see docs/development.md)
+    Build,
 }
 
 fn main() -> Result<()> {
@@ -116,6 +131,7 @@ fn main() -> Result<()> {
             policy_test::run(&file, platform.as_deref())
         }
         Cmd::Manifests => manifests::run(),
+        Cmd::Cluster { cmd: ClusterCmd::Build } => cluster::build().map(drop),
         Cmd::E2eKind { keep, no_build } => kind::e2e(kind::Options { keep, build: !no_build }),
         Cmd::Bench(opts) => {
             if !opts.redraw {
