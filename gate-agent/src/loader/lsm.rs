@@ -43,7 +43,7 @@ impl LsmState {
 }
 
 /// What stays open where the LSM programs do not run (docs/threat-model.md).
-pub(crate) const OPEN_DOORS: &str =
+const OPEN_DOORS: &str =
     "PACKET_QDISC_BYPASS through the 32-bit ABI and capturing the node's traffic are not closed";
 
 const LSM_LIST: &str = "/sys/kernel/security/lsm";
