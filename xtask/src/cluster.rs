@@ -1,36 +1,82 @@
 //! `cargo xtask cluster build`: the real Kubernetes the cluster tests run, built from the Go
-//! module in `tests/cluster` (`k8s.io/kubernetes` with every staging module replaced by its
-//! `v0.x.y` tag, the way the project is used as a dependency) into `target/cluster/bin`, and
-//! built again only when that module's pins (`go.mod`, `go.sum`) change.
-use std::{fs, path::PathBuf, process::Command};
+//! modules in `tests/cluster` into `target/cluster/bin`: `k8s.io/kubernetes` with every staging
+//! module replaced by its `v0.x.y` tag (the way the project is used as a dependency), and the
+//! etcd it is tested with (`tests/cluster/etcd`). Each module is built again only when its pins
+//! (`go.mod`, `go.sum`) change.
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
 
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, ensure};
 
 use crate::{
     bins::target_dir,
     util::{root, run},
 };
 
-/// The commands built, each `k8s.io/kubernetes/cmd/<name>`.
-pub(crate) const COMPONENTS: [&str; 4] =
-    ["kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"];
+/// One Go module under `tests/cluster` and the commands built from it.
+struct Module {
+    /// Names its stamp, `.pins.<name>`.
+    name: &'static str,
+    /// Its directory, under `tests/cluster`.
+    dir: &'static str,
+    /// Each binary with its main package.
+    bins: &'static [(&'static str, &'static str)],
+    /// The linker flags that give the binaries their release's version, from the `go.mod`.
+    ldflags: fn(&str) -> Result<String>,
+    /// Extra environment for `go build`, as the project's own build sets it.
+    env: &'static [(&'static str, &'static str)],
+}
 
-/// Where the binaries land, with the pins they were built from (`.pins`).
+const MODULES: [Module; 2] = [
+    Module {
+        name: "kubernetes",
+        dir: "",
+        bins: &[
+            ("kube-apiserver", "k8s.io/kubernetes/cmd/kube-apiserver"),
+            ("kube-controller-manager", "k8s.io/kubernetes/cmd/kube-controller-manager"),
+            ("kube-scheduler", "k8s.io/kubernetes/cmd/kube-scheduler"),
+            ("kubelet", "k8s.io/kubernetes/cmd/kubelet"),
+        ],
+        ldflags: kubernetes_flags,
+        env: &[],
+    },
+    Module {
+        name: "etcd",
+        dir: "etcd",
+        // What etcd's scripts/build_lib.sh builds: the server's main package is the etcd binary.
+        bins: &[("etcd", "go.etcd.io/etcd/server/v3"), ("etcdctl", "go.etcd.io/etcd/etcdctl/v3")],
+        ldflags: etcd_flags,
+        // Static, as etcd's release binaries are.
+        env: &[("CGO_ENABLED", "0")],
+    },
+];
+
+/// The etcd release `tests/cluster/etcd` pins and its tag's commit, as `git rev-parse --short`
+/// gives it to etcd's build (`etcd --version` of the 3.6.5 release: `Git SHA: a061450`); a
+/// module has no git tree to read it from. Tag v3.6.5 of github.com/etcd-io/etcd is
+/// a0614505aff9b8ff469e9c59c2d979a5936d13f4.
+const ETCD_RELEASE: (&str, &str) = ("v3.6.5", "a061450");
+
+/// Where the binaries land, with the pins each module was built from (`.pins.<name>`).
 fn out_dir() -> PathBuf {
     target_dir().join("cluster").join("bin")
 }
 
-/// Whether the binaries in `out` were built from `sum` and are all there.
-fn up_to_date(out: &std::path::Path, sum: &[u8]) -> bool {
-    fs::read(out.join(".pins")).is_ok_and(|s| s == sum)
-        && COMPONENTS.iter().all(|c| out.join(c).is_file())
+/// Whether `module`'s binaries in `out` were built from `pins` and are all there.
+fn up_to_date(out: &Path, module: &Module, pins: &[u8]) -> bool {
+    fs::read(out.join(format!(".pins.{}", module.name))).is_ok_and(|s| s == pins)
+        && module.bins.iter().all(|(bin, _)| out.join(bin).is_file())
 }
 
-/// The Kubernetes release the module pins (`vX.Y.Z`).
-fn release(gomod: &str) -> Option<&str> {
+/// The version of `path` the module requires (`vX.Y.Z`).
+fn required<'a>(gomod: &'a str, path: &str) -> Option<&'a str> {
     gomod.lines().find_map(|l| {
         let l = l.trim();
-        l.strip_prefix("require ").unwrap_or(l).strip_prefix("k8s.io/kubernetes ").map(str::trim)
+        let mut words = l.strip_prefix("require ").unwrap_or(l).split_whitespace();
+        (words.next() == Some(path)).then(|| words.next()).flatten()
     })
 }
 
@@ -52,30 +98,57 @@ fn version_flags(version: &str) -> String {
         .join(" ")
 }
 
-/// Build the components unless they are up to date; returns their directory.
+fn kubernetes_flags(gomod: &str) -> Result<String> {
+    let version = required(gomod, "k8s.io/kubernetes")
+        .context("tests/cluster/go.mod requires no k8s.io/kubernetes")?;
+    Ok(version_flags(version))
+}
+
+/// etcd's version is a constant of its `api/v3/version`; its build links in only the commit.
+fn etcd_flags(gomod: &str) -> Result<String> {
+    let version = required(gomod, "go.etcd.io/etcd/server/v3")
+        .context("tests/cluster/etcd/go.mod requires no go.etcd.io/etcd/server/v3")?;
+    let (release, sha) = ETCD_RELEASE;
+    ensure!(
+        version == release,
+        "tests/cluster/etcd pins etcd {version}, ETCD_RELEASE in xtask/src/cluster.rs names \
+         {release}'s commit: give it {version}'s"
+    );
+    Ok(format!("-X go.etcd.io/etcd/api/v3/version.GitSHA={sha}"))
+}
+
+/// Build each module's binaries unless they are up to date; returns their directory.
 pub(crate) fn build() -> Result<PathBuf> {
-    let module = root().join("tests").join("cluster");
-    let mut sum = Vec::new();
-    for file in ["go.mod", "go.sum"] {
-        sum.extend(
-            fs::read(module.join(file)).with_context(|| format!("reading tests/cluster/{file}"))?,
-        );
-    }
     let out = out_dir();
-    if up_to_date(&out, &sum) {
-        println!("cluster: {} up to date in {}", COMPONENTS.join(", "), out.display());
-        return Ok(out);
-    }
-    let gomod = fs::read_to_string(module.join("go.mod"))?;
-    let version = release(&gomod).context("tests/cluster/go.mod requires no k8s.io/kubernetes")?;
     fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    // `-C`: `run` starts every command in the workspace root.
-    let mut cmd = Command::new("go");
-    cmd.arg("-C").arg(&module).args(["build", "-trimpath", "-ldflags", &version_flags(version)]);
-    cmd.arg("-o").arg(format!("{}/", out.display()));
-    cmd.args(COMPONENTS.map(|c| format!("k8s.io/kubernetes/cmd/{c}")));
-    run(&mut cmd).context("building Kubernetes (needs Go and the Go module proxy)")?;
-    fs::write(out.join(".pins"), &sum)?;
+    for module in &MODULES {
+        let dir = root().join("tests").join("cluster").join(module.dir);
+        let gomod = fs::read_to_string(dir.join("go.mod"))
+            .with_context(|| format!("reading {}", dir.join("go.mod").display()))?;
+        let mut pins = gomod.clone().into_bytes();
+        pins.extend(
+            fs::read(dir.join("go.sum"))
+                .with_context(|| format!("reading {}", dir.join("go.sum").display()))?,
+        );
+        let names = module.bins.iter().map(|(bin, _)| *bin).collect::<Vec<_>>().join(", ");
+        if up_to_date(&out, module, &pins) {
+            println!("cluster: {names} up to date in {}", out.display());
+            continue;
+        }
+        let flags = (module.ldflags)(&gomod)?;
+        let stamp = out.join(format!(".pins.{}", module.name));
+        // Not up to date until every binary is built again (a change of pins can be undone).
+        let _ = fs::remove_file(&stamp);
+        for (bin, package) in module.bins {
+            // `-C`: `run` starts every command in the workspace root.
+            let mut cmd = Command::new("go");
+            cmd.arg("-C").arg(&dir).args(["build", "-trimpath", "-ldflags", &flags, "-o"]);
+            cmd.arg(out.join(bin)).arg(package).envs(module.env.iter().copied());
+            run(&mut cmd)
+                .with_context(|| format!("building {bin} (needs Go and the Go module proxy)"))?;
+        }
+        fs::write(&stamp, &pins)?;
+    }
     Ok(out)
 }
 
@@ -84,28 +157,46 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_release_comes_from_the_module_and_names_the_binaries() {
+    fn the_releases_come_from_the_modules() {
         let gomod = "module x\n\ngo 1.24.0\n\nrequire k8s.io/kubernetes v1.34.4\n";
-        assert_eq!(release(gomod), Some("v1.34.4"));
-        assert_eq!(release("require (\n\tk8s.io/kubernetes v1.35.0\n)\n"), Some("v1.35.0"));
-        assert_eq!(release("module x\n"), None);
-        let flags = version_flags("v1.34.4");
+        assert_eq!(required(gomod, "k8s.io/kubernetes"), Some("v1.34.4"));
+        let block = "require (\n\tk8s.io/kubernetes v1.35.0 // indirect\n)\n";
+        assert_eq!(required(block, "k8s.io/kubernetes"), Some("v1.35.0"));
+        assert_eq!(required("require k8s.io/kubernetes-x v1.0.0\n", "k8s.io/kubernetes"), None);
+        assert_eq!(required("module x\n", "k8s.io/kubernetes"), None);
+        let flags = kubernetes_flags(gomod).expect("flags");
         assert!(flags.contains("k8s.io/component-base/version.gitVersion=v1.34.4 "), "{flags}");
         assert!(flags.contains("k8s.io/client-go/pkg/version.gitMinor=34 "), "{flags}");
+        let etcd = "require (\n\tgo.etcd.io/etcd/server/v3 v3.6.5 // indirect\n)\n";
+        let flags = etcd_flags(etcd).expect("flags");
+        assert_eq!(flags, "-X go.etcd.io/etcd/api/v3/version.GitSHA=a061450");
+        let other = etcd_flags(&etcd.replace("v3.6.5", "v3.6.6")).expect_err("another release");
+        assert!(other.to_string().contains("ETCD_RELEASE"), "{other}");
+    }
+
+    #[test]
+    fn the_pinned_modules_name_the_releases_linked_in() {
+        for module in &MODULES {
+            let gomod = root().join("tests").join("cluster").join(module.dir).join("go.mod");
+            let gomod = fs::read_to_string(&gomod).expect("go.mod");
+            (module.ldflags)(&gomod).expect(module.name);
+        }
     }
 
     #[test]
     fn binaries_are_rebuilt_when_the_pins_change_or_one_is_missing() {
         let dir = tempfile::tempdir().expect("temp dir");
         let out = dir.path();
-        assert!(!up_to_date(out, b"a"), "nothing built yet");
-        for c in COMPONENTS {
-            fs::write(out.join(c), b"").expect("binary");
+        let [kubernetes, etcd] = &MODULES;
+        assert!(!up_to_date(out, kubernetes, b"a"), "nothing built yet");
+        for (bin, _) in kubernetes.bins {
+            fs::write(out.join(bin), b"").expect("binary");
         }
-        fs::write(out.join(".pins"), b"a").expect("stamp");
-        assert!(up_to_date(out, b"a"));
-        assert!(!up_to_date(out, b"b"), "the pins changed");
+        fs::write(out.join(".pins.kubernetes"), b"a").expect("stamp");
+        assert!(up_to_date(out, kubernetes, b"a"));
+        assert!(!up_to_date(out, kubernetes, b"b"), "the pins changed");
+        assert!(!up_to_date(out, etcd, b"a"), "each module has its own stamp");
         fs::remove_file(out.join("kubelet")).expect("remove");
-        assert!(!up_to_date(out, b"a"), "a binary is missing");
+        assert!(!up_to_date(out, kubernetes, b"a"), "a binary is missing");
     }
 }

@@ -86,9 +86,9 @@ enum Cmd {
         no_build: bool,
     },
     /// A real Kubernetes for the cluster tests: `build` makes kube-apiserver,
-    /// kube-controller-manager, kube-scheduler and kubelet from the Go module pinned in
-    /// tests/cluster (needs Go and the Go module proxy) into target/cluster/bin, again only
-    /// when its pins change
+    /// kube-controller-manager, kube-scheduler, kubelet, etcd and etcdctl from the Go modules
+    /// pinned in tests/cluster (needs Go and the Go module proxy) into target/cluster/bin,
+    /// each module again only when its pins change
     Cluster {
         #[command(subcommand)]
         cmd: ClusterCmd,
