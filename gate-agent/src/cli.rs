@@ -362,7 +362,8 @@ pub(crate) struct GateArgs {
     /// kernel allows it)
     #[arg(long, value_enum, value_name = "VARIANT", default_value_t = EgressArg::Auto)]
     pub egress_program: EgressArg,
-    /// Attach the node-wide BPF LSM programs (where the kernel runs the BPF LSM): they deny
+    /// Attach the node-wide LSM programs (as BPF LSM programs where the kernel runs the BPF
+    /// LSM, else as fmod_ret programs on security_socket_*, 5.14+): they deny
     /// PACKET_QDISC_BYPASS and AF_XDP setup through every syscall ABI (32-bit compat and
     /// io_uring included) and sockets that would read the node's IP traffic to gated
     /// workloads. `--lsm-programs=false` leaves those doors to the cgroup hooks (native

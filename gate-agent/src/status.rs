@@ -69,6 +69,9 @@ pub(crate) struct Attachment {
     /// (`sysctl kernel.bpf_stats_enabled=1`); 0 otherwise.
     pub run_count: u64,
     pub run_time_ns: u64,
+    /// A tracing program (the LSM programs loaded as `fmod_ret`).
+    #[serde(skip)]
+    pub tracing: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -360,17 +363,22 @@ impl Status {
     }
 }
 
-/// The LSM programs enforce where their links are pinned; otherwise the kernel says why not.
+/// The LSM programs enforce where their links are pinned (as `fmod_ret` where those run
+/// tracing programs); otherwise the kernel says why not.
 fn lsm_state(attachments: &[Attachment]) -> LsmState {
-    let pinned = |p: AttachPoint| attachments.iter().any(|a| a.attach_point == p.pin_name());
-    if AttachPoint::LSM.into_iter().all(pinned) {
-        return LsmState::Active;
+    let pinned = |p: AttachPoint| attachments.iter().find(|a| a.attach_point == p.pin_name());
+    let links: Option<Vec<&Attachment>> = AttachPoint::LSM.into_iter().map(pinned).collect();
+    if let Some(links) = links {
+        let fmod_ret = links.iter().all(|a| a.tracing);
+        return if fmod_ret { LsmState::FmodRet } else { LsmState::Active };
     }
     LsmState::Inactive(match bpf_lsm_active() {
-        Ok(true) => {
-            "the BPF LSM is active, but the programs are not attached (--lsm-programs)".into()
-        }
-        Ok(false) => "the BPF LSM is not active (boot with lsm=...,bpf)".into(),
+        Ok(true) => "the BPF LSM is active, but the programs are not attached (the kernel refused \
+             them, or --lsm-programs=false: the agent's log says which)"
+            .into(),
+        Ok(false) => "the BPF LSM is not active and the programs are not attached as \
+                      fmod_ret (the agent's log says why)"
+            .into(),
         Err(why) => why,
     })
 }
@@ -413,6 +421,9 @@ fn attachments(layout: &Layout) -> Vec<Attachment> {
                 target_id: info.target.id(),
                 run_count: prog.map_or(0, |p| p.run_count()),
                 run_time_ns: prog.map_or(0, |p| p.run_time().as_nanos() as u64),
+                tracing: prog.is_some_and(|p| {
+                    p.program_type() == aya_obj::generated::bpf_prog_type::BPF_PROG_TYPE_TRACING
+                }),
             })
         })
         .collect()

@@ -91,6 +91,23 @@ pub fn pid_running(pid: u32) -> bool {
     })
 }
 
+/// `GATE_TEST_LSM`: how the kernel under test must run the agent's LSM programs, where the
+/// runner knows it (`cargo xtask test-kernels` sets it per kernel): `lsm` (the BPF LSM),
+/// `fmod_ret` (BPF trampolines, no BPF LSM) or `open` (neither). Unset: the kernel decides,
+/// and the test says what it saw.
+pub fn expected_lsm() -> Option<String> {
+    std::env::var("GATE_TEST_LSM").ok().filter(|v| !v.is_empty())
+}
+
+/// How `status` says the LSM programs run: `lsm`, `fmod_ret` or `open`.
+pub fn lsm_mechanism(status_lsm: &str) -> &'static str {
+    match status_lsm {
+        "enforcing" => "lsm",
+        l if l.starts_with("enforcing") && l.contains("fmod_ret") => "fmod_ret",
+        _ => "open",
+    }
+}
+
 /// `GATE_TEST_SLOWDOWN`: how many times slower than a native run this machine is (an emulated
 /// VM: `cargo xtask test-kernels` sets it). Default 1.
 pub fn slowdown() -> u32 {

@@ -43,12 +43,45 @@ pub(crate) struct Kernel {
     pub(crate) suite: &'static str,
     /// Who runs this line.
     pub(crate) stands_for: &'static str,
+    /// Kernel command line added to the guest's.
+    pub(crate) append: Option<&'static str>,
+    /// How the agent's LSM programs must run there (`GATE_TEST_LSM`): `lsm` where the
+    /// kernel's LSM list has `bpf`, `fmod_ret` where it has not, `open` where neither loads.
+    pub(crate) lsm: &'static str,
 }
 
 pub(crate) const KERNELS: &[Kernel] = &[
-    Kernel { name: "5.10", suite: "bullseye", stands_for: "EKS AL2 (5.10), Bottlerocket 1.x" },
-    Kernel { name: "6.1", suite: "bookworm", stands_for: "EKS AL2023, Bottlerocket, GKE COS" },
-    Kernel { name: "6.12", suite: "trixie", stands_for: "current LTS: AL2023, COS, Ubuntu HWE" },
+    // bullseye's CONFIG_LSM has no `bpf`, and 5.10 gives tracing programs no
+    // bpf_get_current_ancestor_cgroup_id, so fmod_ret is refused too: the doors are open.
+    Kernel {
+        name: "5.10",
+        suite: "bullseye",
+        stands_for: "EKS AL2 (5.10), Bottlerocket 1.x",
+        append: None,
+        lsm: "open",
+    },
+    Kernel {
+        name: "6.1",
+        suite: "bookworm",
+        stands_for: "EKS AL2023, Bottlerocket, GKE COS",
+        append: None,
+        lsm: "lsm",
+    },
+    Kernel {
+        name: "6.12",
+        suite: "trixie",
+        stands_for: "current LTS: AL2023, COS, Ubuntu HWE",
+        append: None,
+        lsm: "lsm",
+    },
+    // Ubuntu's and Flatcar's kernels list no `bpf` among their LSMs: the same kernel booted so.
+    Kernel {
+        name: "6.12-no-bpf-lsm",
+        suite: "trixie",
+        stands_for: "Ubuntu (AKS, EKS, GKE images), Flatcar: no `bpf` in lsm=",
+        append: Some("lsm=landlock,lockdown,yama,apparmor"),
+        lsm: "fmod_ret",
+    },
 ];
 
 /// Which privileged tests run on which kernel. Under TCG a test takes 12 to 90 s instead of 1
@@ -70,14 +103,14 @@ pub(crate) const MATRIX: &[(&str, &[&str])] = &[
     ("enforcement::raw_socket_never_reaches_the_service",                              HOST),
     ("enforcement::ipv4_mapped_ipv6_refused",                                          HOST),
     ("enforcement::udp_denial_is_one_event_from_egress",                               K5_10),
-    ("lifecycle::sigkill_keeps_the_gate_closed_and_a_restart_adopts_it",               ALL),
+    ("lifecycle::sigkill_keeps_the_gate_closed_and_a_restart_adopts_it",               ALL_AND_NO_BPF_LSM),
     ("lifecycle::upgrade_swaps_programs_without_an_open_window",                       ALL),
     ("progrun::egress_program_decides_every_parser_edge_as_the_host_does",             ALL),
     ("progrun::tc_program_reads_ethernet_and_ip_edges_and_the_callers_cgroup",         FROM_6_1),
     ("tc::af_packet_frames_from_a_gated_cgroup_never_arrive",                          ALL),
     ("bypass::qdisc_bypass_and_af_xdp_setup_are_refused_to_gated_workloads",           OLD),
-    ("bypass::qdisc_bypass_through_the_32_bit_abi_is_refused",                         ALL),
-    ("bypass::reading_the_nodes_traffic_is_refused_to_gated_workloads",                K6_12),
+    ("bypass::qdisc_bypass_through_the_32_bit_abi_is_refused",                         ALL_AND_NO_BPF_LSM),
+    ("bypass::reading_the_nodes_traffic_is_refused_to_gated_workloads",                LSM_EITHER_WAY),
     ("bypass::a_second_tc_program_still_sees_what_the_gate_passes",                    K6_12),
     ("tc::clsact_fallback_outlives_the_agent_is_replaced_in_place_and_cleaned_up",     K5_10),
     ("terminate::established_connections_are_terminated_when_the_gate_comes_up",       K5_10),
@@ -105,7 +138,7 @@ pub(crate) const MATRIX: &[(&str, &[&str])] = &[
     ("bypass::a_route_that_makes_a_pod_veth_an_uplink_opens_nothing",                 K6_12),
     ("resilience::after_a_reboot_the_boot_step_closes_the_gate_before_the_agent_runs", K6_12),
     ("bypass::boot::a_first_boot_is_closed_before_the_agent_runs",                     HOST),
-    ("lifecycle::cleanup_opens_the_gate_and_status_says_so",                           K6_12),
+    ("lifecycle::cleanup_opens_the_gate_and_status_says_so",                           LSM_EITHER_WAY),
     // Natively only (`cargo xtask test`, this machine's kernel).
     // The clouds' Python SDKs (botocore, google-auth) are installed on the host only.
     ("proxy::sdk::cloud_sdks_get_their_served_paths_and_are_refused_the_rest_at_once", HOST),
@@ -150,6 +183,9 @@ pub(crate) const MATRIX: &[(&str, &[&str])] = &[
     ("terminate::connections_opened_before_the_agent_are_cut_off",                    HOST),
 ];
 const ALL: &[&str] = &["5.10", "6.1", "6.12"];
+const ALL_AND_NO_BPF_LSM: &[&str] = &["5.10", "6.1", "6.12", "6.12-no-bpf-lsm"];
+/// The LSM programs' doors, as LSM programs and as fmod_ret (6.12 without `bpf`).
+const LSM_EITHER_WAY: &[&str] = &["6.12", "6.12-no-bpf-lsm"];
 const OLD: &[&str] = &["5.10", "6.1"];
 /// Test runs carry the caller's cgroup from 5.15 on.
 const FROM_6_1: &[&str] = &["6.1", "6.12"];
@@ -488,7 +524,7 @@ fn run_in_vm(
     fs::create_dir_all(out)?;
     let out = out.canonicalize()?;
     let deadline = BOOT_ALLOWANCE + TEST_TIMEOUT * u32::try_from(tests.len())?;
-    let script = guest_script(&out, suite_bin, env, tests, deadline);
+    let script = guest_script(&out, suite_bin, env, tests, deadline, k.lsm);
     let script_path = out.join("guest.sh");
     fs::write(&script_path, script)?;
 
@@ -497,6 +533,7 @@ fn run_in_vm(
         .arg(image)
         .args(["--disable-kvm", "--force-9p", "--verbose"])
         .args(["--memory", VM_MEMORY, "--cpus", VM_CPUS])
+        .args(k.append.iter().flat_map(|a| ["--append", a]))
         .arg("--rwdir")
         .arg(&out)
         .arg("--exec")
@@ -551,6 +588,7 @@ fn guest_script(
     env: &[(&str, &Path)],
     tests: &[&str],
     deadline: Duration,
+    lsm: &str,
 ) -> String {
     let o = out.display();
     let mut s =
@@ -562,7 +600,7 @@ fn guest_script(
     s += "modprobe tun\n";
     s += &format!("uname -r > {o}/uname\n");
     // Waits in the harness (agent ready, …) are stretched by this much: TCG is slow.
-    s += &format!("export CI=true GATE_TEST_SLOWDOWN={SLOWDOWN}\n");
+    s += &format!("export CI=true GATE_TEST_SLOWDOWN={SLOWDOWN} GATE_TEST_LSM={lsm}\n");
     // The host's filesystem is shared uncached (9p): an exec of the agent from it took 4 to 6 s
     // under TCG, from the guest's tmpfs 1.2 s. The binaries are copied there once.
     // Each keeps its file name: tests read the probe's comm.

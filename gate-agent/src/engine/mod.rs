@@ -311,7 +311,7 @@ impl Engine<Gate> {
             engine.metrics.pregate_packet_sockets.set(n as i64);
         }
         match gate_lsm {
-            LsmState::Active => {
+            LsmState::Active | LsmState::FmodRet => {
                 engine.metrics.lsm_enforcing.set(1);
             }
             LsmState::Inactive(why) => tracing::warn!(

@@ -12,11 +12,13 @@
 //!   gate is attached and ready is the old version unpinned (see [`Gate::retire_other_versions`]).
 //!
 //! Parts: [`generations`] writes a policy image into the inactive generation and flips;
-//! [`attach`] attaches (or swaps) the cgroup programs; [`lsm`] the node-wide LSM programs;
+//! [`attach`] attaches (or swaps) the cgroup programs; [`lsm`] the node-wide LSM programs
+//! ([`fmod_ret`] where the kernel runs no BPF LSM);
 //! [`tc`] the interface programs;
 //! [`maps`] opens the maps typed; [`pins`] is the bpffs layout; [`sys`] the raw bpf(2) calls
 //! aya lacks.
 mod attach;
+mod fmod_ret;
 mod generations;
 pub(crate) mod lock;
 mod lsm;
@@ -134,6 +136,8 @@ pub(crate) struct Gate {
     sockopt: Program,
     /// Whether the LSM programs are loaded (and attached by [`Gate::attach`]).
     lsm: LsmState,
+    /// The LSM programs as loaded for `fmod_ret` (aya holds them otherwise).
+    fmod_ret: Option<fmod_ret::FmodRet>,
     /// tcx links whose pin failed, by pin name: held open so that their interface stays
     /// guarded ([`TcReport::held`]).
     held_tc: std::collections::BTreeMap<String, std::os::fd::OwnedFd>,
@@ -204,10 +208,10 @@ impl Gate {
             .map_err(|source| LoaderError::Program { name: Program::SockOps.name(), source })?;
         let egress = load_egress(&mut ebpf, egress)?;
         let sockopt = load_sockopt(&mut ebpf)?;
-        let lsm = if lsm_programs {
-            lsm::load(&mut ebpf)
+        let (lsm, fmod_ret) = if lsm_programs {
+            lsm::load(&mut ebpf, OBJECT, &layout)
         } else {
-            LsmState::Inactive("off (--lsm-programs=false)".into())
+            (LsmState::Inactive("off (--lsm-programs=false)".into()), None)
         };
         for prog in [Program::Tc, Program::TcL3] {
             let tc: &mut aya::programs::SchedClassifier = program(&mut ebpf, prog)?;
@@ -235,6 +239,7 @@ impl Gate {
             egress,
             sockopt,
             lsm,
+            fmod_ret,
             held_tc: Default::default(),
             clsact_done: Default::default(),
             _lock: lock,

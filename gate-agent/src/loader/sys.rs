@@ -1,6 +1,8 @@
 //! The few bpf(2) commands aya 0.14 does not expose for an already pinned link: open it
 //! (BPF_OBJ_GET), swap its program (BPF_LINK_UPDATE, 5.7+), describe it
-//! (BPF_OBJ_GET_INFO_BY_FD), and hold one open by id (BPF_LINK_GET_FD_BY_ID).
+//! (BPF_OBJ_GET_INFO_BY_FD), and hold one open by id (BPF_LINK_GET_FD_BY_ID); and the load
+//! and attach of an `fmod_ret` program (BPF_PROG_LOAD, BPF_RAW_TRACEPOINT_OPEN), a program
+//! type aya 0.14 lacks.
 use std::{
     ffi::CString,
     io,
@@ -11,7 +13,13 @@ use std::{
     path::Path,
 };
 
+const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_OBJ_PIN: libc::c_long = 6;
+const BPF_RAW_TRACEPOINT_OPEN: libc::c_long = 17;
+/// `enum bpf_prog_type` BPF_PROG_TYPE_TRACING.
+const BPF_PROG_TYPE_TRACING: u32 = 26;
+/// `enum bpf_attach_type` BPF_MODIFY_RETURN.
+const BPF_MODIFY_RETURN: u32 = 26;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_LINK_CREATE: libc::c_long = 28;
 /// `enum bpf_attach_type` BPF_CGROUP_SETSOCKOPT.
@@ -32,8 +40,9 @@ fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
 /// A bpf(2) command that returns a new file descriptor.
 fn bpf_fd<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<OwnedFd> {
     let fd = bpf(cmd, attr)?;
-    // SAFETY: the commands passed here (BPF_OBJ_GET, BPF_LINK_CREATE, BPF_LINK_GET_FD_BY_ID)
-    // return a new file descriptor that nothing else owns.
+    // SAFETY: the commands passed here (BPF_OBJ_GET, BPF_LINK_CREATE, BPF_LINK_GET_FD_BY_ID,
+    // BPF_PROG_LOAD, BPF_RAW_TRACEPOINT_OPEN) return a new file descriptor that nothing else
+    // owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
@@ -116,6 +125,107 @@ pub(super) fn link_update(link: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Res
         old_prog_fd: 0,
     };
     bpf(BPF_LINK_UPDATE, &mut attr).map(drop)
+}
+
+/// The head of the BPF_PROG_LOAD attributes, up to `attach_prog_fd` (5.5+).
+#[repr(C)]
+struct ProgLoadAttr {
+    prog_type: u32,
+    insn_cnt: u32,
+    insns: u64,
+    license: u64,
+    log_level: u32,
+    log_size: u32,
+    log_buf: u64,
+    kern_version: u32,
+    prog_flags: u32,
+    prog_name: [u8; 16],
+    prog_ifindex: u32,
+    expected_attach_type: u32,
+    prog_btf_fd: u32,
+    func_info_rec_size: u32,
+    func_info: u64,
+    func_info_cnt: u32,
+    line_info_rec_size: u32,
+    line_info: u64,
+    line_info_cnt: u32,
+    attach_btf_id: u32,
+    attach_prog_fd: u32,
+    /// `core_relo_cnt` on kernels that know it: zero.
+    _pad: u32,
+}
+
+const _: () = assert!(size_of::<ProgLoadAttr>() == 120);
+
+/// Load relocated instructions as an `fmod_ret` program on the kernel function whose BTF id
+/// is `attach_btf_id`. A rejection carries the verifier's last lines.
+pub(super) fn prog_load_fmod_ret(
+    name: &str,
+    insns: &[aya_obj::generated::bpf_insn],
+    license: &std::ffi::CStr,
+    attach_btf_id: u32,
+) -> io::Result<OwnedFd> {
+    // The kernel keeps 15 bytes of a name (and a NUL), as aya does for the programs it loads.
+    let mut prog_name = [0u8; 16];
+    for (d, s) in prog_name.iter_mut().zip(name.bytes().take(15)) {
+        *d = s;
+    }
+    let load = |log: &mut [u8]| {
+        let mut attr = ProgLoadAttr {
+            prog_type: BPF_PROG_TYPE_TRACING,
+            insn_cnt: u32::try_from(insns.len()).unwrap_or(u32::MAX),
+            insns: insns.as_ptr() as u64,
+            license: license.as_ptr() as u64,
+            log_level: u32::from(!log.is_empty()),
+            log_size: log.len() as u32,
+            log_buf: if log.is_empty() { 0 } else { log.as_mut_ptr() as u64 },
+            kern_version: 0,
+            prog_flags: 0,
+            prog_name,
+            prog_ifindex: 0,
+            expected_attach_type: BPF_MODIFY_RETURN,
+            prog_btf_fd: 0,
+            func_info_rec_size: 0,
+            func_info: 0,
+            func_info_cnt: 0,
+            line_info_rec_size: 0,
+            line_info: 0,
+            line_info_cnt: 0,
+            attach_btf_id,
+            attach_prog_fd: 0,
+            _pad: 0,
+        };
+        bpf_fd(BPF_PROG_LOAD, &mut attr)
+    };
+    // Quietly first, as aya does; with the verifier's log only to say why it failed.
+    load(&mut []).or_else(|first| {
+        let mut log = vec![0u8; 256 * 1024];
+        load(&mut log).map_err(|_| {
+            let text = String::from_utf8_lossy(&log);
+            let text = text.trim_end_matches('\0').trim();
+            let tail: Vec<&str> = text.lines().rev().take(3).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            if tail.is_empty() {
+                first
+            } else {
+                io::Error::new(first.kind(), format!("{first}: verifier: {}", tail.join(" / ")))
+            }
+        })
+    })
+}
+
+#[repr(C)]
+struct RawTracepointOpenAttr {
+    name: u64,
+    prog_fd: u32,
+    _pad: u32,
+}
+
+/// Attach a loaded tracing program (fmod_ret) to the function it was loaded for; the link
+/// returned is pinnable like any other.
+pub(super) fn raw_tracepoint_open(prog: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    let mut attr = RawTracepointOpenAttr { name: 0, prog_fd: prog.as_raw_fd() as u32, _pad: 0 };
+    bpf_fd(BPF_RAW_TRACEPOINT_OPEN, &mut attr)
 }
 
 /// `enum bpf_link_type` values we read.

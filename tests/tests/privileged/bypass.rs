@@ -288,13 +288,15 @@ impl World {
         let lsm = st["lsm"].as_str().unwrap_or_default().to_owned();
         let (_, body) = agent.http_get("/metrics").expect("metrics");
         let gauge = super::metric(&body, "metadata_gate_lsm_enforcing");
-        let enforcing = lsm == "enforcing";
+        let how = integration_tests::sys::lsm_mechanism(&lsm);
+        let enforcing = how != "open";
         assert!(enforcing || lsm.starts_with("open: "), "status lsm: {lsm:?}");
         assert_eq!(gauge, Some(f64::from(u8::from(enforcing))), "gauge against status {lsm:?}");
-        if !enforcing {
-            let why: Vec<String> =
-                agent.logs().into_iter().filter(|l| l.contains("LSM programs")).collect();
-            eprintln!("bypass: LSM programs not enforcing on this kernel: {lsm}; agent: {why:?}");
+        let why: Vec<String> =
+            agent.logs().into_iter().filter(|l| l.contains("LSM programs")).collect();
+        eprintln!("bypass: LSM programs on this kernel: {lsm}; agent: {why:?}");
+        if let Some(want) = integration_tests::sys::expected_lsm() {
+            assert_eq!(how, want, "how this kernel must run the LSM programs: status {lsm:?}");
         }
         Some(enforcing)
     }
