@@ -53,7 +53,7 @@ pub struct Agent {
     cgroup: Option<PathBuf>,
 }
 
-fn free_port() -> Result<u16> {
+pub fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
@@ -205,8 +205,18 @@ impl Agent {
                 cmd.args(["--rescan-ms", "200"]);
             }
         }
-        cmd.args(["--listen", &self.listen])
-            .args(&self.mode_args)
+        // A test's own `--listen` (on every address, as the DaemonSet's) replaces the harness's
+        // loopback one; the harness asks it on loopback at the same port.
+        match extra.iter().position(|a| *a == "--listen").and_then(|i| extra.get(i + 1)) {
+            Some(own) => {
+                let port = own.rsplit(':').next().unwrap_or_default();
+                self.listen = format!("127.0.0.1:{port}");
+            }
+            None => {
+                cmd.args(["--listen", &self.listen]);
+            }
+        }
+        cmd.args(&self.mode_args)
             .arg("--pin-dir")
             .arg(&self.pin_dir)
             .args(extra)

@@ -12,6 +12,7 @@ use integration_tests::{
 use super::{EPERM, Env, INSTANCE_ID, policy};
 
 mod audit;
+mod budgets;
 mod handshake;
 mod sdk;
 
