@@ -126,6 +126,18 @@ impl Agent {
         Self::start_on(bins, netns, new_pin_root()?, mode_args, mount, extra, harness_flags)
     }
 
+    /// [`start_cluster`](Self::start_cluster), the agent running in the test cgroup `cgroup`
+    /// (as the DaemonSet's pod runs under kubepods).
+    pub fn start_cluster_in_cgroup(
+        bins: &Bins,
+        netns: &str,
+        flags: &[&str],
+        cgroup: &Path,
+    ) -> Result<Agent> {
+        let mode_args = flags.iter().map(Into::into).collect();
+        Self::start_in(bins, netns, new_pin_root()?, mode_args, true, &[], true, Some(cgroup))
+    }
+
     fn start_on(
         bins: &Bins,
         netns: &str,
@@ -134,6 +146,20 @@ impl Agent {
         mount: bool,
         extra: &[&str],
         harness_flags: bool,
+    ) -> Result<Agent> {
+        Self::start_in(bins, netns, pin_root, mode_args, mount, extra, harness_flags, None)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start_in(
+        bins: &Bins,
+        netns: &str,
+        pin_root: PathBuf,
+        mode_args: Vec<std::ffi::OsString>,
+        mount: bool,
+        extra: &[&str],
+        harness_flags: bool,
+        cgroup: Option<&Path>,
     ) -> Result<Agent> {
         if mount {
             crate::sys::sh("mount", &["-t", "bpf", "bpffs", &pin_root.to_string_lossy()])?;
@@ -148,7 +174,7 @@ impl Agent {
             netns: netns.to_owned(),
             mode_args,
             harness_flags,
-            cgroup: None,
+            cgroup: cgroup.map(Path::to_path_buf),
         };
         agent.spawn(extra)?;
         agent.wait_ready(crate::sys::slow(Duration::from_secs(30)))?;

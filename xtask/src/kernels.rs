@@ -123,6 +123,7 @@ pub(crate) const MATRIX: &[(&str, &[&str])] = &[
     ("proxy::handshake::an_orphan_handshake_flood_locks_no_other_workload_out",        HOST),
     ("proxy::budgets::idle_connections_to_the_probe_listener_starve_neither_probe_nor_proxy", HOST),
     ("proxy::budgets::a_pod_of_many_containers_holds_one_pods_proxy_slots",            HOST),
+    ("proxy::cluster_mode::in_cluster_mode_the_proxy_serves_by_identity_and_no_pod_locks_it", HOST),
     ("proxy::audit::audit_shows_every_path_then_suggest_narrows_it_and_enforce_serves_only_that", HOST),
     ("bypass::ipv6_extension_header_chains_are_refused",                               HOST),
     ("enforcement::nested_and_late_cgroups_under_an_allowed_one_are_allowed",          K5_10),

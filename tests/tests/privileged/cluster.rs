@@ -16,7 +16,7 @@ pub(super) const NS: &str = "metadata-gate";
 const CCM_UID: &str = "0b6c0f5e-1111-4a2b-9c3d-000000000001";
 const WEB_UID: &str = "0b6c0f5e-2222-4a2b-9c3d-000000000002";
 
-fn cid(n: u8) -> String {
+pub(super) fn cid(n: u8) -> String {
     format!("{:064x}", u128::from(n) * 0x1000_0000_0000_0001)
 }
 
@@ -43,7 +43,7 @@ endpoints:
 
 /// `kubepods.slice/…/kubepods-besteffort-pod<uid>.slice/crio-<id>.scope`, relative to the
 /// test's cgroup base.
-fn container_cgroup(uid: &str, id: &str) -> String {
+pub(super) fn container_cgroup(uid: &str, id: &str) -> String {
     format!(
         "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/crio-{id}.scope",
         uid.replace('-', "_")

@@ -13,6 +13,7 @@ use super::{EPERM, Env, INSTANCE_ID, policy};
 
 mod audit;
 mod budgets;
+mod cluster_mode;
 mod handshake;
 mod sdk;
 
