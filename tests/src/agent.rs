@@ -123,7 +123,7 @@ impl Agent {
         extra: &[&str],
         harness_flags: bool,
     ) -> Result<Agent> {
-        Self::start_on(bins, netns, new_pin_root()?, mode_args, mount, extra, harness_flags)
+        Self::start_in(bins, netns, new_pin_root()?, mode_args, mount, extra, harness_flags, None)
     }
 
     /// [`start_cluster`](Self::start_cluster), the agent running in the test cgroup `cgroup`
@@ -136,18 +136,6 @@ impl Agent {
     ) -> Result<Agent> {
         let mode_args = flags.iter().map(Into::into).collect();
         Self::start_in(bins, netns, new_pin_root()?, mode_args, true, &[], true, Some(cgroup))
-    }
-
-    fn start_on(
-        bins: &Bins,
-        netns: &str,
-        pin_root: PathBuf,
-        mode_args: Vec<std::ffi::OsString>,
-        mount: bool,
-        extra: &[&str],
-        harness_flags: bool,
-    ) -> Result<Agent> {
-        Self::start_in(bins, netns, pin_root, mode_args, mount, extra, harness_flags, None)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -524,7 +512,7 @@ impl BootStep {
     pub fn into_agent(mut self, flags: &[&str]) -> Result<Agent> {
         let root = self.pin_root.take().context("pins already handed over")?;
         let mode = flags.iter().map(Into::into).collect();
-        Agent::start_on(&self.bins, &self.netns, root, mode, false, &[], true)
+        Agent::start_in(&self.bins, &self.netns, root, mode, false, &[], true, None)
     }
 }
 

@@ -79,6 +79,26 @@ fn proxy_agent_with(env: &Env, cgroup: &str, more: &[&str]) -> Agent {
     agent.expect("agent ready")
 }
 
+/// A test world for the proxy: the cgroups `gated/csi-node` (allowed, narrowed to paths) and
+/// `gated/agent` (where the agent runs), `more`, and [`proxy_policy`] in the policy file.
+fn proxy_env(more: &[&str]) -> Env {
+    let env = Env::new("enforce");
+    for c in ["gated/csi-node", "gated/agent"].iter().chain(more) {
+        env.cg.create(c).expect("cgroup");
+    }
+    std::fs::write(&env.policy_file, proxy_policy()).expect("policy file");
+    env
+}
+
+/// The counter `name=N` of a probe's report.
+fn count(reply: &str, name: &str) -> u64 {
+    reply
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {reply:?}"))
+}
+
 fn http(env: &Env, cgroup: &str, addr: &str, path: &str) -> (String, Outcome) {
     let t = token("http");
     (t.clone(), env.probe(cgroup, &["http", addr, "80", &t, path]))

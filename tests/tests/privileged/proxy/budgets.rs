@@ -11,19 +11,10 @@ use integration_tests::{
     sys::in_netns,
 };
 
-use super::{Env, INSTANCE_ID, http, proxy_agent, proxy_agent_with, proxy_policy};
+use super::{Env, INSTANCE_ID, count, http, proxy_agent, proxy_agent_with, proxy_env};
 
 const ID: &str = "/latest/meta-data/instance-id";
 const REGION: &str = "/latest/meta-data/placement/region";
-
-/// The counter `name=N` of a probe's report.
-fn count(reply: &str, name: &str) -> u64 {
-    reply
-        .split_whitespace()
-        .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in {reply:?}"))
-}
 
 /// `cgroup`'s GET of `path` from the metadata service answered 200 (by the proxy or, without
 /// the agent, by the service).
@@ -56,11 +47,7 @@ fn limit_open_files(pid: u32, n: u64) {
 #[test]
 fn idle_connections_to_the_probe_listener_starve_neither_probe_nor_proxy() {
     privileged!(idle_connections_to_the_probe_listener_starve_neither_probe_nor_proxy);
-    let mut env = Env::new("enforce");
-    for c in ["gated/csi-node", "gated/agent"] {
-        env.cg.create(c).expect("cgroup");
-    }
-    std::fs::write(&env.policy_file, proxy_policy()).expect("policy file");
+    let mut env = proxy_env(&[]);
     let pod = PodNet::new(&env.net).expect("pod netns");
     let port = free_port().expect("port").to_string();
     let flood = |env: &Env| {
@@ -116,15 +103,11 @@ fn idle_connections_to_the_probe_listener_starve_neither_probe_nor_proxy() {
 fn a_pod_of_many_containers_holds_one_pods_proxy_slots() {
     privileged!(a_pod_of_many_containers_holds_one_pods_proxy_slots);
     const CONTAINERS: usize = 64;
-    let mut env = Env::new("enforce");
-    for c in ["gated/csi-node", "gated/agent", "gated/pod-b"] {
-        env.cg.create(c).expect("cgroup");
-    }
+    let mut env = proxy_env(&["gated/pod-b"]);
     let containers: Vec<String> = (0..CONTAINERS).map(|i| format!("gated/pod-a/c{i}")).collect();
     for c in &containers {
         env.cg.create(c).expect("container cgroup");
     }
-    std::fs::write(&env.policy_file, proxy_policy()).expect("policy file");
     let hold_all = |env: &Env| -> Vec<Held> {
         containers
             .iter()

@@ -16,7 +16,7 @@ use integration_tests::{
 };
 use serde_json::json;
 
-use super::{INSTANCE_ID, PROXY_PORT, PROXY_V6};
+use super::{INSTANCE_ID, PROXY_PORT, PROXY_V6, count};
 use crate::cluster::{self, Cluster, NODE, NS};
 
 const ID: &str = "/latest/meta-data/instance-id";
@@ -60,14 +60,6 @@ fn fetch(c: &Cluster, cgroup: &str, path: &str) -> Option<String> {
 
 fn ok(reply: &Option<String>) -> bool {
     reply.as_deref().is_some_and(|r| r.contains(" 200 "))
-}
-
-fn count(reply: &str, name: &str) -> u64 {
-    reply
-        .split_whitespace()
-        .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in {reply:?}"))
 }
 
 /// Every container of `wide` holds 16 silent connections to the service; returns how many

@@ -11,18 +11,9 @@ use integration_tests::{
     sys::slow,
 };
 
-use super::{Env, INSTANCE_ID, PROXY_PORT, http, proxy_agent, proxy_policy};
+use super::{Env, INSTANCE_ID, PROXY_PORT, count, http, proxy_agent, proxy_env};
 
 const ID: &str = "/latest/meta-data/instance-id";
-
-/// The counter `name=N` of a probe's report.
-fn count(reply: &str, name: &str) -> u64 {
-    reply
-        .split_whitespace()
-        .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in {reply:?}"))
-}
 
 fn served(env: &Env, cgroup: &str) -> bool {
     let (_, o) = http(env, cgroup, IMDS_V4, ID);
@@ -40,11 +31,7 @@ fn metrics(env: &Env) -> String {
 #[test]
 fn an_orphan_handshake_flood_locks_no_other_workload_out() {
     privileged!(an_orphan_handshake_flood_locks_no_other_workload_out);
-    let mut env = Env::new("enforce");
-    for c in ["gated/csi-node", "gated/agent"] {
-        env.cg.create(c).expect("cgroup");
-    }
-    std::fs::write(&env.policy_file, proxy_policy()).expect("policy file");
+    let mut env = proxy_env(&[]);
     // Without the gate: the flood's connects reach the service, and csi-node is served.
     let flood = env.hold("gated/pod-a", &["orphan-flood", IMDS_V4, "80"]).expect("flood");
     std::thread::sleep(Duration::from_millis(300));
@@ -80,11 +67,7 @@ fn an_orphan_handshake_flood_locks_no_other_workload_out() {
 #[test]
 fn a_pod_holding_handshakes_is_held_to_its_quota() {
     privileged!(a_pod_holding_handshakes_is_held_to_its_quota);
-    let mut env = Env::new("enforce");
-    for c in ["gated/csi-node", "gated/agent"] {
-        env.cg.create(c).expect("cgroup");
-    }
-    std::fs::write(&env.policy_file, proxy_policy()).expect("policy file");
+    let mut env = proxy_env(&[]);
     let pod = PodNet::new(&env.net).expect("pod netns");
     // The pod's own rule: the handshake's last ACK (every bare segment to the proxy's port
     // after the SYN) is dropped; its FIN goes, so that closing lets the proxy's side finish.
@@ -136,11 +119,7 @@ fn a_pod_holding_handshakes_is_held_to_its_quota() {
 #[test]
 fn a_dnat_of_the_proxys_address_diverts_no_redirected_connection() {
     privileged!(a_dnat_of_the_proxys_address_diverts_no_redirected_connection);
-    let mut env = Env::new("enforce");
-    for c in ["gated/csi-node", "gated/agent", "ungated"] {
-        env.cg.create(c).expect("cgroup");
-    }
-    std::fs::write(&env.policy_file, proxy_policy()).expect("policy file");
+    let mut env = proxy_env(&["ungated"]);
     nft(
         &env.net.node,
         &format!(
