@@ -404,8 +404,8 @@ impl Drop for World {
 /// let through, and an nftables netdev egress chain on its eth0 rewrites the destination to
 /// the metadata service after them (and the source back on the way in).
 #[test]
-fn pod_rewriting_a_decoy_after_the_socket_hooks_is_refused() {
-    privileged!(pod_rewriting_a_decoy_after_the_socket_hooks_is_refused);
+fn pod_rewriting_a_decoy_after_the_socket_hooks_is_denied() {
+    privileged!(pod_rewriting_a_decoy_after_the_socket_hooks_is_denied);
     let mut w = World::new();
     nft(
         &w.pod.name,
@@ -446,8 +446,8 @@ fn pod_rewriting_a_decoy_after_the_socket_hooks_is_refused() {
 /// Case 2: the pod sends hand-built frames (UDP, and a TCP SYN with the token as payload)
 /// on an AF_PACKET socket to its gateway's MAC; the node would forward them.
 #[test]
-fn pod_af_packet_frames_to_its_gateway_are_refused() {
-    privileged!(pod_af_packet_frames_to_its_gateway_are_refused);
+fn pod_af_packet_frames_to_its_gateway_are_denied() {
+    privileged!(pod_af_packet_frames_to_its_gateway_are_denied);
     let mut w = World::new();
     w.each(|w, gate| {
         let udp = |t: &str, to: To| {
@@ -511,8 +511,8 @@ fn a_route_that_makes_a_pod_veth_an_uplink_opens_nothing() {
 /// `sll_protocol` saying IPv4 and once saying 0x88b5 (local experimental) while the frame's
 /// own Ethernet type is IPv4: the receiver goes by the frame.
 #[test]
-fn host_network_af_packet_frames_on_the_uplink_are_refused() {
-    privileged!(host_network_af_packet_frames_on_the_uplink_are_refused);
+fn host_network_af_packet_frames_on_the_uplink_are_denied() {
+    privileged!(host_network_af_packet_frames_on_the_uplink_are_denied);
     let mut w = World::new();
     w.each(|w, gate| {
         let send = |proto: u16| {
@@ -542,8 +542,8 @@ fn host_network_af_packet_frames_on_the_uplink_are_refused() {
 /// host-network pod on a raw IPPROTO_RAW socket, and from the pod as AF_PACKET frames that
 /// the node forwards.
 #[test]
-fn ipv6_extension_header_chains_are_refused() {
-    privileged!(ipv6_extension_header_chains_are_refused);
+fn ipv6_extension_header_chains_are_denied() {
+    privileged!(ipv6_extension_header_chains_are_denied);
     let mut w = World::new();
     w.each(|w, gate| {
         let packet = |src: &str, n: usize, t: &str, to: To| {
@@ -586,8 +586,8 @@ fn ipv6_extension_header_chains_are_refused() {
 /// pod's own namespace is received on the other, loses its socket, and is forwarded by the
 /// pod out of eth0: it reaches the node without a socket.
 #[test]
-fn forwarding_loop_inside_a_pod_is_refused() {
-    privileged!(forwarding_loop_inside_a_pod_is_refused);
+fn forwarding_loop_inside_a_pod_is_denied() {
+    privileged!(forwarding_loop_inside_a_pod_is_denied);
     let mut w = World::new();
     let lp1 = w.pod.forwarding_loop().expect("forwarding loop in the pod");
     w.each(|w, gate| {
@@ -604,8 +604,8 @@ fn forwarding_loop_inside_a_pod_is_refused() {
 /// denies such a frame whatever its address). From the host-network pod on the uplink, and
 /// from the pod to its gateway (QinQ).
 #[test]
-fn vlan_tagged_frames_are_refused() {
-    privileged!(vlan_tagged_frames_are_refused);
+fn vlan_tagged_frames_are_denied() {
+    privileged!(vlan_tagged_frames_are_denied);
     let mut w = World::new();
     w.each(|w, gate| {
         let host = |tags: &'static [(u16, u16)]| {
@@ -645,8 +645,8 @@ fn vlan_tagged_frames_are_refused() {
 /// takes a fragment for a whole packet, the second starting with bytes that read as port 53.
 /// From the pod to its gateway, and from the host-network pod on the uplink.
 #[test]
-fn first_fragment_without_its_transport_header_is_refused() {
-    privileged!(first_fragment_without_its_transport_header_is_refused);
+fn first_fragment_without_its_transport_header_is_denied() {
+    privileged!(first_fragment_without_its_transport_header_is_denied);
     let mut w = World::new();
     w.each(|w, gate| {
         let frames = |mac: Mac, src: &str, t: &str, to: To| {
@@ -677,8 +677,8 @@ fn first_fragment_without_its_transport_header_is_refused() {
 /// anyway on the denied socket never arrives; the allowed pod and host processes outside the
 /// gated root keep both.
 #[test]
-fn qdisc_bypass_and_af_xdp_setup_are_refused_to_gated_workloads() {
-    privileged!(qdisc_bypass_and_af_xdp_setup_are_refused_to_gated_workloads);
+fn qdisc_bypass_and_af_xdp_setup_are_denied_to_gated_workloads() {
+    privileged!(qdisc_bypass_and_af_xdp_setup_are_denied_to_gated_workloads);
     let mut w = World::new();
     w.each(|w, gate| {
         let on_node = |who: &'static str, cgroup: &str, gated: bool| {
@@ -807,8 +807,8 @@ fn a_renamed_uplink_keeps_its_program() {
 /// for "not IP". The interface gets `gate_tc_l3`, which reads at the network header, and they
 /// are denied. Without a gate they arrive, through the VPN or forwarded.
 #[test]
-fn packets_on_an_l3_interface_are_refused() {
-    privileged!(packets_on_an_l3_interface_are_refused);
+fn packets_on_an_l3_interface_are_denied() {
+    privileged!(packets_on_an_l3_interface_are_denied);
     let mut w = World::new();
     w.tun = Some(TunLink::new(&w.c.env.net).expect("tun link"));
     w.each(|w, gate| {
@@ -939,8 +939,8 @@ fn a_new_interfaces_first_frames_are_judged() {
 /// arrives; the allowed pod keeps it. Where the kernel runs no BPF LSM the door is open, and
 /// status and /metrics say so.
 #[test]
-fn qdisc_bypass_through_the_32_bit_abi_is_refused() {
-    privileged!(qdisc_bypass_through_the_32_bit_abi_is_refused);
+fn qdisc_bypass_through_the_32_bit_abi_is_denied() {
+    privileged!(qdisc_bypass_through_the_32_bit_abi_is_denied);
     let mut w = World::new();
     w.each(|w, gate| {
         let lsm = w.lsm_enforcing();
@@ -983,8 +983,8 @@ fn qdisc_bypass_through_the_32_bit_abi_is_refused() {
 /// metadata service, not capture. The IDS, whose entry grants capture only, reads it, and is
 /// denied the metadata service. Sockets that read no IP (ETH_P_ARP, raw ICMP) stay open.
 #[test]
-fn reading_the_nodes_traffic_is_refused_to_gated_workloads() {
-    privileged!(reading_the_nodes_traffic_is_refused_to_gated_workloads);
+fn reading_the_nodes_traffic_is_denied_to_gated_workloads() {
+    privileged!(reading_the_nodes_traffic_is_denied_to_gated_workloads);
     let mut w = World::new();
     w.each(|w, gate| {
         let lsm = w.lsm_enforcing();
@@ -1061,8 +1061,8 @@ fn reading_the_nodes_traffic_is_refused_to_gated_workloads() {
 /// plain queue that the VMM, in the VM pod's gated cgroup, opened, they are charged to its
 /// tun socket.
 #[test]
-fn frames_from_a_vm_tap_are_refused() {
-    privileged!(frames_from_a_vm_tap_are_refused);
+fn frames_from_a_vm_tap_are_denied() {
+    privileged!(frames_from_a_vm_tap_are_denied);
     let mut w = World::new();
     w.tap = Some(Tap::vm(&w.c.env.net).expect("tap"));
     w.each(|w, gate| {
@@ -1169,8 +1169,8 @@ fn a_second_tc_program_still_sees_what_the_gate_passes() {
 /// a socket (gated only in cluster all-pods mode). Closed where it starts: the node-level
 /// program is on `lo`'s egress too, where the frame still has the pod's socket.
 #[test]
-fn host_network_frame_looped_through_lo_and_forwarded_is_refused() {
-    privileged!(host_network_frame_looped_through_lo_and_forwarded_is_refused);
+fn host_network_frame_looped_through_lo_and_forwarded_is_denied() {
+    privileged!(host_network_frame_looped_through_lo_and_forwarded_is_denied);
     let mut w = World::new();
     w.each(|w, gate| {
         let send = |t: &str, to: To| {
@@ -1187,8 +1187,8 @@ fn host_network_frame_looped_through_lo_and_forwarded_is_refused() {
 /// ingress interface). The node-level program passes such local socketless packets only
 /// when they are a bare TCP segment (the kernel's own resets and ACKs): the copy is denied.
 #[test]
-fn host_network_pod_duplicating_a_rewritten_decoy_with_nft_is_refused() {
-    privileged!(host_network_pod_duplicating_a_rewritten_decoy_with_nft_is_refused);
+fn host_network_pod_duplicating_a_rewritten_decoy_with_nft_is_denied() {
+    privileged!(host_network_pod_duplicating_a_rewritten_decoy_with_nft_is_denied);
     let mut w = World::new();
     ip(&w.c.env.net.node, "route add 10.99.9.0/24 dev vnode").expect("route to the decoys");
     nft(

@@ -24,7 +24,7 @@ fn harness_without_agent_serves_everything() {
 }
 
 // The socket paths every kernel must close, one case each: a test per case natively, and
-// all of them on one agent in the kernel VMs (`socket_paths_are_refused_on_one_agent`), where
+// all of them on one agent in the kernel VMs (`socket_paths_are_denied_on_one_agent`), where
 // starting an agent costs 20 to 40 s under emulation.
 
 fn tcp_v4(env: &Env) {
@@ -62,26 +62,26 @@ fn raw(env: &Env) {
 }
 
 #[test]
-fn tcp_v4_refused_with_eperm_allowed_served() {
-    privileged!(tcp_v4_refused_with_eperm_allowed_served);
+fn tcp_v4_denied_with_eperm_allowed_served() {
+    privileged!(tcp_v4_denied_with_eperm_allowed_served);
     tcp_v4(&Env::with_agent("enforce"));
 }
 
 #[test]
-fn tcp_v6_refused_allowed_served() {
-    privileged!(tcp_v6_refused_allowed_served);
+fn tcp_v6_denied_allowed_served() {
+    privileged!(tcp_v6_denied_allowed_served);
     tcp_v6(&Env::with_agent("enforce"));
 }
 
 #[test]
-fn udp_sendto_and_connected_udp_refused() {
-    privileged!(udp_sendto_and_connected_udp_refused);
+fn udp_sendto_and_connected_udp_denied() {
+    privileged!(udp_sendto_and_connected_udp_denied);
     udp(&Env::with_agent("enforce"));
 }
 
 #[test]
-fn ipv4_mapped_ipv6_refused() {
-    privileged!(ipv4_mapped_ipv6_refused);
+fn ipv4_mapped_ipv6_denied() {
+    privileged!(ipv4_mapped_ipv6_denied);
     ipv4_mapped(&Env::with_agent("enforce"));
 }
 
@@ -93,8 +93,8 @@ fn raw_socket_never_reaches_the_service() {
 
 /// The five cases above, one after another on one agent.
 #[test]
-fn socket_paths_are_refused_on_one_agent() {
-    privileged!(socket_paths_are_refused_on_one_agent);
+fn socket_paths_are_denied_on_one_agent() {
+    privileged!(socket_paths_are_denied_on_one_agent);
     let env = Env::with_agent("enforce");
     for case in [tcp_v4, tcp_v6, udp, ipv4_mapped, raw] {
         case(&env);
@@ -136,8 +136,8 @@ fn udp_denial_is_one_event_from_egress() {
 /// accepted). Without a gate the path is real; with one, the datagram is denied with EPERM
 /// whatever its header's destination, and the allow-listed cgroup is still served.
 #[test]
-fn source_routed_udp_refused() {
-    privileged!(source_routed_udp_refused);
+fn source_routed_udp_denied() {
+    privileged!(source_routed_udp_denied);
     let mut env = Env::new("enforce");
     integration_tests::net::sysctl(
         &env.net.imds,
@@ -326,8 +326,8 @@ fn bad_policy_is_refused_and_attaches_nothing() {
 /// entry, an ordinary entry beside it is still served, and the agent names the entries
 /// whose workloads it denies.
 #[test]
-fn an_entry_narrowed_to_paths_is_refused_until_a_proxy_serves_them() {
-    privileged!(an_entry_narrowed_to_paths_is_refused_until_a_proxy_serves_them);
+fn an_entry_narrowed_to_paths_is_denied_until_a_proxy_serves_them() {
+    privileged!(an_entry_narrowed_to_paths_is_denied_until_a_proxy_serves_them);
     let mut env = Env::new("enforce");
     env.cg.create("gated/csi-node").expect("cgroup");
     // Without the gate both reach the service: the denial below is the gate's.
