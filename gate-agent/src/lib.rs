@@ -20,9 +20,6 @@ mod netns;
 mod node;
 pub mod policy;
 mod policy_file;
-// Not wired into the engine yet (that comes with the kernel side, which redirects connections
-// to it): until then only its tests use it.
-#[cfg_attr(not(test), allow(dead_code, unused_imports))]
 mod proxy;
 mod ratelimit;
 mod server;

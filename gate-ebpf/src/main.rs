@@ -12,17 +12,23 @@
 //!   No sendmsg4/6 hooks: a datagram is judged once, not twice with the socket lock taken
 //!   in between.
 //! * `cgroup/setsockopt`: denies the side doors around tc (PACKET_QDISC_BYPASS, AF_XDP).
-//! * `lsm/socket_setsockopt`, `lsm/socket_create`, `lsm/socket_bind` (where the kernel runs
-//!   the BPF LSM): the same side doors through every syscall ABI (32-bit compat, io_uring),
-//!   and sockets that would read the node's IP traffic (AF_PACKET of an IP EtherType, raw IP
-//!   of a transport protocol).
+//! * `lsm/socket_setsockopt`, `lsm/socket_create`, `lsm/socket_bind` (as LSM programs where
+//!   the kernel runs the BPF LSM, else loaded by the agent as `fmod_ret` on the
+//!   `security_socket_*` functions, which take the same arguments): the same side doors
+//!   through every syscall ABI (32-bit compat, io_uring), and sockets that would read the
+//!   node's IP traffic (AF_PACKET of an IP EtherType, raw IP of a transport protocol).
+//! * The way to the metadata proxy (`proxy`): `cgroup/connect4|6` send a connect of a workload
+//!   narrowed to paths to the proxy and record who made it; `cgroup/getpeername4|6` give the
+//!   application back the address it asked for; `sock_ops` hands the record to the proxy's
+//!   accepted socket and drops it when the handshake ends; `cgroup/bind4|6` keep the proxy's
+//!   port for the agent's own cgroup.
 //! * `tc` (`gate_tc`, node level): on the uplinks' egress and the workload-facing interfaces'
 //!   ingress, denies frames the cgroup hooks never judged: AF_PACKET sends, packets
 //!   rewritten after the socket hooks, traffic forwarded from pods and VMs.
 //!
 //! `main.rs` holds the programs; `maps` the maps, `skb` the reading of a packet and the
 //! fast path, `judge` what every program does once it knows the destination (decide,
-//! count, report).
+//! count, report), `proxy` the records of connections sent to the proxy.
 //!
 //! Every path fails closed: a frame that cannot be read, or a map that cannot be, is decided
 //! as if it were bound for a protected endpoint.

@@ -6,10 +6,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use tokio::{
-    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
-    net::TcpListener,
-};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::{Upstream, UpstreamIo, forward::Connecting};
 
@@ -69,8 +66,10 @@ impl Recorder {
     }
 
     /// Listen on loopback and answer every connection; the address it listens on.
+    #[cfg(test)]
     pub(crate) async fn listen(&self) -> SocketAddr {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the stand-in");
+        let listener =
+            tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the stand-in");
         let addr = listener.local_addr().expect("its address");
         let me = self.clone();
         tokio::spawn(async move {

@@ -38,11 +38,15 @@ mod tests;
 
 // What the engine needs to run the proxy.
 pub(crate) use decide::judge_request;
-pub(crate) use forward::{TcpUpstream, Upstream, UpstreamIo};
-pub(crate) use listen::{Proxy, serve};
+pub(crate) use listen::serve;
 pub(crate) use outcome::{ConnRefusal, REQUEST_OUTCOMES};
-pub(crate) use paths::{PathCounts, PathKey, PathLog, PathRecord, read as read_paths};
+pub(crate) use paths::{PathCounts, PathLog, PathRecord, read as read_paths};
 pub(crate) use table::Table;
+// What the tests and the fuzz target build a proxy from.
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) use forward::{Upstream, UpstreamIo};
+#[cfg(test)]
+pub(crate) use {forward::TcpUpstream, listen::Proxy, paths::PathKey};
 
 /// Who opened a connection to the proxy, as a kernel program recorded it at `connect()`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
