@@ -11,10 +11,9 @@
 //! both enforce for that moment, never neither.
 use std::{
     fs, io,
+    os::fd::AsFd as _,
     path::{Path, PathBuf},
 };
-
-use std::os::fd::AsFd as _;
 
 use aya::{
     Btf, Ebpf,
