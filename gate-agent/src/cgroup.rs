@@ -172,30 +172,27 @@ impl GatedRoot {
         out
     }
 
-    /// Depth-first pre-order walk; stops as soon as `f` returns true.
-    fn visit(&self, mut f: impl FnMut(&Path, u64) -> bool) {
-        // Stack of (relative path, depth); children pushed in reverse name order so they are
-        // visited in name order.
-        let mut stack: Vec<(PathBuf, u32)> = vec![(PathBuf::new(), 0)];
-        while let Some((rel, depth)) = stack.pop() {
-            if depth > 0 {
-                let Ok(meta) = std::fs::symlink_metadata(self.path.join(&rel)) else { continue };
-                if f(&rel, meta.ino()) {
-                    return;
-                }
-            }
-            if depth >= MAX_CGROUP_DEPTH {
-                continue;
-            }
-            let Ok(entries) = std::fs::read_dir(self.path.join(&rel)) else { continue };
-            let mut children: Vec<_> = entries
-                .filter_map(|e| e.ok())
-                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                .map(|e| e.file_name())
-                .collect();
-            children.sort_unstable_by(|a, b| b.cmp(a));
-            stack.extend(children.into_iter().map(|name| (rel.join(name), depth + 1)));
+    /// Depth-first pre-order walk below the root; stops as soon as `f` returns true.
+    fn visit(&self, f: impl FnMut(&Path, u64) -> bool) {
+        visit(&self.path, MAX_CGROUP_DEPTH, f);
+    }
+
+    /// Every cgroup of the hierarchy the root lives in, the root's ancestors and siblings
+    /// included, with its place: one walk of the whole mount.
+    pub(crate) fn places(&self) -> Vec<(u64, Place)> {
+        let mut out = Vec::new();
+        if let Ok(meta) = std::fs::metadata(&self.mount) {
+            out.push((meta.ino(), Place::Outside));
         }
+        visit(&self.mount, self.level.saturating_add(MAX_CGROUP_DEPTH), |rel, id| {
+            out.push((id, self.place_of(&self.mount.join(rel))));
+            false
+        });
+        out
+    }
+
+    fn place_of(&self, abs: &Path) -> Place {
+        if abs.starts_with(&self.path) { Place::Below } else { Place::Outside }
     }
 
     /// Descendants whose relative path matches a cgroup glob of `policy`, with the index of
@@ -267,6 +264,21 @@ impl GatedRoot {
     /// finds it without a walk. Needs CAP_DAC_READ_SEARCH. `Ok(None)`: no such cgroup, or
     /// not below the root; `Err`: the lookup itself is not possible here.
     pub(crate) fn path_by_handle(&self, id: u64) -> io::Result<Option<PathBuf>> {
+        Ok(self.abs_by_handle(id)?.and_then(|abs| {
+            abs.strip_prefix(&self.path).ok().map(|rel| {
+                if rel.as_os_str().is_empty() { PathBuf::from(".") } else { rel.to_path_buf() }
+            })
+        }))
+    }
+
+    /// Where the cgroup with id `id` lies, found by file handle as [`Self::path_by_handle`]
+    /// finds it; `Ok(None)`: no cgroup has that id (any more).
+    pub(crate) fn place_by_handle(&self, id: u64) -> io::Result<Option<Place>> {
+        Ok(self.abs_by_handle(id)?.map(|abs| self.place_of(&abs)))
+    }
+
+    /// The absolute path of the cgroup with id `id` anywhere in the root's hierarchy.
+    fn abs_by_handle(&self, id: u64) -> io::Result<Option<PathBuf>> {
         use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
         /// `struct file_handle` with room for one kernfs id.
         #[repr(C)]
@@ -300,10 +312,44 @@ impl GatedRoot {
         }
         // SAFETY: a new fd we own.
         let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-        let path = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
-        Ok(path.strip_prefix(&self.path).ok().map(|rel| {
-            if rel.as_os_str().is_empty() { PathBuf::from(".") } else { rel.to_path_buf() }
-        }))
+        std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).map(Some)
+    }
+}
+
+/// Where a cgroup lies, seen from the gated root.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Place {
+    /// The root or a cgroup below it: a gated workload's.
+    Below,
+    /// Anywhere else in the hierarchy: the node's own processes (the kubelet, the runtime).
+    Outside,
+}
+
+/// Depth-first pre-order walk of the cgroups below `base`, at most `max_depth` levels deep,
+/// each given with its path relative to `base` and its id; stops as soon as `f` returns
+/// true. Directories that vanish or cannot be read during the walk are skipped.
+fn visit(base: &Path, max_depth: u32, mut f: impl FnMut(&Path, u64) -> bool) {
+    // Stack of (relative path, depth); children pushed in reverse name order so they are
+    // visited in name order.
+    let mut stack: Vec<(PathBuf, u32)> = vec![(PathBuf::new(), 0)];
+    while let Some((rel, depth)) = stack.pop() {
+        if depth > 0 {
+            let Ok(meta) = std::fs::symlink_metadata(base.join(&rel)) else { continue };
+            if f(&rel, meta.ino()) {
+                return;
+            }
+        }
+        if depth >= max_depth {
+            continue;
+        }
+        let Ok(entries) = std::fs::read_dir(base.join(&rel)) else { continue };
+        let mut children: Vec<_> = entries
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.file_name())
+            .collect();
+        children.sort_unstable_by(|x, y| y.cmp(x));
+        stack.extend(children.into_iter().map(|name| (rel.join(name), depth + 1)));
     }
 }
 

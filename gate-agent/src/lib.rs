@@ -23,6 +23,7 @@ mod policy_file;
 mod proxy;
 mod ratelimit;
 mod server;
+mod sockdiag;
 mod standalone;
 mod state;
 mod status;

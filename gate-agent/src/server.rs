@@ -7,6 +7,7 @@
 //! Each listener holds few connections and briefly ([`accept`]): any pod may reach the
 //! node's addresses, and a connection held is a file descriptor of the agent's.
 mod accept;
+mod peer;
 
 use std::{
     io,
@@ -21,6 +22,7 @@ use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, rou
 use prometheus_client::registry::Registry;
 
 pub(crate) use accept::{LISTENERS, Limits, Refusal};
+pub(crate) use peer::{HostKernel, Peers, SharedPeers};
 
 use crate::metrics::ListenerMetrics;
 
@@ -93,17 +95,21 @@ async fn bind(addr: SocketAddr, what: &'static str) -> Result<tokio::net::TcpLis
 }
 
 /// Bind every address now (so that a bad one fails the start) and serve in the background,
-/// each listener within `limits`, its refusals counted in `counters`.
+/// each listener within `limits`, its callers told apart by `peers`, its refusals counted in
+/// `counters`.
 pub(crate) async fn serve(
     listen: Listen,
     ready: Arc<AtomicBool>,
     registry: Registry,
     limits: Limits,
+    peers: SharedPeers,
     counters: ListenerMetrics,
 ) -> Result<Server, BindError> {
     let registry = Arc::new(registry);
     let spawn = |listener, app, label, what| {
-        let l = accept::Listener { listener, app, limits, metrics: counters.clone(), label, what };
+        let metrics = counters.clone();
+        let peers = peers.clone();
+        let l = accept::Listener { listener, app, limits, metrics, label, what, peers };
         tokio::spawn(l.run())
     };
     match listen.metrics {
@@ -136,6 +142,7 @@ fn local_addr(l: &tokio::net::TcpListener, asked: SocketAddr) -> SocketAddr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cgroup::Place;
     use prometheus_client::metrics::counter::Counter;
     use std::time::Duration;
     use tokio::{
@@ -162,6 +169,16 @@ mod tests {
         ListenerMetrics::default()
     }
 
+    /// Callers on the node as one cgroup at `place`.
+    fn peers(place: Place) -> SharedPeers {
+        Peers::new(Box::new(peer::OneCgroup(place)))
+    }
+
+    /// The probe listener alone, its callers on the node the node's own processes.
+    async fn bounded(limits: Limits) -> (SocketAddr, ListenerMetrics) {
+        bounded_at(limits, Place::Outside).await
+    }
+
     fn registry() -> Registry {
         let mut r = Registry::default();
         let c = Counter::<u64>::default();
@@ -174,7 +191,8 @@ mod tests {
     async fn metrics_apart_are_served_only_on_their_own_address() {
         let ready = Arc::new(AtomicBool::new(false));
         let listen = Listen { probes: ANY.parse().unwrap(), metrics: Some(ANY.parse().unwrap()) };
-        let s = serve(listen, ready.clone(), registry(), Limits::default(), counters())
+        let peers = peers(Place::Outside);
+        let s = serve(listen, ready.clone(), registry(), Limits::default(), peers, counters())
             .await
             .expect("serve");
         assert_ne!(s.probes, s.metrics);
@@ -196,8 +214,10 @@ mod tests {
     async fn metrics_share_the_probe_address_by_default() {
         let ready = Arc::new(AtomicBool::new(true));
         let listen = Listen { probes: ANY.parse().unwrap(), metrics: None };
-        let s =
-            serve(listen, ready, registry(), Limits::default(), counters()).await.expect("serve");
+        let peers = peers(Place::Outside);
+        let s = serve(listen, ready, registry(), Limits::default(), peers, counters())
+            .await
+            .expect("serve");
         assert_eq!(s.probes, s.metrics);
         assert_eq!(get(s.probes, "/readyz").await.0, 200);
         let (code, body) = get(s.probes, "/metrics").await;
@@ -215,6 +235,7 @@ mod tests {
             Arc::new(AtomicBool::new(false)),
             registry(),
             Limits::default(),
+            peers(Place::Outside),
             counters(),
         )
         .await
@@ -228,12 +249,15 @@ mod tests {
     /// Far more than any answer or close takes, short enough to fail a test soon.
     const WAIT: Duration = Duration::from_secs(5);
 
-    /// The probe listener alone (/metrics on it), within `limits`.
-    async fn bounded(limits: Limits) -> (SocketAddr, ListenerMetrics) {
+    /// The probe listener alone (/metrics on it), within `limits`; every caller on the node
+    /// is one cgroup, at `place`.
+    async fn bounded_at(limits: Limits, place: Place) -> (SocketAddr, ListenerMetrics) {
         let counters = counters();
         let listen = Listen { probes: ANY.parse().unwrap(), metrics: None };
         let ready = Arc::new(AtomicBool::new(true));
-        let s = serve(listen, ready, registry(), limits, counters.clone()).await.expect("serve");
+        let s = serve(listen, ready, registry(), limits, peers(place), counters.clone())
+            .await
+            .expect("serve");
         // The listener task lives on without the handle.
         (s.probes, counters)
     }
@@ -355,5 +379,20 @@ mod tests {
         assert_eq!(counters.refused_of(accept::PROBES, Refusal::Busy), 1);
         let on_node = connect(addr, Some("127.0.0.1")).await;
         assert_eq!(healthz_on(on_node).await, Some(200), "the node's caller is served");
+    }
+
+    /// A caller on the node whose cgroup is below the gated root (a host-network pod) shares
+    /// the node's address yet is not the node: it gets no reserve. Were the reserve given by
+    /// address, it would be served here, and its idle connections could starve the kubelet.
+    #[tokio::test]
+    async fn a_pod_on_the_node_does_not_get_the_reserve() {
+        let limits =
+            Limits { per_peer: 4, total: 3, reserve: 1, header_read: LONG, connection: LONG };
+        let (addr, counters) = bounded_at(limits, Place::Below).await;
+        let _idle =
+            [connect(addr, Some("127.0.0.2")).await, connect(addr, Some("127.0.0.3")).await];
+        let pod = connect(addr, Some("127.0.0.1")).await;
+        assert_eq!(healthz_on(pod).await, None, "a pod on the node took the reserve");
+        assert_eq!(counters.refused_of(accept::PROBES, Refusal::Busy), 1);
     }
 }

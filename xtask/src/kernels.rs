@@ -122,6 +122,7 @@ pub(crate) const MATRIX: &[(&str, &[&str])] = &[
     // Its strength is a native flood's rate; the kernels' part (the close callback) is the quota test's.
     ("proxy::handshake::an_orphan_handshake_flood_locks_no_other_workload_out",        HOST),
     ("proxy::budgets::idle_connections_to_the_probe_listener_starve_neither_probe_nor_proxy", HOST),
+    ("proxy::budgets::a_host_network_pod_cannot_take_the_kubelets_probe_slots",        K5_10),
     ("proxy::budgets::a_pod_of_many_containers_holds_one_pods_proxy_slots",            HOST),
     ("proxy::cluster_mode::in_cluster_mode_the_proxy_serves_by_identity_and_no_pod_locks_it", HOST),
     ("proxy::audit::audit_shows_every_path_then_suggest_narrows_it_and_enforce_serves_only_that", HOST),

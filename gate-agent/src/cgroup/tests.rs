@@ -216,3 +216,24 @@ fn no_cgroup_entries_resolve_to_nothing() {
     let p = policy("  - {name: pods, namespace: kube-system}\n");
     assert!(t.root().resolve_allow(&p).is_empty());
 }
+
+#[test]
+fn places_tell_the_gated_tree_from_the_rest_of_the_hierarchy() {
+    let t = TempTree::new(&["kubepods/pod1/c1", "system.slice/kubelet.service", "kubepods-x"]);
+    let root = GatedRoot {
+        path: t.0.join("kubepods"),
+        mount: t.0.clone(),
+        id: t.ino("kubepods"),
+        level: 1,
+    };
+    let places: std::collections::HashMap<u64, Place> = root.places().into_iter().collect();
+    assert_eq!(places.get(&t.ino("system.slice/kubelet.service")), Some(&Place::Outside));
+    assert_eq!(places.get(&t.ino("system.slice")), Some(&Place::Outside));
+    assert_eq!(places.get(&t.ino("kubepods-x")), Some(&Place::Outside), "a prefix is no parent");
+    assert_eq!(places.get(&t.ino("kubepods")), Some(&Place::Below));
+    assert_eq!(places.get(&t.ino("kubepods/pod1/c1")), Some(&Place::Below));
+    let mount = std::fs::metadata(&t.0).unwrap().ino();
+    assert_eq!(places.get(&mount), Some(&Place::Outside), "the hierarchy's root");
+    // Not cgroup2: no file handles here, so the caller walks.
+    assert!(root.place_by_handle(t.ino("kubepods")).is_err());
+}

@@ -255,6 +255,7 @@ impl Engine<Gate> {
             ready.clone(),
             metrics::registry(shared, &agent_metrics),
             server::Limits::default(),
+            server::Peers::new(Box::new(server::HostKernel::new(root.clone()))),
             agent_metrics.listeners.clone(),
         )
         .await?;

@@ -1,11 +1,11 @@
-//! Serving one probe or metrics listener within bounds: each connection gets a slot (per peer
-//! address and in all) before anything is read from it, or is closed at once without a byte;
+//! Serving one probe or metrics listener within bounds: each connection gets a slot (per
+//! caller and in all) before anything is read from it, or is closed at once without a byte;
 //! a served one has a time limit for its request head and one for the whole connection, and
 //! carries one request. Whoever reaches the port (any pod, on the node's addresses) can hold
 //! only a few of the agent's file descriptors, and never the last slots, which are kept for
-//! callers on the node itself (the kubelet probes from the node's address to the pod's,
-//! which for this hostNetwork pod is the same one; a pod-network pod's address is its own).
-use std::{net::IpAddr, time::Duration};
+//! the node's own processes: the kubelet, whose probes come from the node's address (the
+//! pod's, for this hostNetwork pod), told apart from host-network pods by cgroup ([`peer`]).
+use std::{net::SocketAddr, time::Duration};
 
 use axum::Router;
 use hyper_util::{
@@ -18,6 +18,7 @@ use tokio::{
     time::timeout,
 };
 
+use super::peer::{self, Caller, SharedPeers};
 use crate::{
     bounds::{ACCEPT_BACKOFF, Full, Slots},
     metrics::ListenerMetrics,
@@ -27,12 +28,13 @@ use crate::{
 /// production values; tests shrink them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Limits {
-    /// Connections open at once from one peer address: one pod cannot take them all.
+    /// Connections open at once from one caller (a peer address elsewhere, a cgroup on the
+    /// node): one pod cannot take them all.
     pub(crate) per_peer: usize,
     /// Connections open at once in all.
     pub(crate) total: usize,
-    /// Of `total`, the connections only callers on the node may hold: those that connect from
-    /// the address they connect to.
+    /// Of `total`, the connections only the node's own processes may hold: those that
+    /// connect from the address they connect to, from a cgroup outside the gated root.
     pub(crate) reserve: usize,
     /// Time for the request line and headers to arrive.
     pub(crate) header_read: Duration,
@@ -42,8 +44,8 @@ pub(crate) struct Limits {
 
 impl Default for Limits {
     /// 256 idle connections cost a few MiB and 256 descriptors; filling the 224 that pods may
-    /// take needs 28 peer addresses each reconnecting every 5 s, and leaves the kubelet's
-    /// probes and the metrics sidecar's scrapes (which answer in milliseconds) their 32.
+    /// take needs 28 peer addresses (or host-network containers) each reconnecting every 5 s,
+    /// and leaves the kubelet's probes (which answer in milliseconds) their 32.
     fn default() -> Self {
         Limits {
             per_peer: 8,
@@ -64,7 +66,7 @@ pub(crate) const METRICS: &str = "metrics";
 /// Why a connection was closed unanswered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Refusal {
-    /// Its peer address held [`Limits::per_peer`] connections already.
+    /// Its caller held [`Limits::per_peer`] connections already.
     BusyPeer,
     /// The listener held [`Limits::total`] connections already.
     Busy,
@@ -93,6 +95,8 @@ pub(super) struct Listener {
     pub(super) metrics: ListenerMetrics,
     /// [`PROBES`] or [`METRICS`].
     pub(super) label: &'static str,
+    /// Who connects, for the slots.
+    pub(super) peers: SharedPeers,
     /// What it serves, for the log.
     pub(super) what: &'static str,
 }
@@ -101,19 +105,21 @@ impl Listener {
     /// Accept and serve until the task is aborted; the connections go with it.
     pub(super) async fn run(self) {
         let slots =
-            Slots::<IpAddr>::new(self.limits.per_peer, self.limits.total, self.limits.reserve);
+            Slots::<Caller>::new(self.limits.per_peer, self.limits.total, self.limits.reserve);
         let mut conns = JoinSet::new();
         loop {
             tokio::select! {
                 accepted = self.listener.accept() => match accepted {
                     Ok((stream, peer)) => {
-                        // An IPv4 peer of a dual-stack listener is one peer, however written.
-                        let ip = peer.ip().to_canonical();
-                        // From the address it connects to: the kubelet to this hostNetwork
-                        // pod, the metrics sidecar on loopback.
-                        let on_node =
-                            stream.local_addr().is_ok_and(|l| l.ip().to_canonical() == ip);
-                        match slots.acquire(ip, on_node) {
+                        // Without its own address, a connection is only its peer's.
+                        let local = stream.local_addr().unwrap_or(SocketAddr::new(
+                            std::net::Ipv6Addr::UNSPECIFIED.into(),
+                            0,
+                        ));
+                        // One at a time: a flood of connections waits in the backlog, not
+                        // on blocking threads.
+                        let who = peer::who(&self.peers, peer, local).await;
+                        match slots.acquire(who.caller, who.node) {
                             Ok(slot) => {
                                 let serving = self.serve(stream);
                                 conns.spawn(async move {
@@ -122,7 +128,7 @@ impl Listener {
                                 });
                             }
                             // Dropping the stream closes it, unread.
-                            Err(full) => self.refuse(ip, full),
+                            Err(full) => self.refuse(peer, full),
                         }
                     }
                     Err(e) => {
@@ -135,7 +141,7 @@ impl Listener {
         }
     }
 
-    fn refuse(&self, peer: IpAddr, full: Full) {
+    fn refuse(&self, peer: SocketAddr, full: Full) {
         let why = match full {
             Full::Caller => Refusal::BusyPeer,
             Full::Total | Full::Reserved => Refusal::Busy,

@@ -49,7 +49,6 @@ use gate_common::{
 
 use crate::{cgroup::GatedRoot, netns::NetnsError, policy::Policy};
 
-mod diag;
 mod pregate_sockets;
 mod scan;
 

@@ -14,16 +14,12 @@ use gate_common::{
     verdict::Dst,
 };
 
-use super::{
-    Conn, Judge, Report, TerminateError, Unsupported,
-    diag::{
-        Diag, DiagSocket, TCP_CONNECTED_STATES, UDP_CONNECTED_STATES, scan_error, support_probe,
-    },
-};
+use super::{Conn, Judge, Report, TerminateError, Unsupported};
 use crate::{
     cgroup::GatedRoot,
     netlink::NetlinkError,
     netns::{self, Netns},
+    sockdiag::{Diag, DiagSocket, TCP_CONNECTED_STATES, UDP_CONNECTED_STATES, support_probe},
 };
 
 /// The cgroups at or below the gated root: id → (relative path, ids of the path's
@@ -219,6 +215,18 @@ fn scan_with(sock: &mut impl Diag, label: &str, judge: &Judge, index: &CgroupInd
     report
 }
 
+/// The error of the scan of namespace `label` for a failed `op`.
+fn scan_error(e: NetlinkError, label: &str, op: &'static str) -> TerminateError {
+    let netns = label.to_string();
+    match e {
+        NetlinkError::Io(source) => TerminateError::Io { netns, op, source },
+        NetlinkError::Kernel(errno) => {
+            TerminateError::Io { netns, op, source: io::Error::from_raw_os_error(errno) }
+        }
+        NetlinkError::Wire(error) => TerminateError::Wire { netns, error },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use gate_common::{
@@ -229,7 +237,7 @@ mod tests {
     use super::*;
     use crate::{
         policy::Policy,
-        terminate::diag::{
+        sockdiag::{
             DiagSock,
             tests::{mapped, sockid, v4},
         },

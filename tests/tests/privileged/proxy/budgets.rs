@@ -1,7 +1,8 @@
 //! The agent's connection budgets under attack by an ordinary pod: idle connections to the
-//! probe listener must not take the agent's descriptors (its kubelet probe, its proxy), and a
-//! pod of many containers holding silent connections to the proxy gets one pod's slots, not
-//! a slot per container.
+//! probe listener must not take the agent's descriptors (its kubelet probe, its proxy), a
+//! host-network pod (on the node's address, as the kubelet is) must not take the kubelet's
+//! slots, and a pod of many containers holding silent connections to the proxy gets one
+//! pod's slots, not a slot per container.
 use std::{net::TcpListener, time::Duration};
 
 use integration_tests::{
@@ -93,6 +94,72 @@ fn idle_connections_to_the_probe_listener_starve_neither_probe_nor_proxy() {
         "metadata_gate_listener_connections_refused_total{listener=\"probes\",reason=\"busy_peer\"}",
     );
     assert!(refused.unwrap_or(0.0) >= 900.0, "busy_peer refusals: {refused:?}\n{m}");
+}
+
+/// A host-network pod of 32 containers holds 8 idle connections from each to the probe
+/// listener: 256, from the node's address, where the kubelet's probes come from too. The
+/// pod's containers get the 224 slots pods may hold; the kubelet's probe, from the same
+/// address but a cgroup outside the gated root, is answered from the 32 kept for the node.
+/// Given by address (as they were), the pod's first 8 connections would have taken every
+/// slot of that address, and the kubelet's probe would fail until the kubelet restarted the
+/// agent. Without the agent every connection reaches the port.
+#[test]
+fn a_host_network_pod_cannot_take_the_kubelets_probe_slots() {
+    privileged!(a_host_network_pod_cannot_take_the_kubelets_probe_slots);
+    const CONTAINERS: usize = 32;
+    let mut env = Env::new("enforce");
+    let containers: Vec<String> = (0..CONTAINERS).map(|i| format!("gated/pod-a/c{i}")).collect();
+    for c in &containers {
+        env.cg.create(c).expect("container cgroup");
+    }
+    let port = free_port().expect("port").to_string();
+    // The node's network namespace: each container connects from the node's address.
+    let hold_all = |env: &Env| -> Vec<Held> {
+        std::thread::scope(|s| {
+            let held: Vec<_> = containers
+                .iter()
+                .map(|c| s.spawn(|| env.hold(c, &["hold-many", NODE_V4, &port, "8"])))
+                .collect();
+            held.into_iter().map(|h| h.join().expect("holder").expect("hold-many")).collect()
+        })
+    };
+    let release = |held: Vec<Held>| -> u64 {
+        held.into_iter()
+            .map(|h| {
+                count(h.send("stop").expect("held").reply.as_deref().unwrap_or(""), "connected")
+            })
+            .sum()
+    };
+    let kubelet = format!("{NODE_V4}:{port}");
+
+    // Without the agent: a listener there takes every connection, and the kubelet's.
+    let listener =
+        in_netns(&env.net.node_path(), || Ok(TcpListener::bind(&kubelet)?)).expect("bind");
+    let taker = std::thread::spawn(move || {
+        (0..=CONTAINERS * 8).take_while(|_| listener.accept().is_ok()).count()
+    });
+    let held = hold_all(&env);
+    let o = in_netns(&env.net.node_path(), || Ok(std::net::TcpStream::connect(&kubelet)?));
+    assert!(o.is_ok(), "the kubelet's connect without the agent: {o:?}");
+    assert_eq!(taker.join().expect("listener thread"), CONTAINERS * 8 + 1);
+    assert_eq!(release(held), (CONTAINERS * 8) as u64, "connections without the agent");
+
+    let listen = format!("0.0.0.0:{port}");
+    env.start_agent_with(&["--listen", &listen]);
+    let held = hold_all(&env);
+    // Within the header-read timeout (5 s), every slot the pod got is still held.
+    for _ in 0..5 {
+        let (code, _) = env.agent().http_get_at(&kubelet, "/healthz").expect("the kubelet's probe");
+        assert_eq!(code, 200, "the kubelet's probe beside the host-network pod");
+    }
+    let m = metrics(&env);
+    assert_eq!(release(held), (CONTAINERS * 8) as u64, "the pod's connects");
+    let busy = metric(
+        &m,
+        "metadata_gate_listener_connections_refused_total{listener=\"probes\",reason=\"busy\"}",
+    );
+    eprintln!("host-network pod: {} connects, refused busy: {busy:?}", CONTAINERS * 8);
+    assert!(busy.unwrap_or(0.0) >= 1.0, "the pod never filled the pods' share: {busy:?}\n{m}");
 }
 
 /// A pod of 64 containers, each holding 16 silent connections to the metadata service (the
