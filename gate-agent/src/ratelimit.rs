@@ -1,6 +1,7 @@
-//! Bounded bookkeeping for denials: a per-workload log rate limit, so that a pod hammering the
-//! metadata address cannot flood the log, and per-workload counters with a label-cardinality
-//! cap for /metrics. Pure logic; time is passed in.
+//! Bounded bookkeeping: a per-workload log rate limit, so that a pod hammering the metadata
+//! address cannot flood the log; per-workload counters with a label-cardinality cap for
+//! /metrics; and per-workload token buckets, so that one workload cannot spend the node's
+//! metadata quota through the proxy. Pure logic; time is passed in.
 use std::{
     collections::HashMap,
     time::{Duration, Instant},
@@ -146,6 +147,90 @@ impl WorkloadCounts {
     }
 }
 
+/// A rate of requests: `milli_per_second / 1000` per second on average, `burst` at once.
+/// Thousandths, so that a policy may say 0.5 per second and the type stays `Eq`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rate {
+    pub milli_per_second: u32,
+    pub burst: u32,
+}
+
+impl Rate {
+    fn per_second(self) -> f64 {
+        f64::from(self.milli_per_second) / 1000.0
+    }
+}
+
+impl std::fmt::Display for Rate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} per second, burst {}", self.per_second(), self.burst)
+    }
+}
+
+#[derive(Clone)]
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+    rate: Rate,
+}
+
+impl Bucket {
+    /// The tokens at `now`, never above the burst.
+    fn refill(&mut self, now: Instant) {
+        let dt = now.saturating_duration_since(self.at).as_secs_f64();
+        self.tokens = (self.tokens + dt * self.rate.per_second()).min(f64::from(self.rate.burst));
+        self.at = now.max(self.at);
+    }
+}
+
+/// A token bucket per workload: a request takes a token, tokens come back at the rate, up to
+/// the burst. At most `max_keys` buckets; a full bucket is the same as none, so those go
+/// first when room is needed, and a new workload finds no room only when every bucket is in
+/// use (then it waits like an empty bucket: the node's quota is what this protects).
+pub(crate) struct Buckets {
+    max_keys: usize,
+    by_key: HashMap<u64, Bucket>,
+}
+
+impl Buckets {
+    pub(crate) fn new(max_keys: usize) -> Buckets {
+        Buckets { max_keys: max_keys.max(1), by_key: HashMap::new() }
+    }
+
+    /// Take a token of `key`'s bucket at `rate`, or say how long until one comes. A changed
+    /// rate (a new policy) applies from now, with the tokens held, up to its burst.
+    pub(crate) fn take(&mut self, key: u64, rate: Rate, now: Instant) -> Result<(), Duration> {
+        if rate.milli_per_second == 0 || rate.burst == 0 {
+            return Err(Duration::from_secs(1));
+        }
+        if !self.by_key.contains_key(&key) && self.by_key.len() >= self.max_keys {
+            self.by_key.retain(|_, b| {
+                b.refill(now);
+                b.tokens < f64::from(b.rate.burst)
+            });
+            if self.by_key.len() >= self.max_keys {
+                return Err(Duration::from_secs(1));
+            }
+        }
+        let b = self.by_key.entry(key).or_insert(Bucket {
+            tokens: f64::from(rate.burst),
+            at: now,
+            rate,
+        });
+        b.refill(now);
+        if b.rate != rate {
+            b.rate = rate;
+            b.tokens = b.tokens.min(f64::from(rate.burst));
+        }
+        if b.tokens >= 1.0 {
+            b.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64((1.0 - b.tokens) / rate.per_second()))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,5 +297,92 @@ mod tests {
             c.snapshot(),
             vec![("_other".to_owned(), 2), ("a".to_owned(), 2), ("b".to_owned(), 1)]
         );
+    }
+
+    const TWO: Rate = Rate { milli_per_second: 2000, burst: 5 };
+
+    #[test]
+    fn a_bucket_gives_its_burst_then_its_rate() {
+        let mut b = Buckets::new(8);
+        let t0 = Instant::now();
+        for _ in 0..5 {
+            assert_eq!(b.take(1, TWO, t0), Ok(()));
+        }
+        let wait = b.take(1, TWO, t0).expect_err("empty");
+        assert_eq!(wait, Duration::from_millis(500));
+        // Another workload has its own bucket.
+        assert_eq!(b.take(2, TWO, t0), Ok(()));
+        // Half a second later: one token back.
+        let t1 = t0 + Duration::from_millis(500);
+        assert_eq!(b.take(1, TWO, t1), Ok(()));
+        assert!(b.take(1, TWO, t1).is_err());
+        // Long idle: back to the burst, never above it.
+        let t2 = t1 + Duration::from_secs(3600);
+        for _ in 0..5 {
+            assert_eq!(b.take(1, TWO, t2), Ok(()));
+        }
+        assert!(b.take(1, TWO, t2).is_err());
+    }
+
+    #[test]
+    fn a_new_rate_keeps_the_tokens_up_to_its_burst() {
+        let mut b = Buckets::new(8);
+        let t0 = Instant::now();
+        assert_eq!(b.take(1, TWO, t0), Ok(()));
+        let one = Rate { milli_per_second: 1000, burst: 1 };
+        assert_eq!(b.take(1, one, t0), Ok(()), "4 tokens held, cut to the new burst of 1");
+        assert_eq!(b.take(1, one, t0), Err(Duration::from_secs(1)));
+        let off = Rate { milli_per_second: 0, burst: 5 };
+        assert!(b.take(3, off, t0).is_err(), "a zero rate serves nothing");
+    }
+
+    #[test]
+    fn full_buckets_make_room_and_busy_ones_are_kept() {
+        let mut b = Buckets::new(2);
+        let t0 = Instant::now();
+        for _ in 0..5 {
+            b.take(1, TWO, t0).expect("burst");
+        }
+        b.take(2, TWO, t0).expect("second key");
+        // No room: key 1 is empty, key 2 not full. A third waits.
+        assert!(b.take(3, TWO, t0).is_err());
+        // Later key 2 is full again (as good as gone) and makes room; key 1 keeps its debt.
+        let t1 = t0 + Duration::from_millis(600);
+        assert_eq!(b.take(3, TWO, t1), Ok(()));
+        assert_eq!(b.take(1, TWO, t1), Ok(()));
+        assert!(b.take(1, TWO, t1).is_err(), "key 1 was not reset by the eviction");
+    }
+
+    proptest::proptest! {
+        /// However requests arrive, a workload is served at most its burst plus its rate times
+        /// the time elapsed, and a refused request was told a wait that is right.
+        #[test]
+        fn never_more_than_burst_plus_rate_times_time(
+            milli in 1u32..=10_000,
+            burst in 1u32..=50,
+            gaps in proptest::collection::vec(0u64..2_000, 1..400),
+        ) {
+            let rate = Rate { milli_per_second: milli, burst };
+            let mut b = Buckets::new(4);
+            let t0 = Instant::now();
+            let mut now = t0;
+            let mut served = 0u64;
+            for gap in gaps {
+                now += Duration::from_millis(gap);
+                match b.take(7, rate, now) {
+                    Ok(()) => served += 1,
+                    Err(wait) => {
+                        proptest::prop_assert!(wait > Duration::ZERO);
+                        // At the time it named, a token is there.
+                        let mut later = Buckets { max_keys: 4, by_key: b.by_key.clone() };
+                        let ok = later.take(7, rate, now + wait + Duration::from_micros(1));
+                        proptest::prop_assert!(ok.is_ok(), "no token after the wait");
+                    }
+                }
+                let elapsed = now.duration_since(t0).as_secs_f64();
+                let bound = f64::from(burst) + elapsed * f64::from(milli) / 1000.0;
+                proptest::prop_assert!(served as f64 <= bound + 1e-9, "{served} > {bound}");
+            }
+        }
     }
 }

@@ -129,6 +129,12 @@ pub const PROXY_REQUESTS: Family = Family {
     help: "Requests the metadata proxy decided, by verdict (served, refused: 403, audited: served in audit mode though the policy would refuse it, failed: 502 from the metadata service) and reason",
     labels: &["verdict", "reason"],
 };
+pub const PROXY_RATE_LIMITED: Family = Family {
+    name: "metadata_gate_proxy_rate_limited",
+    kind: Kind::Counter,
+    help: "Requests the metadata proxy answered 429 because their workload was over its rate (the policy's rate, or served's default), by workload (at most 256 workloads, the rest as _other)",
+    labels: &["workload"],
+};
 pub const PROXY_CONNECTIONS_REFUSED: Family = Family {
     name: "metadata_gate_proxy_connections_refused",
     kind: Kind::Counter,
@@ -190,6 +196,7 @@ pub const ALL: &[Family] = &[
     NODE_ATTACH_FAILURES,
     BOOT_STEP_FAILED,
     PROXY_REQUESTS,
+    PROXY_RATE_LIMITED,
     PROXY_CONNECTIONS_REFUSED,
     PROXY_RECORDS_LOST,
     PROXY_HANDSHAKES_OVER_QUOTA,

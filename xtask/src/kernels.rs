@@ -124,6 +124,7 @@ pub(crate) const MATRIX: &[(&str, &[&str])] = &[
     ("proxy::budgets::idle_connections_to_the_probe_listener_starve_neither_probe_nor_proxy", HOST),
     ("proxy::budgets::a_host_network_pod_cannot_take_the_kubelets_probe_slots",        K5_10),
     ("proxy::budgets::a_pod_of_many_containers_holds_one_pods_proxy_slots",            HOST),
+    ("proxy::budgets::a_pod_over_its_rate_gets_429_and_csi_node_is_served_beside_it",  HOST),
     ("proxy::cluster_mode::in_cluster_mode_the_proxy_serves_by_identity_and_no_pod_locks_it", HOST),
     ("proxy::audit::audit_shows_every_path_then_suggest_narrows_it_and_enforce_serves_only_that", HOST),
     ("bypass::ipv6_extension_header_chains_are_denied",                                HOST),

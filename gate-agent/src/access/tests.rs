@@ -122,7 +122,7 @@ fn path(
             path: path.into(),
             query: vec![],
         },
-        counts: PathCounts { served, refused, audited, last_seen_unix_ms: 50 },
+        counts: PathCounts { served, refused, audited, limited: 0, last_seen_unix_ms: 50 },
     }
 }
 

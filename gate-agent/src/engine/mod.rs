@@ -277,7 +277,8 @@ impl Engine<Gate> {
             &root,
             &policy,
             &agent_metrics,
-            sinks.notify.clone().map(|tx| (tx, proxy_names)),
+            proxy_names,
+            sinks.notify.clone(),
         )?;
         let node_links = AbortOnDrop(tokio::spawn(node::follow_links(
             node.clone(),

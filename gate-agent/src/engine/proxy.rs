@@ -134,7 +134,8 @@ pub(crate) fn start(
     root: &GatedRoot,
     policy: &Policy,
     metrics: &AgentMetrics,
-    notify: Option<(UnboundedSender<Denied>, CgroupNames)>,
+    names: CgroupNames,
+    notify: Option<UnboundedSender<Denied>>,
 ) -> Result<Option<ProxyHandle>> {
     let mut g = gate.lock().map_err(|_| anyhow::anyhow!("gate lock poisoned"))?;
     let Some(listen) = listen else {
@@ -165,8 +166,12 @@ pub(crate) fn start(
     let slot = reader.live_slot()?;
     let (tables, rx) = watch::channel(Some(Arc::new(Table::new(policy, slot))));
     let since = Arc::new(AtomicU64::new(since_ns));
-    let callers: Arc<dyn Callers> =
-        Arc::new(KernelCallers { reader: reader.clone(), since: since.clone(), notify });
+    let callers: Arc<dyn Callers> = Arc::new(KernelCallers {
+        reader: reader.clone(),
+        since: since.clone(),
+        names: std::sync::Mutex::new(names),
+        notify,
+    });
     let paths = Arc::new(state_dir.map_or_else(PathLog::default, PathLog::load));
     let task = tokio::spawn(proxy::serve(
         listeners,
@@ -232,8 +237,10 @@ struct KernelCallers {
     reader: Arc<RecordReader>,
     /// See [`ProxyHandle::follow`].
     since: Arc<AtomicU64>,
-    /// Where refusals go as Kubernetes Events (cluster mode), and who names their cgroups.
-    notify: Option<(UnboundedSender<Denied>, CgroupNames)>,
+    /// Who names the callers' cgroups.
+    names: std::sync::Mutex<CgroupNames>,
+    /// Where refusals go as Kubernetes Events (cluster mode).
+    notify: Option<UnboundedSender<Denied>>,
 }
 
 impl Callers for KernelCallers {
@@ -247,10 +254,18 @@ impl Callers for KernelCallers {
     }
 
     fn refused(&self, caller: &Caller, request: &str, why: &str) {
-        let Some((tx, names)) = &self.notify else { return };
+        let Some(tx) = &self.notify else { return };
         // A cgroup gone already names no pod: no Event, as for the kernel's denials.
+        let names = self.names.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let Some(workload) = names.identity_by_handle(caller.cgroup_id) else { return };
         let _ = tx.send(refusal(caller, workload, request, why));
+    }
+
+    fn workload_name(&self, caller: &Caller) -> String {
+        // The pod's name in cluster mode, the cgroup's path standalone (a cached walk where
+        // file handles are not permitted, as for the denial events).
+        let mut names = self.names.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        names.identity(caller.cgroup_id).workload
     }
 }
 

@@ -29,10 +29,16 @@ pub(crate) fn render_table(records: &[AccessRecord], now_unix_ms: u64) -> String
         for p in &r.paths {
             let query =
                 if p.query.is_empty() { String::new() } else { format!(" ?{}", p.query.join("&")) };
+            let c = &p.counts;
+            let limited = if c.limited > 0 {
+                format!(", over the rate {}", c.limited)
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 o,
-                "    {} {}{query}: served {}, refused {}, audited {}",
-                p.method, p.path, p.counts.served, p.counts.refused, p.counts.audited
+                "    {} {}{query}: served {}, refused {}, audited {}{limited}",
+                p.method, p.path, c.served, c.refused, c.audited
             );
         }
     }

@@ -26,8 +26,8 @@ use families::{
     LISTENER_CONNECTIONS_REFUSED, LSM_ENFORCING, MAP_CAPACITY, MAP_ENTRIES, NODE_ATTACH_FAILURES,
     POLICY_GENERATION, POLICY_REJECTED, POLICY_RELOADS, PREGATE_PACKET_SOCKETS,
     PROXY_CONNECTIONS_REFUSED, PROXY_DIVERTED_PACKETS, PROXY_HANDSHAKES_OVER_QUOTA,
-    PROXY_PATHS_UNTRACKED, PROXY_RECORDS_EXPIRED, PROXY_RECORDS_LOST, PROXY_REQUESTS, REPAIRS,
-    WORKLOAD_ACCESSES, WORKLOAD_DENIALS,
+    PROXY_PATHS_UNTRACKED, PROXY_RATE_LIMITED, PROXY_RECORDS_EXPIRED, PROXY_RECORDS_LOST,
+    PROXY_REQUESTS, REPAIRS, WORKLOAD_ACCESSES, WORKLOAD_DENIALS,
 };
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -112,6 +112,14 @@ pub(crate) struct ProxyRequestLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct WorkloadLabels {
+    pub(crate) workload: String,
+}
+
+/// Workloads named in a per-workload family before the rest count as `_other`.
+const WORKLOAD_LABELS: usize = 256;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ProxyRefusedLabels {
     /// One of `proxy::ConnRefusal`'s labels.
     pub(crate) reason: &'static str,
@@ -126,6 +134,10 @@ pub(crate) struct ProxyMetrics {
     pub(crate) records_expired: Counter,
     /// Requests left out of the per-workload path record (see `proxy::PathLog`).
     pub(crate) paths_untracked: Counter,
+    /// Requests answered 429, by workload (at most [`WORKLOAD_LABELS`] names).
+    pub(crate) rate_limited: Family<WorkloadLabels, Counter>,
+    /// The names `rate_limited` has.
+    rate_limited_names: Arc<Mutex<std::collections::HashSet<String>>>,
 }
 
 impl Default for ProxyMetrics {
@@ -136,6 +148,8 @@ impl Default for ProxyMetrics {
             connections_refused: Family::default(),
             records_expired: Counter::default(),
             paths_untracked: Counter::default(),
+            rate_limited: Family::default(),
+            rate_limited_names: Arc::default(),
         };
         for (verdict, reason) in crate::proxy::REQUEST_OUTCOMES {
             let _ = m.requests.get_or_create(&ProxyRequestLabels { verdict, reason });
@@ -155,6 +169,28 @@ impl ProxyMetrics {
 
     pub(crate) fn connection_refused(&self, why: crate::proxy::ConnRefusal) {
         self.connections_refused.get_or_create(&ProxyRefusedLabels { reason: why.label() }).inc();
+    }
+
+    /// A request of `workload` over its rate. Past [`WORKLOAD_LABELS`] names, new workloads
+    /// count as `_other`, so that pods coming and going cannot grow the family.
+    pub(crate) fn rate_limited(&self, workload: String) {
+        let workload = {
+            let mut names =
+                self.rate_limited_names.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if names.contains(&workload) || names.len() < WORKLOAD_LABELS {
+                names.insert(workload.clone());
+                workload
+            } else {
+                crate::ratelimit::OTHER.to_owned()
+            }
+        };
+        self.rate_limited.get_or_create(&WorkloadLabels { workload }).inc();
+    }
+
+    /// A workload's 429s.
+    #[cfg(test)]
+    pub(crate) fn rate_limited_of(&self, workload: &str) -> u64 {
+        self.rate_limited.get_or_create(&WorkloadLabels { workload: workload.to_owned() }).get()
     }
 
     /// A request counter's value.
@@ -372,6 +408,7 @@ fn register_agent(r: &mut Registry, agent: &AgentMetrics) {
     );
     r.register(BOOT_STEP_FAILED.name, BOOT_STEP_FAILED.help, agent.boot_step_failed.clone());
     r.register(PROXY_REQUESTS.name, PROXY_REQUESTS.help, agent.proxy.requests.clone());
+    r.register(PROXY_RATE_LIMITED.name, PROXY_RATE_LIMITED.help, agent.proxy.rate_limited.clone());
     r.register(
         PROXY_CONNECTIONS_REFUSED.name,
         PROXY_CONNECTIONS_REFUSED.help,
@@ -434,6 +471,7 @@ mod tests {
         agent.reload("failure");
         agent.repaired("link");
         agent.pregate_packet_sockets.set(1);
+        agent.proxy.rate_limited("ns/pod".into());
         let mut r = Registry::default();
         register_agent(&mut r, &agent);
         r.register_collector(Box::new(Fixed(snapshot)));
@@ -490,6 +528,17 @@ mod tests {
             .map(|f| (f.sample_name(), f.labels.iter().map(|l| (*l).to_owned()).collect()))
             .collect();
         assert_eq!(samples, want, "sample names and labels vs families::ALL\n{text}");
+    }
+
+    #[test]
+    fn rate_limited_workloads_are_bounded() {
+        let m = ProxyMetrics::default();
+        for i in 0..WORKLOAD_LABELS + 5 {
+            m.rate_limited(format!("ns/pod-{i}"));
+        }
+        m.rate_limited("ns/pod-0".into());
+        assert_eq!(m.rate_limited_of("ns/pod-0"), 2, "a named workload keeps its name");
+        assert_eq!(m.rate_limited_of(crate::ratelimit::OTHER), 5);
     }
 
     #[test]

@@ -71,6 +71,8 @@ pub const PLATFORMS: &[&str] = &[
 /// What the gate does with a matching connection from a cgroup that is not allowed.
 pub use gate_common::user::Mode;
 
+pub use crate::ratelimit::Rate;
+
 /// A transport protocol an endpoint can be restricted to (`TCP` / `UDP` in the document).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Protocol {
@@ -274,7 +276,16 @@ pub struct ServedPaths {
     pub profile: Option<String>,
     /// Paths (the profile's and those listed), methods and query parameters.
     pub access: Access,
+    /// `rate` as written: requests served per workload. Without it an allow entry's
+    /// workloads are served as many as they ask, and `served`'s [`SERVED_RATE`].
+    pub rate: Option<Rate>,
 }
+
+/// What `served` workloads get without a `rate`: one request per second, ten at once. The
+/// services limit per node (Azure: 5 requests per second per VM; AWS: 1 024 packets per
+/// second per interface, some 100 requests), so that every pod of a node together, not each,
+/// must stay within them; a workload that reads its few values at start never waits.
+pub const SERVED_RATE: Rate = Rate { milli_per_second: 1000, burst: 10 };
 
 /// The grants an allow entry may list, by name.
 pub const GRANTS: [(&str, u32); 2] = [("metadata", GRANT_METADATA), ("capture", GRANT_CAPTURE)];
@@ -467,6 +478,9 @@ impl Policy {
             let _ = write!(out, "query={};", p.access.query.len());
             for q in &p.access.query {
                 s(out, q);
+            }
+            if let Some(r) = &p.rate {
+                let _ = write!(out, "rate={},{};", r.milli_per_second, r.burst);
             }
         }
         let _ = write!(out, "allow={};", self.allow.len());

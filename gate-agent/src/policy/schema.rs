@@ -34,6 +34,15 @@ pub(super) struct RawServed {
     pub paths: Option<Vec<String>>,
     pub methods: Option<Vec<String>>,
     pub query_parameters: Option<Vec<String>>,
+    pub rate: Option<RawRate>,
+}
+
+/// `rate`: how many requests the proxy serves a workload, on average and at once.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawRate {
+    pub per_second: Option<f64>,
+    pub burst: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -60,6 +69,7 @@ pub(super) struct RawAllow {
     pub paths: Option<Vec<String>>,
     pub methods: Option<Vec<String>>,
     pub query_parameters: Option<Vec<String>>,
+    pub rate: Option<RawRate>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -774,11 +774,35 @@ fn bad_access_fields_are_named() {
     e("paths: [/a], queryParameters: [v, v]", "allow[0].queryParameters[1]", "listed twice");
     e("profile: strict", "allow[0].profile", "unknown profile");
     e("paths: [/a], grants: [metadata]", "allow[0].grants[0]", "keep one of them");
+    e("rate: {perSecond: 1}", "allow[0].paths", "missing");
+    e("paths: [/a], rate: {burst: 3}", "allow[0].rate.perSecond", "missing");
+    e("paths: [/a], rate: {perSecond: 0}", "allow[0].rate.perSecond", "outside 0.001-1000");
+    e("paths: [/a], rate: {perSecond: 5000}", "allow[0].rate.perSecond", "outside 0.001-1000");
+    e("paths: [/a], rate: {perSecond: 1, burst: 0}", "allow[0].rate.burst", "outside 1-1000");
+    e("paths: [/a], rate: {perSecond: 1, burst: -2}", "allow[0].rate.burst", "outside 1-1000");
     assert_err(
         "platform: BareMetal\nallowNoEndpoints: true\nserved: {profile: safe}\n",
         "served.profile",
         "no safe profile for platform BareMetal",
     );
+}
+
+#[test]
+fn rates_are_read_in_thousandths_with_a_burst_of_at_least_one() {
+    let rate = |item: &str| {
+        let p = parse(&with_allow(&format!("  - {{name: a, cgroup: a, paths: [/a], {item}}}\n")))
+            .unwrap();
+        p.allow[0].paths.as_ref().unwrap().rate
+    };
+    let r = |milli_per_second, burst| Some(crate::policy::Rate { milli_per_second, burst });
+    assert_eq!(rate("rate: {perSecond: 0.5, burst: 3}"), r(500, 3));
+    assert_eq!(rate("rate: {perSecond: 0.5}"), r(500, 1), "burst: perSecond rounded up");
+    assert_eq!(rate("rate: {perSecond: 2.5}"), r(2500, 3));
+    assert_eq!(rate("methods: [GET]"), None, "no rate: as written");
+    let a = parse(&with_allow("  - {name: a, cgroup: a, paths: [/a]}\n")).unwrap();
+    let b = parse(&with_allow("  - {name: a, cgroup: a, paths: [/a], rate: {perSecond: 1}}\n"))
+        .unwrap();
+    assert_ne!(a.hash(), b.hash(), "a rate is part of the policy");
 }
 
 #[test]

@@ -1,7 +1,11 @@
 //! One connection, served: hyper reads one request (within the size and time limits),
 //! [`decide`] judges it, [`forward`] serves it, and every outcome is logged, counted and
 //! answered. Works on any byte stream, so that the fuzz target drives it in memory.
-use std::{convert::Infallible, sync::Arc};
+use std::{
+    convert::Infallible,
+    sync::{Arc, Mutex, PoisonError},
+    time::{Duration, Instant},
+};
 
 use http::{Request, Response, StatusCode, Uri, header};
 use hyper::{body::Incoming, service::service_fn};
@@ -20,7 +24,10 @@ use super::{
     paths::{PathLog, Seen},
     table::Table,
 };
-use crate::metrics::ProxyMetrics;
+use crate::{
+    metrics::ProxyMetrics,
+    ratelimit::{Buckets, Rate},
+};
 
 /// What every connection shares.
 pub(crate) struct Shared {
@@ -34,6 +41,19 @@ pub(crate) struct Shared {
     pub(crate) log: DecisionLog,
     /// Which paths each workload asked for.
     pub(crate) paths: Arc<PathLog>,
+    /// Each workload's served requests against its rate.
+    pub(crate) rates: Mutex<Buckets>,
+}
+
+/// Workloads whose rate is tracked at once; a node runs a few hundred pods.
+pub(crate) const RATE_KEYS: usize = 4096;
+
+impl Shared {
+    /// A token of `workload`'s bucket, or how long until one comes.
+    fn take(&self, workload: u64, rate: Rate) -> Result<(), Duration> {
+        let mut rates = self.rates.lock().unwrap_or_else(PoisonError::into_inner);
+        rates.take(workload, rate, Instant::now())
+    }
 }
 
 /// Serve one connection from `caller` on `io`: at most one request, within
@@ -90,8 +110,31 @@ async fn respond(req: Request<Incoming>, caller: Caller, shared: &Shared) -> Res
     let path = head.uri.path_and_query().map_or("", |pq| pq.as_str());
     let decision = decide(&caller, table.as_deref(), live, &head, body_empty);
     let hash = table.as_ref().map(|t| t.hash().to_string()).unwrap_or_default();
+    // Over its rate, a served request is not served: the node's quota at the metadata
+    // service is every workload's.
+    let limited = match &decision {
+        Decision::Serve { rate: Some(rate), .. } => {
+            shared.take(caller.workload, *rate).err().map(|wait| (*rate, wait))
+        }
+        _ => None,
+    };
     if let Some(t) = &table {
-        note_path(shared, &caller, t, &decision, method, path);
+        note_path(shared, &caller, t, &decision, limited.is_some(), method, path);
+    }
+    if let (Some((rate, wait)), Decision::Serve { who, .. }) = (limited, &decision) {
+        shared.metrics.request(REFUSED, "rate");
+        shared.metrics.rate_limited(shared.callers.workload_name(&caller));
+        let (who, secs) = (who.to_string(), wait.as_secs_f64().ceil().max(1.0) as u64);
+        let reason = format!("over the rate of {who} ({rate}); retry in {secs} s");
+        let _ = shared.log.request(
+            &caller,
+            Line { verdict: REFUSED, reason: &reason, method, path, entry: &who },
+        );
+        let (m, p) = (super::outcome::shown(method), super::outcome::shown(path));
+        let mut resp =
+            plain(StatusCode::TOO_MANY_REQUESTS, format!("metadata-gate: {m} {p}: {reason}\n"));
+        resp.headers_mut().insert(header::RETRY_AFTER, http::HeaderValue::from(secs));
+        return resp;
     }
     match decision {
         Decision::Unavailable(u) => {
@@ -124,7 +167,7 @@ async fn respond(req: Request<Incoming>, caller: Caller, shared: &Shared) -> Res
             let text = format!("metadata-gate: {m} {p} refused: {reason} ({who}, policy {hash})\n");
             plain(StatusCode::FORBIDDEN, text)
         }
-        Decision::Serve { who, target, audited } => {
+        Decision::Serve { who, target, audited, .. } => {
             let uri = Uri::from(target.clone());
             let who = who.to_string();
             let (verdict, reason) = match &audited {
@@ -171,10 +214,12 @@ fn note_path(
     caller: &Caller,
     table: &Table,
     decision: &Decision<'_>,
+    limited: bool,
     method: &str,
     path: &str,
 ) {
     let seen = match decision {
+        Decision::Serve { .. } if limited => Seen::Limited,
         Decision::Serve { audited: None, .. } => Seen::Served,
         Decision::Serve { audited: Some(_), .. } => Seen::Audited,
         Decision::Refused { why, .. } if why.auditable() => Seen::Refused,

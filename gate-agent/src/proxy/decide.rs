@@ -11,6 +11,7 @@ use super::{
     request::{self, Refused},
     table::{Grant, NoGrant, Table},
 };
+use crate::policy::{Rate, SERVED_RATE};
 
 /// What to do with a request.
 #[derive(Debug, PartialEq, Eq)]
@@ -20,8 +21,9 @@ pub(crate) enum Decision<'a> {
     /// 403.
     Refused { who: Who<'a>, why: Why },
     /// Forward `target` (origin form, exactly what was judged). `audited`: served because the
-    /// policy is in audit mode, though it would refuse it for this reason.
-    Serve { who: Who<'a>, target: &'a PathAndQuery, audited: Option<Why> },
+    /// policy is in audit mode, though it would refuse it for this reason. `rate`: at most so
+    /// many per second for the caller's workload (`None`: no limit).
+    Serve { who: Who<'a>, target: &'a PathAndQuery, audited: Option<Why>, rate: Option<Rate> },
 }
 
 /// Why the proxy cannot decide now.
@@ -155,12 +157,18 @@ pub(crate) fn decide<'a>(
     if !body_empty {
         return refused(Why::Request(Refused::Body));
     }
+    // Audit mode serves `served` callers without a block too: at `served`'s default rate.
+    let rate = match &grant {
+        Ok(g) => g.rate,
+        Err(_) if caller.entry.is_none() => Some(SERVED_RATE),
+        Err(_) => None,
+    };
     let judged = grant
         .and_then(|g| g.access.judge(head.method.as_str(), target.as_str()).map_err(Why::Judge));
     match judged {
-        Ok(()) => Decision::Serve { who, target, audited: None },
+        Ok(()) => Decision::Serve { who, target, audited: None, rate },
         Err(why) if table.audit() && why.auditable() => {
-            Decision::Serve { who, target, audited: Some(why) }
+            Decision::Serve { who, target, audited: Some(why), rate }
         }
         Err(why) => refused(why),
     }
@@ -245,7 +253,7 @@ allow:
         let d = |entry, m, t, empty| {
             let h = head(m, t);
             match decide(&caller(1, entry), Some(&table), Some(1), &h, empty) {
-                Decision::Serve { who, target, audited: None } => {
+                Decision::Serve { who, target, audited: None, .. } => {
                     Ok((who.to_string(), target.to_string()))
                 }
                 Decision::Serve { audited: Some(why), .. } => Err(("audited".into(), why.label())),

@@ -39,7 +39,18 @@ impl Proxy {
         let slots = Slots::new(limits.per_workload, limits.total, limits.reserve);
         let log = DecisionLog::default();
         Proxy {
-            shared: Arc::new(Shared { tables, callers, upstream, limits, metrics, log, paths }),
+            shared: Arc::new(Shared {
+                tables,
+                callers,
+                upstream,
+                limits,
+                metrics,
+                log,
+                paths,
+                rates: std::sync::Mutex::new(crate::ratelimit::Buckets::new(
+                    super::conn::RATE_KEYS,
+                )),
+            }),
             slots,
         }
     }

@@ -77,6 +77,10 @@ pub(crate) trait Callers: Send + Sync + 'static {
     /// the entry), within the log's budget: where the node reports refusals beyond the log
     /// (cluster mode's Kubernetes Events).
     fn refused(&self, _caller: &Caller, _request: &str, _why: &str) {}
+    /// The name of `caller`'s workload, for the per-workload metrics.
+    fn workload_name(&self, caller: &Caller) -> String {
+        format!("cgroup-id:{}", caller.cgroup_id)
+    }
 }
 
 /// Bounds and timeouts. [`Limits::default`] holds the production values; tests shrink them.

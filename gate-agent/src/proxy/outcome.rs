@@ -61,8 +61,9 @@ impl ConnRefusal {
 
 /// Every `(verdict, reason)` of `metadata_gate_proxy_requests`: a request served; refused
 /// by its form ([`super::request`]), by the judge, or for want of an access block; served in
-/// audit mode though the judge would refuse it; or failed at the metadata service (502).
-pub(crate) const REQUEST_OUTCOMES: [(&str, &str); 17] = [
+/// audit mode though the judge would refuse it; refused (429) over the workload's rate; or
+/// failed at the metadata service (502).
+pub(crate) const REQUEST_OUTCOMES: [(&str, &str); 18] = [
     (SERVED, "ok"),
     (REFUSED, "form"),
     (REFUSED, "framing"),
@@ -73,6 +74,7 @@ pub(crate) const REQUEST_OUTCOMES: [(&str, &str); 17] = [
     (REFUSED, "parameter"),
     (REFUSED, "no_paths"),
     (REFUSED, "unknown_entry"),
+    (REFUSED, "rate"),
     (AUDITED, "method"),
     (AUDITED, "path"),
     (AUDITED, "parameter"),

@@ -46,6 +46,9 @@ pub(crate) struct PathCounts {
     pub refused: u64,
     /// Served in audit mode though the policy would refuse them.
     pub audited: u64,
+    /// Answered 429: the workload was over its rate.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub limited: u64,
     /// Wall clock, ms since the Unix epoch.
     pub last_seen_unix_ms: u64,
 }
@@ -55,6 +58,7 @@ impl PathCounts {
         self.served += o.served;
         self.refused += o.refused;
         self.audited += o.audited;
+        self.limited += o.limited;
         self.last_seen_unix_ms = self.last_seen_unix_ms.max(o.last_seen_unix_ms);
     }
 }
@@ -74,6 +78,12 @@ pub(crate) enum Seen {
     Served,
     Refused,
     Audited,
+    /// Over the workload's rate (429).
+    Limited,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Default)]
@@ -156,6 +166,7 @@ impl PathLog {
             Seen::Served => c.served += 1,
             Seen::Refused => c.refused += 1,
             Seen::Audited => c.audited += 1,
+            Seen::Limited => c.limited += 1,
         }
         c.last_seen_unix_ms = c.last_seen_unix_ms.max(now_unix_ms);
         inner.dirty = true;

@@ -5,7 +5,7 @@ use gate_common::{
     user::{Mode, PolicyHash},
 };
 
-use crate::policy::Policy;
+use crate::policy::{Policy, Rate, SERVED_RATE, ServedPaths};
 
 /// The access blocks of one policy, as applied under one generation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -13,19 +13,34 @@ pub(crate) struct Table {
     generation: u32,
     hash: PolicyHash,
     /// By allow entry index: its name, and its paths if it lists any.
-    entries: Vec<(String, Option<Access>)>,
-    served: Option<Access>,
+    entries: Vec<(String, Option<Block>)>,
+    served: Option<Block>,
     /// Endpoint names, by the index the kernel records.
     endpoints: Vec<String>,
     /// Audit mode: every path is served, and what the policy would refuse is recorded.
     audit: bool,
 }
 
-/// The access block a caller gets, and the name its refusals give (the entry's, or `served`).
+/// What one entry (or `served`) is served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Block {
+    access: Access,
+    rate: Option<Rate>,
+}
+
+impl Block {
+    fn of(p: &ServedPaths, default: Option<Rate>) -> Block {
+        Block { access: p.access.clone(), rate: p.rate.or(default) }
+    }
+}
+
+/// The access block a caller gets, the name its refusals give (the entry's, or `served`),
+/// and the rate its workload is served at (`None`: no limit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Grant<'a> {
     pub(crate) who: &'a str,
     pub(crate) access: &'a Access,
+    pub(crate) rate: Option<Rate>,
 }
 
 /// Why a caller has no access block.
@@ -48,9 +63,9 @@ impl Table {
             entries: policy
                 .allow
                 .iter()
-                .map(|e| (e.name.clone(), e.paths.as_ref().map(|p| p.access.clone())))
+                .map(|e| (e.name.clone(), e.paths.as_ref().map(|p| Block::of(p, None))))
                 .collect(),
-            served: policy.served.as_ref().map(|p| p.access.clone()),
+            served: policy.served.as_ref().map(|p| Block::of(p, Some(SERVED_RATE))),
             endpoints: policy.endpoint_names(),
             audit: policy.mode == Mode::Audit,
         }
@@ -88,7 +103,7 @@ impl Table {
             }
         };
         match access {
-            Some(access) => Ok(Grant { who, access }),
+            Some(b) => Ok(Grant { who, access: &b.access, rate: b.rate }),
             None => Err(NoGrant::NoPaths { who }),
         }
     }
@@ -123,8 +138,10 @@ served:
         assert_eq!(t.grant(Some(2)), Err(NoGrant::UnknownEntry(2)));
         assert_eq!(t.grant(Some(u32::MAX)), Err(NoGrant::UnknownEntry(u32::MAX)));
         assert_eq!((t.endpoint(0), t.endpoint(1), t.audit()), ("imds", "(unknown)", false));
+        assert_eq!(csi.rate, None, "an allow entry without `rate` is not limited");
         let served = t.grant(None).expect("served");
         assert_eq!(served.who, SERVED);
+        assert_eq!(served.rate, Some(SERVED_RATE), "`served` without `rate`");
         assert!(served.access.judge("GET", "/latest/meta-data/placement/zone").is_err());
         assert!(served.access.judge("GET", "/latest/meta-data/placement/region").is_ok());
 

@@ -3,7 +3,11 @@
 use gate_common::http::{Access, Methods, PathRule, is_parameter_name};
 
 use super::{Ctx, Result};
-use crate::policy::{ServedPaths, profiles};
+use crate::policy::{Rate, ServedPaths, profiles, schema::RawRate};
+
+/// The most a `rate` may say: past it, the rate protects nothing.
+const MAX_PER_SECOND: f64 = 1000.0;
+const MAX_BURST: i64 = 1000;
 
 /// The access fields as written, wherever they stand.
 pub(super) struct RawAccess {
@@ -11,6 +15,7 @@ pub(super) struct RawAccess {
     pub paths: Option<Vec<String>>,
     pub methods: Option<Vec<String>>,
     pub query_parameters: Option<Vec<String>>,
+    pub rate: Option<RawRate>,
 }
 
 impl RawAccess {
@@ -20,6 +25,7 @@ impl RawAccess {
             || self.paths.is_some()
             || self.methods.is_some()
             || self.query_parameters.is_some()
+            || self.rate.is_some()
     }
 }
 
@@ -77,10 +83,11 @@ pub(super) fn served_paths(
     if paths.is_empty() {
         return Err(cx.err(
             format!("{at}.paths"),
-            "missing: `methods` and `queryParameters` narrow the paths an entry is served; list \
-             them in `paths`, or name `profile: safe`",
+            "missing: `methods`, `queryParameters` and `rate` narrow the paths an entry is \
+             served; list them in `paths`, or name `profile: safe`",
         ));
     }
+    let rate = raw.rate.map(|r| rate(cx, &format!("{at}.rate"), r)).transpose()?;
 
     match raw.methods {
         None if raw.profile.is_none() => methods = Methods::READ,
@@ -133,5 +140,35 @@ pub(super) fn served_paths(
         }
     }
 
-    Ok(ServedPaths { profile: raw.profile, access: Access { paths, methods, query } })
+    Ok(ServedPaths { profile: raw.profile, access: Access { paths, methods, query }, rate })
+}
+
+/// `rate`: `perSecond` above 0 and at most [`MAX_PER_SECOND`] (thousandths count), `burst`
+/// 1 to [`MAX_BURST`], by default `perSecond` rounded up.
+fn rate(cx: &Ctx, at: &str, raw: RawRate) -> Result<Rate> {
+    let field = format!("{at}.perSecond");
+    let Some(per_second) = raw.per_second else {
+        return Err(cx.err(field, "missing: how many requests per second a workload is served"));
+    };
+    if !per_second.is_finite() || per_second < 0.001 || per_second > MAX_PER_SECOND {
+        return Err(cx.err(
+            field,
+            format!(
+                "{per_second} is outside 0.001-{MAX_PER_SECOND}: a workload is served at least \
+                 one request in 1 000 s (to serve none, list no paths)"
+            ),
+        ));
+    }
+    let milli_per_second = (per_second * 1000.0).round() as u32;
+    let burst = match raw.burst {
+        None => per_second.ceil() as i64,
+        Some(b) if (1..=MAX_BURST).contains(&b) => b,
+        Some(b) => {
+            return Err(cx.err(
+                format!("{at}.burst"),
+                format!("{b} is outside 1-{MAX_BURST}: the requests served at once, after a pause"),
+            ));
+        }
+    };
+    Ok(Rate { milli_per_second, burst: burst.max(1) as u32 })
 }

@@ -81,6 +81,7 @@ pub(super) fn allow_entry(
         paths: raw.paths,
         methods: raw.methods,
         query_parameters: raw.query_parameters,
+        rate: raw.rate,
     };
     let paths = if access.is_set() { Some(served_paths(cx, at, platform, access)?) } else { None };
     let grants = grants(cx, &format!("{at}.grants"), raw.grants, paths.is_some())?;

@@ -265,6 +265,7 @@ pub(super) fn validate(source: &str, raw: RawPolicy) -> Result<Policy> {
                 paths: s.paths,
                 methods: s.methods,
                 query_parameters: s.query_parameters,
+                rate: s.rate,
             };
             Some(access::served_paths(&cx, "served", &platform, raw)?)
         }

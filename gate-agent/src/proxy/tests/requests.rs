@@ -272,3 +272,35 @@ async fn audit_mode_serves_every_path_and_records_what_it_would_refuse() {
         .collect();
     assert_eq!(audited, ["/latest/meta-data/iam/info", "/latest/user-data"]);
 }
+
+/// A `served` workload past its burst is answered 429 with `Retry-After`, and nothing of it
+/// reaches the service; another served workload has a bucket of its own, and the allow-listed
+/// entry (no `rate`) is served throughout. The metrics and the path record count it for the
+/// workload. Without the bucket the eleventh request would reach the service.
+#[tokio::test]
+async fn a_workload_over_its_rate_gets_429_and_the_others_are_served() {
+    let h = Harness::start().await;
+    let get = |id: u64, entry: Option<u32>| {
+        let raw = "GET /latest/meta-data/placement/region HTTP/1.1\r\nHost: x\r\n\r\n";
+        h.send(Some(h.caller(id, entry)), raw.as_bytes())
+    };
+    let burst = crate::policy::SERVED_RATE.burst;
+    for i in 0..burst {
+        assert_eq!(get(20, SERVED).await.status(), 200, "request {i} within the burst");
+    }
+    let over = get(20, SERVED).await;
+    assert_eq!(over.status(), 429, "{over:?}");
+    assert_eq!(over.header("retry-after").as_deref(), Some("1"));
+    let want = "metadata-gate: GET /latest/meta-data/placement/region: over the rate of served \
+                (1 per second, burst 10); retry in 1 s\n";
+    assert_eq!(over.body(), want);
+    assert_eq!(h.seen().len(), burst as usize, "the request over the rate reached the service");
+    assert_eq!(get(21, SERVED).await.status(), 200, "another served workload");
+    for _ in 0..3 * burst {
+        assert_eq!(get(22, CSI).await.status(), 200, "the allow-listed entry is not limited");
+    }
+    assert_eq!(h.metrics.requests_of("refused", "rate"), 1);
+    assert_eq!(h.metrics.rate_limited_of("cgroup-id:20"), 1);
+    let record = h.paths.records().into_iter().find(|r| r.key.cgroup_id == 20).expect("record");
+    assert_eq!((record.counts.served, record.counts.limited), (u64::from(burst), 1));
+}

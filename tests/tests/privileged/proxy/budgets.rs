@@ -162,6 +162,56 @@ fn a_host_network_pod_cannot_take_the_kubelets_probe_slots() {
     assert!(busy.unwrap_or(0.0) >= 1.0, "the pod never filled the pods' share: {busy:?}\n{m}");
 }
 
+/// A `served` pod asks for its region 20 times in a row: the proxy serves its burst (10)
+/// and perhaps a request a second after it, and answers the rest 429 with `Retry-After`,
+/// without sending them on. The allow-listed csi-node beside it is served every time, and the
+/// 429s are counted for the pod. Without the agent all 20 reach the service.
+#[test]
+fn a_pod_over_its_rate_gets_429_and_csi_node_is_served_beside_it() {
+    privileged!(a_pod_over_its_rate_gets_429_and_csi_node_is_served_beside_it);
+    const ASKED: usize = 20;
+    let mut env = proxy_env(&["gated/pod-b"]);
+    let ask = |env: &Env| -> Vec<String> {
+        (0..ASKED)
+            .map(|_| {
+                let (_, o) = http(env, "gated/pod-b", IMDS_V4, REGION);
+                let reply = o.reply.unwrap_or_default();
+                let mut words = reply.split_whitespace().skip_while(|w| !w.starts_with("HTTP/"));
+                words.nth(1).unwrap_or("none").to_owned()
+            })
+            .collect()
+    };
+    let direct = ask(&env);
+    assert!(direct.iter().all(|s| s == "200"), "without the agent: {direct:?}");
+
+    env.agent = Some(proxy_agent(&env, "gated/agent"));
+    let started = std::time::Instant::now();
+    let statuses = ask(&env);
+    let elapsed = started.elapsed().as_secs();
+    let served = statuses.iter().filter(|s| *s == "200").count();
+    let limited = statuses.iter().filter(|s| *s == "429").count();
+    eprintln!("{ASKED} asked in {elapsed} s: {served} served, {limited} answered 429");
+    assert_eq!(served + limited, ASKED, "{statuses:?}");
+    assert!(served >= 10, "the burst: {statuses:?}");
+    // The burst, and one a second after it.
+    assert!(served as u64 <= 10 + elapsed + 1, "{served} served in {elapsed} s: {statuses:?}");
+    assert!(limited >= 1, "{statuses:?}");
+    let (_, o) = http(&env, "gated/pod-b", IMDS_V4, REGION);
+    let reply = o.reply.clone().unwrap_or_default();
+    if reply.contains(" 429 ") {
+        assert!(reply.to_ascii_lowercase().contains("retry-after: "), "{reply}");
+        assert!(reply.contains("over the rate of served"), "{reply}");
+    }
+    for _ in 0..5 {
+        assert!(answered(&env, "gated/csi-node", ID), "csi-node beside the limited pod");
+    }
+    let m = metrics(&env);
+    let counted =
+        metric(&m, "metadata_gate_proxy_requests_total{verdict=\"refused\",reason=\"rate\"}");
+    assert!(counted.unwrap_or(0.0) >= limited as f64, "{counted:?}\n{m}");
+    assert!(m.contains("metadata_gate_proxy_rate_limited_total{workload=\""), "{m}");
+}
+
 /// A pod of 64 containers, each holding 16 silent connections to the metadata service (the
 /// kernel sends them to the proxy), holds 16 of the proxy's slots, its pod's: another served
 /// pod and the allow-listed csi-node are served meanwhile, and the refusals are counted as
