@@ -150,7 +150,7 @@ fn rate(cx: &Ctx, at: &str, raw: RawRate) -> Result<Rate> {
     let Some(per_second) = raw.per_second else {
         return Err(cx.err(field, "missing: how many requests per second a workload is served"));
     };
-    if !per_second.is_finite() || per_second < 0.001 || per_second > MAX_PER_SECOND {
+    if !(0.001..=MAX_PER_SECOND).contains(&per_second) {
         return Err(cx.err(
             field,
             format!(
