@@ -9,4 +9,6 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler/app"
 	_ "k8s.io/kubernetes/cmd/kubelet/app"
+	// kubectl's command tree (cmd/kubectl is a main package).
+	_ "k8s.io/kubectl/pkg/cmd"
 )

@@ -86,9 +86,10 @@ enum Cmd {
         no_build: bool,
     },
     /// A real Kubernetes for the cluster tests: `build` makes kube-apiserver,
-    /// kube-controller-manager, kube-scheduler, kubelet, etcd and etcdctl from the Go modules
-    /// pinned in tests/cluster (needs Go and the Go module proxy) into target/cluster/bin,
-    /// each module again only when its pins change
+    /// kube-controller-manager, kube-scheduler, kubelet, kubectl, etcd and etcdctl from the Go
+    /// modules pinned in tests/cluster (needs Go and the Go module proxy) into
+    /// target/cluster/bin, each module again only when its pins change; `manifests` has a real
+    /// API server judge every object of deploy/
     Cluster {
         #[command(subcommand)]
         cmd: ClusterCmd,
@@ -102,6 +103,9 @@ enum Cmd {
 enum ClusterCmd {
     /// Build the Kubernetes components (cold: see docs/development.md)
     Build,
+    /// Start etcd and kube-apiserver in network namespaces of their own and apply every
+    /// object deploy/ ships with server-side dry run and strict validation (root)
+    Manifests,
 }
 
 fn main() -> Result<()> {
@@ -132,6 +136,7 @@ fn main() -> Result<()> {
         }
         Cmd::Manifests => manifests::run(),
         Cmd::Cluster { cmd: ClusterCmd::Build } => cluster::build().map(drop),
+        Cmd::Cluster { cmd: ClusterCmd::Manifests } => cluster::manifests(),
         Cmd::E2eKind { keep, no_build } => kind::e2e(kind::Options { keep, build: !no_build }),
         Cmd::Bench(opts) => {
             if !opts.redraw {

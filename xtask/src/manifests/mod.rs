@@ -138,6 +138,25 @@ pub(crate) fn run() -> Result<()> {
     Ok(())
 }
 
+/// Every object deploy/ ships, by where it comes from: each Kustomize target rendered, and
+/// each plain directory's files (for the API server's own check, `cargo xtask cluster`).
+pub(crate) fn shipped() -> Result<Vec<(String, Vec<Value>)>> {
+    let mut out = Vec::new();
+    for target in TARGETS {
+        out.push((target.to_string(), render(target)?.into_iter().map(|o| o.value).collect()));
+    }
+    for dir in PLAIN_DIRS {
+        out.push((dir.to_string(), read_plain(dir)?.into_iter().map(|o| o.value).collect()));
+    }
+    Ok(out)
+}
+
+/// The CRDs of the custom resources deploy/ uses, from the schemas [`schema`] checks them
+/// against: what a test cluster must serve before it can take them.
+pub(crate) fn custom_resource_definitions() -> Result<Vec<Value>> {
+    schema::definitions().context("a vendored CRD schema is not JSON")
+}
+
 /// `kubectl kustomize DIR`, split into objects.
 fn render(target: &str) -> Result<Vec<Object>> {
     if output(Command::new("kubectl").args(["version", "--client"])).is_none() {

@@ -7,35 +7,83 @@ use std::sync::LazyLock;
 use jsonschema::Validator;
 use serde_json::Value;
 
-/// (apiVersion, kind, schema) of every vendored CRD.
-const SCHEMAS: &[(&str, &str, &str)] = &[
-    (
-        "security.openshift.io/v1",
-        "SecurityContextConstraints",
-        include_str!("../../schemas/securitycontextconstraints.json"),
-    ),
-    (
-        "machineconfiguration.openshift.io/v1",
-        "MachineConfig",
-        include_str!("../../schemas/machineconfig.json"),
-    ),
-    (
-        "monitoring.coreos.com/v1",
-        "ServiceMonitor",
-        include_str!("../../schemas/servicemonitor.json"),
-    ),
-    (
-        "monitoring.coreos.com/v1",
-        "PrometheusRule",
-        include_str!("../../schemas/prometheusrule.json"),
-    ),
+/// One vendored CRD: what it serves, and its schema.
+struct Crd {
+    api: &'static str,
+    kind: &'static str,
+    plural: &'static str,
+    namespaced: bool,
+    schema: &'static str,
+}
+
+const SCHEMAS: &[Crd] = &[
+    Crd {
+        api: "security.openshift.io/v1",
+        kind: "SecurityContextConstraints",
+        plural: "securitycontextconstraints",
+        namespaced: false,
+        schema: include_str!("../../schemas/securitycontextconstraints.json"),
+    },
+    Crd {
+        api: "machineconfiguration.openshift.io/v1",
+        kind: "MachineConfig",
+        plural: "machineconfigs",
+        namespaced: false,
+        schema: include_str!("../../schemas/machineconfig.json"),
+    },
+    Crd {
+        api: "monitoring.coreos.com/v1",
+        kind: "ServiceMonitor",
+        plural: "servicemonitors",
+        namespaced: true,
+        schema: include_str!("../../schemas/servicemonitor.json"),
+    },
+    Crd {
+        api: "monitoring.coreos.com/v1",
+        kind: "PrometheusRule",
+        plural: "prometheusrules",
+        namespaced: true,
+        schema: include_str!("../../schemas/prometheusrule.json"),
+    },
 ];
 
 type Compiled = Vec<(&'static str, &'static str, Result<Validator, String>)>;
 
-static VALIDATORS: LazyLock<Compiled> = LazyLock::new(|| {
-    SCHEMAS.iter().map(|(api, kind, text)| (*api, *kind, compile(text))).collect()
-});
+static VALIDATORS: LazyLock<Compiled> =
+    LazyLock::new(|| SCHEMAS.iter().map(|c| (c.api, c.kind, compile(c.schema))).collect());
+
+/// The vendored CRDs as CustomResourceDefinition objects, for an API server to serve (one
+/// version, the vendored schema as written).
+pub(super) fn definitions() -> serde_json::Result<Vec<Value>> {
+    SCHEMAS
+        .iter()
+        .map(|c| {
+            let (group, version) = c.api.split_once('/').unwrap_or(("", c.api));
+            let schema: Value = serde_json::from_str(c.schema)?;
+            Ok(serde_json::json!({
+                "apiVersion": "apiextensions.k8s.io/v1",
+                "kind": "CustomResourceDefinition",
+                "metadata": {"name": format!("{}.{group}", c.plural)},
+                "spec": {
+                    "group": group,
+                    "scope": if c.namespaced { "Namespaced" } else { "Cluster" },
+                    "names": {
+                        "plural": c.plural,
+                        "singular": c.kind.to_ascii_lowercase(),
+                        "kind": c.kind,
+                        "listKind": format!("{}List", c.kind),
+                    },
+                    "versions": [{
+                        "name": version,
+                        "served": true,
+                        "storage": true,
+                        "schema": {"openAPIV3Schema": schema},
+                    }],
+                },
+            }))
+        })
+        .collect()
+}
 
 fn compile(text: &str) -> Result<Validator, String> {
     let mut schema: Value = serde_json::from_str(text).map_err(|e| e.to_string())?;

@@ -39,6 +39,8 @@ const MODULES: [Module; 2] = [
             ("kube-controller-manager", "k8s.io/kubernetes/cmd/kube-controller-manager"),
             ("kube-scheduler", "k8s.io/kubernetes/cmd/kube-scheduler"),
             ("kubelet", "k8s.io/kubernetes/cmd/kubelet"),
+            // The client of the same release, for the tests to drive the cluster with.
+            ("kubectl", "k8s.io/kubernetes/cmd/kubectl"),
         ],
         ldflags: kubernetes_flags,
         env: &[],

@@ -1,0 +1,257 @@
+//! A control plane as plain processes: etcd and kube-apiserver, in the node network namespace of
+//! a test network of their own (`integration_tests::net::TestNet`: the node's namespace, and
+//! the fake metadata service's behind it). Nothing listens in, or routes through, the
+//! machine's own namespace. Authentication and authorization as a real cluster has them: client
+//! certificates and service-account tokens, no anonymous access, the Node and RBAC authorizers,
+//! NodeRestriction. Everything goes on drop, also after a failure: the processes (by pid), the
+//! namespaces, the run directory (certificates, etcd's data, the logs).
+use std::{
+    fs,
+    net::IpAddr,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use integration_tests::{
+    net::{NODE_V4, TestNet},
+    sys::{exec_in_netns, unique},
+};
+
+use super::{build, pki};
+use crate::util::show;
+
+/// The Service range: the API server's own Service takes its first address.
+const SERVICE_RANGE: &str = "10.96.0.0/16";
+const SERVICE_IP: [u8; 4] = [10, 96, 0, 1];
+/// The API server's port, on every address of the node's namespace.
+const API_PORT: u16 = 6443;
+/// How long each component may take to answer after it starts (a cold etcd and API server
+/// answer in a few seconds here).
+const START: Duration = Duration::from_secs(90);
+
+/// The running control plane.
+pub(crate) struct ControlPlane {
+    /// Declared first: dropped (killed) before the namespaces go.
+    procs: Vec<(&'static str, Child)>,
+    pub(crate) net: TestNet,
+    /// Certificates, etcd's data, kubeconfigs and the components' logs.
+    pub(crate) dir: PathBuf,
+    bin: PathBuf,
+}
+
+impl ControlPlane {
+    /// Build what is missing, then start etcd and the API server and wait until both answer.
+    pub(crate) fn start() -> Result<ControlPlane> {
+        let bin = build()?;
+        let net = TestNet::new().context("the cluster's network namespaces")?;
+        let dir = crate::bins::target_dir().join("cluster/run").join(unique("mg-cluster"));
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mut cp = ControlPlane { procs: Vec::new(), net, dir, bin };
+        let node: IpAddr = NODE_V4.parse()?;
+        pki::write(&cp.dir, node, IpAddr::from(SERVICE_IP))?;
+        let server = format!("https://{NODE_V4}:{API_PORT}");
+        let admin = pki::kubeconfig(&cp.dir, &server, pki::ADMIN_CERT, pki::ADMIN_KEY)?;
+        fs::write(cp.kubeconfig(), admin)?;
+        let started = Instant::now();
+        let controller =
+            pki::kubeconfig(&cp.dir, &server, pki::CONTROLLER_CERT, pki::CONTROLLER_KEY)?;
+        fs::write(cp.dir.join("controller-manager.kubeconfig"), controller)?;
+        cp.start_etcd()?;
+        cp.start_apiserver()?;
+        cp.start_controller_manager()?;
+        eprintln!(
+            "cluster: etcd, kube-apiserver and kube-controller-manager answer after {:.1} s (run \
+             dir {})",
+            started.elapsed().as_secs_f64(),
+            cp.dir.display()
+        );
+        Ok(cp)
+    }
+
+    /// The admin's kubeconfig (`system:masters`).
+    pub(crate) fn kubeconfig(&self) -> PathBuf {
+        self.dir.join("admin.kubeconfig")
+    }
+
+    /// `kubectl` (the one built with the cluster) as the admin, in the node's namespace.
+    pub(crate) fn kubectl(&self) -> Result<Command> {
+        let mut cmd = Command::new(self.bin.join("kubectl"));
+        cmd.arg("--kubeconfig").arg(self.kubeconfig());
+        exec_in_netns(&mut cmd, &self.net.node_path())?;
+        Ok(cmd)
+    }
+
+    /// Start `name` from the cluster's binaries with `args`, its output in `<name>.log`.
+    fn spawn(&mut self, name: &'static str, args: &[String]) -> Result<()> {
+        let log = fs::File::create(self.dir.join(format!("{name}.log")))?;
+        let mut cmd = Command::new(self.bin.join(name));
+        cmd.args(args).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+        exec_in_netns(&mut cmd, &self.net.node_path())?;
+        let child = cmd.spawn().with_context(|| format!("starting {}", show(&cmd)))?;
+        self.procs.push((name, child));
+        Ok(())
+    }
+
+    /// Wait until `ready` holds, or fail with `name`'s log if it exits or `START` passes.
+    fn wait(&mut self, name: &str, mut ready: impl FnMut(&Self) -> bool) -> Result<()> {
+        let deadline = Instant::now() + START;
+        loop {
+            if ready(self) {
+                return Ok(());
+            }
+            let exited = self
+                .procs
+                .iter_mut()
+                .find(|(n, _)| *n == name)
+                .and_then(|(_, c)| c.try_wait().ok().flatten());
+            if exited.is_some() || Instant::now() > deadline {
+                let why =
+                    exited.map_or("did not answer in time".into(), |s| format!("exited: {s}"));
+                bail!("{name} {why}; its log ends:\n{}", self.log_tail(name));
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    fn log_tail(&self, name: &str) -> String {
+        let text = fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    fn start_etcd(&mut self) -> Result<()> {
+        // Plain HTTP on the node namespace's loopback, which nothing outside it reaches.
+        let data = self.dir.join("etcd");
+        let args = [
+            "--name=node",
+            &format!("--data-dir={}", data.display()),
+            "--listen-client-urls=http://127.0.0.1:2379",
+            "--advertise-client-urls=http://127.0.0.1:2379",
+            "--listen-peer-urls=http://127.0.0.1:2380",
+            "--initial-advertise-peer-urls=http://127.0.0.1:2380",
+            "--initial-cluster=node=http://127.0.0.1:2380",
+            "--listen-metrics-urls=http://127.0.0.1:2381",
+            "--log-level=warn",
+        ]
+        .map(String::from);
+        self.spawn("etcd", &args)?;
+        let etcdctl = self.bin.join("etcdctl");
+        let node = self.net.node_path();
+        self.wait("etcd", |_| {
+            let mut cmd = Command::new(&etcdctl);
+            cmd.args(["--endpoints=http://127.0.0.1:2379", "endpoint", "health"]);
+            cmd.stdout(Stdio::null()).stderr(Stdio::null());
+            exec_in_netns(&mut cmd, &node).is_ok() && cmd.status().is_ok_and(|s| s.success())
+        })
+    }
+
+    fn start_apiserver(&mut self) -> Result<()> {
+        let f = |name: &str| self.dir.join(name).display().to_string();
+        let args = vec![
+            "--etcd-servers=http://127.0.0.1:2379".to_owned(),
+            format!("--advertise-address={NODE_V4}"),
+            format!("--secure-port={API_PORT}"),
+            format!("--cert-dir={}", f("apiserver-certs")),
+            format!("--tls-cert-file={}", f(pki::SERVER_CERT)),
+            format!("--tls-private-key-file={}", f(pki::SERVER_KEY)),
+            format!("--client-ca-file={}", f(pki::CA)),
+            format!("--kubelet-client-certificate={}", f(pki::KUBELET_CLIENT_CERT)),
+            format!("--kubelet-client-key={}", f(pki::KUBELET_CLIENT_KEY)),
+            format!("--kubelet-certificate-authority={}", f(pki::CA)),
+            format!("--service-account-key-file={}", f(pki::SA_PUB)),
+            format!("--service-account-signing-key-file={}", f(pki::SA_KEY)),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_owned(),
+            format!("--service-cluster-ip-range={SERVICE_RANGE}"),
+            "--anonymous-auth=false".to_owned(),
+            "--authorization-mode=Node,RBAC".to_owned(),
+            "--enable-admission-plugins=NodeRestriction".to_owned(),
+            "--allow-privileged=true".to_owned(),
+            "--profiling=false".to_owned(),
+            "--v=1".to_owned(),
+        ];
+        self.spawn("kube-apiserver", &args)?;
+        self.wait("kube-apiserver", |cp| {
+            cp.kubectl()
+                .map(|mut c| {
+                    c.args(["get", "--raw=/readyz"]).stdout(Stdio::null()).stderr(Stdio::null());
+                    c.status().is_ok_and(|s| s.success())
+                })
+                .unwrap_or(false)
+        })
+    }
+
+    /// The controller manager, with every controller's own service account, as kubeadm runs
+    /// it; ready once it has made the `default` service account of `kube-system`.
+    fn start_controller_manager(&mut self) -> Result<()> {
+        let f = |name: &str| self.dir.join(name).display().to_string();
+        let kubeconfig = f("controller-manager.kubeconfig");
+        let args = vec![
+            format!("--kubeconfig={kubeconfig}"),
+            format!("--authentication-kubeconfig={kubeconfig}"),
+            format!("--authorization-kubeconfig={kubeconfig}"),
+            "--bind-address=127.0.0.1".to_owned(),
+            "--secure-port=10257".to_owned(),
+            "--use-service-account-credentials=true".to_owned(),
+            format!("--service-account-private-key-file={}", f(pki::SA_KEY)),
+            format!("--root-ca-file={}", f(pki::CA)),
+            format!("--cluster-signing-cert-file={}", f(pki::CA)),
+            format!("--cluster-signing-key-file={}", f(pki::CA_KEY)),
+            format!("--cert-dir={}", f("controller-manager-certs")),
+            "--leader-elect=false".to_owned(),
+            "--profiling=false".to_owned(),
+            "--v=1".to_owned(),
+        ];
+        self.spawn("kube-controller-manager", &args)?;
+        self.wait("kube-controller-manager", |cp| {
+            cp.kubectl()
+                .map(|mut c| {
+                    c.args(["-n", "kube-system", "get", "serviceaccount", "default"]);
+                    c.stdout(Stdio::null()).stderr(Stdio::null());
+                    c.status().is_ok_and(|s| s.success())
+                })
+                .unwrap_or(false)
+        })
+    }
+
+    /// Wait until namespace `ns` has its `default` service account (the controller manager
+    /// makes it), which a pod without one names.
+    pub(crate) fn wait_for_default_account(&mut self, ns: &str) -> Result<()> {
+        self.wait("kube-controller-manager", |cp| {
+            cp.kubectl()
+                .map(|mut c| {
+                    c.args(["-n", ns, "get", "serviceaccount", "default"]);
+                    c.stdout(Stdio::null()).stderr(Stdio::null());
+                    c.status().is_ok_and(|s| s.success())
+                })
+                .unwrap_or(false)
+        })
+    }
+
+    /// Where the components' logs are, for a failure's message.
+    pub(crate) fn logs(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        // Only the processes this started, by pid: SIGTERM, then SIGKILL after a while.
+        for (_, child) in &mut self.procs {
+            // SAFETY: a pid of a child this process started and has not reaped.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for (_, child) in &mut self.procs {
+            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if std::env::var_os("MG_CLUSTER_KEEP_LOGS").is_none() {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
