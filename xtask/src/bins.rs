@@ -16,6 +16,8 @@ pub(crate) fn target_dir() -> PathBuf {
 pub(crate) enum Profile {
     /// Release speed with debug assertions and overflow checks: what tests run.
     Checked,
+    /// Unoptimised, without debug info: the quickest to build from a fresh clone (the demo).
+    Demo,
     /// What users run, and what the full benchmark measures.
     Release,
 }
@@ -24,6 +26,7 @@ impl Profile {
     fn name(self) -> &'static str {
         match self {
             Profile::Checked => "checked",
+            Profile::Demo => "demo",
             Profile::Release => "release",
         }
     }

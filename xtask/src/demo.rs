@@ -41,7 +41,7 @@ pub(crate) fn run() -> Result<()> {
         bail!("the demo {why}: run it as root (sudo -E cargo xtask demo)");
     }
     step(1, "Building gate-agent (with its eBPF programs) and the workload probe");
-    let bins = crate::bins::build(crate::bins::Profile::Checked)?;
+    let bins = crate::bins::build(crate::bins::Profile::Demo)?;
 
     step(2, "A throwaway world: two network namespaces joined by a veth pair");
     let net = TestNet::new()?;

@@ -204,15 +204,7 @@ impl ControlPlane {
             "--v=1".to_owned(),
         ];
         self.spawn("kube-controller-manager", &args)?;
-        self.wait("kube-controller-manager", |cp| {
-            cp.kubectl()
-                .map(|mut c| {
-                    c.args(["-n", "kube-system", "get", "serviceaccount", "default"]);
-                    c.stdout(Stdio::null()).stderr(Stdio::null());
-                    c.status().is_ok_and(|s| s.success())
-                })
-                .unwrap_or(false)
-        })
+        self.wait_for_default_account("kube-system")
     }
 
     /// Wait until namespace `ns` has its `default` service account (the controller manager
