@@ -119,17 +119,24 @@ impl CgroupNames {
     }
 }
 
-/// A denial that was logged (so within the rate limit), for cluster mode's Kubernetes Events.
+/// A workload stopped, as logged (so within the rate limit), for cluster mode's Kubernetes
+/// Events: who (named once, when it was logged: the pod and container; no pod, no Event), and
+/// how.
 #[derive(Clone, Debug)]
-pub(crate) struct Denied {
-    /// Who was denied (or refused, by the metadata proxy), named once when the denial was
-    /// logged (cluster mode: the pod and container; no pod, no Event).
+pub(crate) struct Blocked {
     pub workload: Identity,
-    pub event: DenyEvent,
-    pub endpoint: String,
-    /// A request the metadata proxy refused: its method and path, and why (with the entry);
-    /// `None` for the kernel's denials.
-    pub request: Option<(String, String)>,
+    pub how: Block,
+}
+
+/// How a workload was stopped: by the kernel, or by the metadata proxy.
+#[derive(Clone, Debug)]
+pub(crate) enum Block {
+    /// The kernel denied a connect, a datagram, a frame or a socket option; `endpoint` names
+    /// the policy's endpoint (or what stands for none).
+    Denied { event: DenyEvent, endpoint: String },
+    /// The metadata proxy refused a request to `dst`: its method and path, and why (with the
+    /// entry).
+    Refused { dst: std::net::SocketAddr, request: String, why: String },
 }
 
 /// The name of the endpoint an event names: the policy's, or what stands for none.
@@ -187,7 +194,7 @@ pub(crate) struct EventSinks {
     /// Where the identities of the cgroups seen are kept for `report`, if anywhere.
     pub state_dir: Option<PathBuf>,
     /// Logged denials are also sent here (cluster mode raises Kubernetes Events).
-    pub notify: Option<tokio::sync::mpsc::UnboundedSender<Denied>>,
+    pub notify: Option<tokio::sync::mpsc::UnboundedSender<Blocked>>,
 }
 
 impl EventSinks {
@@ -269,12 +276,8 @@ pub(crate) async fn run(
                         log_event(&ev, &cgroup, &eps);
                         if let Some(tx) = &sinks.notify {
                             let endpoint = endpoint_name(&ev, &eps);
-                            let _ = tx.send(Denied {
-                                workload: identity,
-                                event: ev,
-                                endpoint,
-                                request: None,
-                            });
+                            let how = Block::Denied { event: ev, endpoint };
+                            let _ = tx.send(Blocked { workload: identity, how });
                         }
                     }
                 }

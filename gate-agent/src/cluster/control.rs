@@ -21,7 +21,7 @@ use super::{
 };
 use crate::{
     engine::{AllowSource, Engine, GateOps, Offer},
-    events::{Denied, Namer},
+    events::{Blocked, Namer},
     policy::Policy,
 };
 
@@ -39,7 +39,7 @@ pub(crate) enum Input {
     /// OpenShift's Infrastructure object, as listed or changed.
     Infrastructure(Box<Value>),
     /// A denial that was logged: a Kubernetes Event on its pod.
-    Denied(Box<Denied>),
+    Blocked(Box<Blocked>),
     /// Time to re-resolve the allow set and repair what went missing.
     Tick,
     /// A watch ended, which a watch never does on its own.
@@ -59,7 +59,7 @@ impl Input {
             },
             Input::Pods(_) => "pods",
             Input::Infrastructure(_) => "infrastructure",
-            Input::Denied(_) => "denied",
+            Input::Blocked(_) => "blocked",
             Input::Tick => "tick",
             Input::Ended(_) => "ended",
         }
@@ -83,7 +83,13 @@ pub(crate) trait ClusterOps {
     /// Follow another policy ConfigMap from the next input on.
     fn follow(&mut self, configmap: &ObjectRef<ConfigMap>);
     /// Publish a Kubernetes Event on `object` (rate-limited; failures are logged).
-    async fn publish(&mut self, object: ObjectReference, warning: bool, reason: &str, note: String);
+    async fn publish(
+        &mut self,
+        object: ObjectReference,
+        warning: bool,
+        reason: kevents::Reason,
+        note: String,
+    );
 }
 
 /// Where the loop starts from.
@@ -185,7 +191,7 @@ impl<C: ClusterOps> Control<C> {
                     }
                 }
                 Input::Infrastructure(obj) => self.on_infrastructure(&obj),
-                Input::Denied(d) => self.on_denied(*d).await,
+                Input::Blocked(b) => self.on_blocked(*b).await,
                 Input::Tick => self.sync().await,
             }
             self.start_when_ready().await?;
@@ -235,7 +241,7 @@ impl<C: ClusterOps> Control<C> {
                         "metadata-gate rejected this policy, the last good one stays: {why}"
                     );
                     let object = self.configmap.clone().into();
-                    self.ops.publish(object, true, kevents::REJECTED_REASON, note).await;
+                    self.ops.publish(object, true, kevents::Reason::PolicyRejected, note).await;
                 }
             }
             Event::Delete(cm) if self.follows(&cm) => {
@@ -270,11 +276,12 @@ impl<C: ClusterOps> Control<C> {
         }
     }
 
-    /// A Kubernetes Event on the pod of a logged denial (named once, when it was logged).
-    async fn on_denied(&mut self, d: Denied) {
-        let Some(object) = kevents::pod_ref(&d.workload) else { return };
-        let note = kevents::denial_note(&d, d.workload.container.as_deref());
-        self.ops.publish(object.into(), true, kevents::BLOCKED_REASON, note).await;
+    /// A Kubernetes Event on the pod of a logged denial or refusal (named once, when it was
+    /// logged), its reason and action by which it was.
+    async fn on_blocked(&mut self, b: Blocked) {
+        let Some(object) = kevents::pod_ref(&b.workload) else { return };
+        let note = kevents::blocked_note(&b, b.workload.container.as_deref());
+        self.ops.publish(object.into(), true, kevents::Reason::of(&b.how), note).await;
     }
 }
 

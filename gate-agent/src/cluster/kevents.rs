@@ -1,6 +1,7 @@
-//! Kubernetes Events: `MetadataAccessBlocked` on a pod whose workload was denied (or refused
-//! by the metadata proxy), and `PolicyRejected` on a policy ConfigMap that was rejected.
-//! Rate-limited per object so a hammering pod costs the API server one Event a minute.
+//! Kubernetes Events: `MetadataAccessBlocked` on a pod whose workload the kernel denied,
+//! `MetadataRequestRefused` on one whose request the metadata proxy refused, and
+//! `PolicyRejected` on a policy ConfigMap that was rejected. Rate-limited per object and
+//! reason, so a hammering pod costs the API server one Event a minute.
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
@@ -14,12 +15,46 @@ use kube::{
 
 use crate::{
     access::Identity,
-    events::Denied,
+    events::{Block, Blocked},
     ratelimit::{Admit, RateLimiter},
 };
 
-pub(crate) const BLOCKED_REASON: &str = "MetadataAccessBlocked";
-pub(crate) const REJECTED_REASON: &str = "PolicyRejected";
+/// Why an Event is published: its reason and its action.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reason {
+    /// The kernel denied a workload.
+    Blocked,
+    /// The metadata proxy refused a workload's request.
+    Refused,
+    /// A policy ConfigMap was rejected; the last good policy stays.
+    PolicyRejected,
+}
+
+impl Reason {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Reason::Blocked => "MetadataAccessBlocked",
+            Reason::Refused => "MetadataRequestRefused",
+            Reason::PolicyRejected => "PolicyRejected",
+        }
+    }
+
+    pub(crate) fn action(self) -> &'static str {
+        match self {
+            Reason::Blocked => "Block",
+            Reason::Refused => "Refuse",
+            Reason::PolicyRejected => "Validate",
+        }
+    }
+
+    /// The reason of a workload's Event.
+    pub(crate) fn of(b: &Block) -> Reason {
+        match b {
+            Block::Denied { .. } => Reason::Blocked,
+            Block::Refused { .. } => Reason::Refused,
+        }
+    }
+}
 
 pub(crate) struct Publisher {
     recorder: Recorder,
@@ -44,14 +79,14 @@ impl Publisher {
         &mut self,
         object: ObjectReference,
         warning: bool,
-        reason: &str,
+        reason: Reason,
         note: String,
     ) {
         let key = format!(
             "{}/{}/{}",
             object.namespace.as_deref().unwrap_or_default(),
             object.name.as_deref().unwrap_or_default(),
-            reason
+            reason.name()
         );
         if self.limiter.admit(&key, Instant::now()) == Admit::Suppress {
             return;
@@ -59,13 +94,13 @@ impl Publisher {
         let _ = self.limiter.flush(Instant::now());
         let ev = Event {
             type_: if warning { EventType::Warning } else { EventType::Normal },
-            reason: reason.into(),
+            reason: reason.name().into(),
             note: Some(note),
-            action: if reason == BLOCKED_REASON { "Block".into() } else { "Validate".into() },
+            action: reason.action().into(),
             secondary: None,
         };
         if let Err(e) = self.recorder.publish(&ev, &object).await {
-            tracing::warn!(error = %e, reason, "publishing a Kubernetes Event");
+            tracing::warn!(error = %e, reason = reason.name(), "publishing a Kubernetes Event");
         }
     }
 }
@@ -80,22 +115,22 @@ pub(crate) fn pod_ref(w: &Identity) -> Option<ObjectRef<Pod>> {
     Some(pod)
 }
 
-/// The note of a denial's Event: the kernel's (who, to where), or the metadata proxy's (which
-/// request, and why).
-pub(crate) fn denial_note(d: &Denied, container: Option<&str>) -> String {
+/// The note of a workload's Event: the kernel's denial (who, to where), or the metadata
+/// proxy's refusal (which request, and why).
+pub(crate) fn blocked_note(b: &Blocked, container: Option<&str>) -> String {
     let who = container.map(|c| format!("container {c}: ")).unwrap_or_default();
-    let (dst, port) = (d.event.dst_text(), d.event.port);
-    match &d.request {
-        Some((request, why)) => format!(
-            "{who}{request} to {dst}:{port} refused by the metadata proxy: {why}; only the \
-             listed paths are served"
+    match &b.how {
+        Block::Refused { dst, request, why } => format!(
+            "{who}{request} to {dst} refused by the metadata proxy: {why}; only the listed \
+             paths are served"
         ),
-        None => format!(
-            "{who}{} to {dst}:{port}/{} ({}) denied: cloud instance metadata is not for \
+        Block::Denied { event, endpoint } => format!(
+            "{who}{} to {}:{}/{} ({endpoint}) denied: cloud instance metadata is not for \
              workloads",
-            d.event.comm(),
-            d.event.proto_name(),
-            d.endpoint,
+            event.comm(),
+            event.dst_text(),
+            event.port,
+            event.proto_name(),
         ),
     }
 }
@@ -104,10 +139,10 @@ pub(crate) fn denial_note(d: &Denied, container: Option<&str>) -> String {
 pub(crate) mod notes {
     use gate_common::abi::{DenyEvent, PROTO_TCP};
 
-    use super::{Denied, denial_note};
+    use super::{Block, Blocked, Reason, blocked_note};
 
     /// A denial of curl's TCP connect to 169.254.169.254:80 (the cluster loop's tests too).
-    pub(crate) fn denied(request: Option<(String, String)>) -> Denied {
+    pub(crate) fn denied() -> Blocked {
         let mut addr = [0u8; 16];
         addr[..4].copy_from_slice(&[169, 254, 169, 254]);
         let mut comm = [0u8; 16];
@@ -126,24 +161,43 @@ pub(crate) mod notes {
             _pad: [0; 2],
             comm,
         };
-        Denied { workload: Default::default(), event, endpoint: "ec2-imds".into(), request }
+        let how = Block::Denied { event, endpoint: "ec2-imds".into() };
+        Blocked { workload: Default::default(), how }
+    }
+
+    /// The metadata proxy's refusal of a GET of the node's role.
+    pub(crate) fn refused() -> Blocked {
+        let how = Block::Refused {
+            dst: ([169, 254, 169, 254], 80).into(),
+            request: "GET /latest/meta-data/iam/info".into(),
+            why: "path not allowed (entry csi)".into(),
+        };
+        Blocked { workload: Default::default(), how }
     }
 
     #[test]
-    fn an_event_says_which_request_the_proxy_refused() {
-        let kernel = denial_note(&denied(None), Some("app"));
+    fn a_denial_and_a_refusal_say_what_they_are() {
+        let kernel = denied();
         assert_eq!(
-            kernel,
+            blocked_note(&kernel, Some("app")),
             "container app: curl to 169.254.169.254:80/TCP (ec2-imds) denied: cloud instance \
              metadata is not for workloads"
         );
-        let request =
-            ("GET /latest/meta-data/iam/info".into(), "path not allowed (entry csi)".into());
-        let proxy = denial_note(&denied(Some(request)), None);
+        assert_eq!(Reason::of(&kernel.how), Reason::Blocked);
         assert_eq!(
-            proxy,
+            (Reason::Blocked.name(), Reason::Blocked.action()),
+            ("MetadataAccessBlocked", "Block")
+        );
+        let proxy = refused();
+        assert_eq!(
+            blocked_note(&proxy, None),
             "GET /latest/meta-data/iam/info to 169.254.169.254:80 refused by the metadata proxy: \
              path not allowed (entry csi); only the listed paths are served"
+        );
+        assert_eq!(Reason::of(&proxy.how), Reason::Refused);
+        assert_eq!(
+            (Reason::Refused.name(), Reason::Refused.action()),
+            ("MetadataRequestRefused", "Refuse")
         );
     }
 }

@@ -35,7 +35,7 @@ use crate::{
     cgroup::{GatedRoot, cgroup2_mount},
     config::{AgentConfig, ClusterConfig},
     engine::{AllowSource, Engine},
-    events::{CgroupNames, Denied, Namer},
+    events::{Blocked, CgroupNames, Namer},
     loader::Gate,
     policy::Policy,
 };
@@ -75,7 +75,7 @@ struct Inputs {
     configmap: BoxStream<'static, Event<ConfigMap>>,
     pods: BoxStream<'static, Event<Pod>>,
     infrastructure: BoxStream<'static, Value>,
-    denied: mpsc::UnboundedReceiver<Denied>,
+    denied: mpsc::UnboundedReceiver<Blocked>,
     tick: Interval,
     term: Signal,
     int: Signal,
@@ -109,7 +109,7 @@ impl Inputs {
                     Input::Tick
                 }
             },
-            Some(d) = self.denied.recv(), if running => Input::Denied(Box::new(d)),
+            Some(d) = self.denied.recv(), if running => Input::Blocked(Box::new(d)),
             _ = self.tick.tick(), if running => Input::Tick,
         }
     }
@@ -147,7 +147,7 @@ struct Live<'a> {
     root_path: PathBuf,
     /// Opened before the wait, so a missing root fails the start at once.
     root: Option<GatedRoot>,
-    denied: mpsc::UnboundedSender<Denied>,
+    denied: mpsc::UnboundedSender<Blocked>,
     steer: mpsc::UnboundedSender<Steer>,
     events: Publisher,
 }
@@ -181,7 +181,7 @@ impl ClusterOps for Live<'_> {
         &mut self,
         object: ObjectReference,
         warning: bool,
-        reason: &str,
+        reason: super::kevents::Reason,
         note: String,
     ) {
         self.events.publish(object, warning, reason, note).await;

@@ -229,7 +229,7 @@ impl Engine<Gate> {
         root: GatedRoot,
         allow: Box<dyn AllowSource>,
         names: CgroupNames,
-        notify: Option<tokio::sync::mpsc::UnboundedSender<events::Denied>>,
+        notify: Option<tokio::sync::mpsc::UnboundedSender<events::Blocked>>,
     ) -> Result<Engine> {
         let started_ns = crate::status::monotonic_now_ns();
         let allow_set = allow.allow_set(&policy);

@@ -12,17 +12,14 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use gate_common::abi::{
-    DenyEvent, ENDPOINT_NONE, ENTRY_SERVED, HOOK_CONNECT4, PROTO_TCP, PROXY_V4, PROXY_V6,
-    ProxyConfig, ProxyRecord, VERDICT_DENIED,
-};
+use gate_common::abi::{ENTRY_SERVED, PROXY_V4, PROXY_V6, ProxyConfig, ProxyRecord};
 use tokio::sync::{mpsc::UnboundedSender, watch};
 
 use crate::{
     access::Identity,
     cgroup::{self, GatedRoot},
     config::ProxyListen,
-    events::{CgroupNames, Denied},
+    events::{Block, Blocked, CgroupNames},
     loader::{Gate, RecordReader},
     metrics::AgentMetrics,
     policy::Policy,
@@ -135,7 +132,7 @@ pub(crate) fn start(
     policy: &Policy,
     metrics: &AgentMetrics,
     names: CgroupNames,
-    notify: Option<UnboundedSender<Denied>>,
+    notify: Option<UnboundedSender<Blocked>>,
 ) -> Result<Option<ProxyHandle>> {
     let mut g = gate.lock().map_err(|_| anyhow::anyhow!("gate lock poisoned"))?;
     let Some(listen) = listen else {
@@ -240,7 +237,7 @@ struct KernelCallers {
     /// Who names the callers' cgroups.
     names: std::sync::Mutex<CgroupNames>,
     /// Where refusals go as Kubernetes Events (cluster mode).
-    notify: Option<UnboundedSender<Denied>>,
+    notify: Option<UnboundedSender<Blocked>>,
 }
 
 impl Callers for KernelCallers {
@@ -269,36 +266,10 @@ impl Callers for KernelCallers {
     }
 }
 
-/// A request the proxy refused, as a denial for the Kubernetes Event on its pod.
-fn refusal(caller: &Caller, workload: Identity, request: &str, why: &str) -> Denied {
-    let (family, addr) = match caller.dst.ip() {
-        IpAddr::V4(a) => {
-            let mut b = [0u8; 16];
-            b[..4].copy_from_slice(&a.octets());
-            (4, b)
-        }
-        IpAddr::V6(a) => (6, a.octets()),
-    };
-    let event = DenyEvent {
-        cgroup_id: caller.cgroup_id,
-        ts_ns: crate::status::monotonic_now_ns(),
-        addr,
-        pid: 0,
-        endpoint: ENDPOINT_NONE,
-        port: caller.dst.port(),
-        proto: PROTO_TCP,
-        family,
-        verdict: VERDICT_DENIED as u8,
-        hook: HOOK_CONNECT4 as u8,
-        _pad: [0; 2],
-        comm: [0; 16],
-    };
-    Denied {
-        workload,
-        event,
-        endpoint: "metadata proxy".into(),
-        request: Some((request.to_owned(), why.to_owned())),
-    }
+/// A request the proxy refused, for the Kubernetes Event on its pod.
+fn refusal(caller: &Caller, workload: Identity, request: &str, why: &str) -> Blocked {
+    let how = Block::Refused { dst: caller.dst, request: request.to_owned(), why: why.to_owned() };
+    Blocked { workload, how }
 }
 
 /// A generation no table has: the proxy answers 503.

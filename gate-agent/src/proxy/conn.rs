@@ -20,7 +20,7 @@ use super::{
     Caller, Callers, Limits, MIN_BUF, ProxyError,
     decide::{Decision, decide},
     forward::{Body, Upstream, forward, text},
-    outcome::{AUDITED, ConnRefusal, DecisionLog, FAILED, Line, REFUSED, SERVED},
+    outcome::{AUDITED, ConnRefusal, DecisionLog, FAILED, Line, REFUSED, SERVED, UNAVAILABLE},
     paths::{PathLog, Seen},
     table::Table,
 };
@@ -138,15 +138,11 @@ async fn respond(req: Request<Incoming>, caller: Caller, shared: &Shared) -> Res
     }
     match decision {
         Decision::Unavailable(u) => {
-            let why = match u {
-                super::decide::Unavailable::NoTable => ConnRefusal::NoTable,
-                super::decide::Unavailable::Generation { .. } => ConnRefusal::Generation,
-            };
-            shared.metrics.connection_refused(why);
+            shared.metrics.request(UNAVAILABLE, u.label());
             let reason = u.to_string();
             let _ = shared.log.request(
                 &caller,
-                Line { verdict: REFUSED, reason: &reason, method, path, entry: "-" },
+                Line { verdict: UNAVAILABLE, reason: &reason, method, path, entry: "-" },
             );
             let mut resp =
                 plain(StatusCode::SERVICE_UNAVAILABLE, format!("metadata-gate: {u}; retry\n"));

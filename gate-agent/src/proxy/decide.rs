@@ -40,6 +40,16 @@ pub(crate) enum Unavailable {
     },
 }
 
+impl Unavailable {
+    /// The `reason` label of the request metric (verdict `unavailable`).
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Unavailable::NoTable => "no_table",
+            Unavailable::Generation { .. } => "generation",
+        }
+    }
+}
+
 impl fmt::Display for Unavailable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -11,7 +11,7 @@ use crate::ratelimit::{Admit, RateLimiter};
 
 use super::Caller;
 
-/// Why a connection was closed, or answered 503, before any request on it was judged.
+/// Why a connection was closed before any request on it was judged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ConnRefusal {
     /// The kernel has no record of who opened it (or it could not be read).
@@ -22,10 +22,6 @@ pub(crate) enum ConnRefusal {
     BusyNode,
     /// A `served` caller, and only the slots kept for allow entries are left.
     BusyServed,
-    /// No policy is loaded yet (503).
-    NoTable,
-    /// The proxy's policy is not the one the kernel decided the connection under (503).
-    Generation,
     /// The request line and headers, or the whole connection, took too long.
     Timeout,
     /// hyper could not read the request (it answered 400, 414 or 431 itself).
@@ -33,13 +29,11 @@ pub(crate) enum ConnRefusal {
 }
 
 impl ConnRefusal {
-    pub(crate) const ALL: [ConnRefusal; 8] = [
+    pub(crate) const ALL: [ConnRefusal; 6] = [
         ConnRefusal::NoRecord,
         ConnRefusal::Busy,
         ConnRefusal::BusyNode,
         ConnRefusal::BusyServed,
-        ConnRefusal::NoTable,
-        ConnRefusal::Generation,
         ConnRefusal::Timeout,
         ConnRefusal::Malformed,
     ];
@@ -51,8 +45,6 @@ impl ConnRefusal {
             ConnRefusal::Busy => "busy",
             ConnRefusal::BusyNode => "busy_node",
             ConnRefusal::BusyServed => "busy_served",
-            ConnRefusal::NoTable => "no_table",
-            ConnRefusal::Generation => "generation",
             ConnRefusal::Timeout => "timeout",
             ConnRefusal::Malformed => "malformed",
         }
@@ -61,9 +53,10 @@ impl ConnRefusal {
 
 /// Every `(verdict, reason)` of `metadata_gate_proxy_requests`: a request served; refused
 /// by its form ([`super::request`]), by the judge, or for want of an access block; served in
-/// audit mode though the judge would refuse it; refused (429) over the workload's rate; or
-/// failed at the metadata service (502).
-pub(crate) const REQUEST_OUTCOMES: [(&str, &str); 18] = [
+/// audit mode though the judge would refuse it; refused (429) over the workload's rate;
+/// unavailable (503) while the proxy cannot decide under the kernel's policy; or failed at the
+/// metadata service (502).
+pub(crate) const REQUEST_OUTCOMES: [(&str, &str); 20] = [
     (SERVED, "ok"),
     (REFUSED, "form"),
     (REFUSED, "framing"),
@@ -75,6 +68,8 @@ pub(crate) const REQUEST_OUTCOMES: [(&str, &str); 18] = [
     (REFUSED, "no_paths"),
     (REFUSED, "unknown_entry"),
     (REFUSED, "rate"),
+    (UNAVAILABLE, "no_table"),
+    (UNAVAILABLE, "generation"),
     (AUDITED, "method"),
     (AUDITED, "path"),
     (AUDITED, "parameter"),
@@ -89,6 +84,8 @@ pub(crate) const REFUSED: &str = "refused";
 pub(crate) const FAILED: &str = "failed";
 /// Served in audit mode, though the policy would refuse it.
 pub(crate) const AUDITED: &str = "audited";
+/// Answered 503: no policy loaded, or the proxy's is not the kernel's (the client retries).
+pub(crate) const UNAVAILABLE: &str = "unavailable";
 
 /// Longest client text (method, target) repeated in a log line or a refusal.
 const SHOWN: usize = 256;

@@ -74,11 +74,11 @@ impl ClusterOps for World {
         &mut self,
         object: ObjectReference,
         warning: bool,
-        reason: &str,
+        reason: kevents::Reason,
         note: String,
     ) {
         assert!(warning, "every Event of the agent is a warning");
-        self.0.lock().unwrap().published.push((object, reason.to_owned(), note));
+        self.0.lock().unwrap().published.push((object, reason.name().to_owned(), note));
     }
 }
 
@@ -189,11 +189,15 @@ fn infrastructure(platform: &str) -> Input {
 }
 
 fn denied(workload: Identity) -> Input {
-    Input::Denied(Box::new(Denied {
-        workload,
-        endpoint: "imds".into(),
-        ..kevents::notes::denied(None)
-    }))
+    let mut b = kevents::notes::denied();
+    if let crate::events::Block::Denied { endpoint, .. } = &mut b.how {
+        *endpoint = "imds".into();
+    }
+    Input::Blocked(Box::new(crate::events::Blocked { workload, ..b }))
+}
+
+fn refused(workload: Identity) -> Input {
+    Input::Blocked(Box::new(crate::events::Blocked { workload, ..kevents::notes::refused() }))
 }
 
 fn started(t: &T) -> Vec<PolicyHash> {
@@ -244,7 +248,7 @@ async fn before_start_a_bad_policy_is_rejected_and_the_newest_good_one_starts() 
     for (object, reason, _) in &events {
         assert_eq!(object.kind.as_deref(), Some("ConfigMap"));
         assert_eq!((object.namespace.as_deref(), object.name.as_deref()), (Some(NS), Some(AWS_CM)));
-        assert_eq!(reason, kevents::REJECTED_REASON);
+        assert_eq!(reason, kevents::Reason::PolicyRejected.name());
     }
     assert!(events[0].2.contains("cidr"), "{}", events[0].2);
     assert!(events[1].2.ends_with("data.policy.yaml: missing"), "{}", events[1].2);
@@ -430,8 +434,31 @@ async fn a_denial_is_one_event_on_its_pod() {
         ..Default::default()
     };
     assert_eq!(object, &want);
-    assert_eq!(reason, kevents::BLOCKED_REASON);
+    assert_eq!(reason, kevents::Reason::Blocked.name());
     assert!(note.starts_with("container c: curl to 169.254.169.254:80/TCP (imds) "), "{note}");
+}
+
+/// A request the metadata proxy refused is an Event of its own reason and action, not a
+/// kernel denial's.
+#[tokio::test]
+async fn a_proxy_refusal_is_an_event_of_its_own_reason() {
+    let mut t = running(GOOD).await;
+    let workload = Identity {
+        workload: "app/web-1/c".into(),
+        namespace: Some("app".into()),
+        pod: Some("web-1".into()),
+        pod_uid: Some("uid-1".into()),
+        ..Identity::default()
+    };
+    t.feed(vec![refused(workload)]).await;
+    let events = t.events();
+    assert_eq!(events.len(), 1, "{events:?}");
+    let (_, reason, note) = &events[0];
+    assert_eq!(reason, "MetadataRequestRefused");
+    assert!(
+        note.starts_with("GET /latest/meta-data/iam/info to 169.254.169.254:80 refused"),
+        "{note}"
+    );
 }
 
 // ---- the end --------------------------------------------------------------------------------

@@ -48,8 +48,9 @@ async fn a_generation_mismatch_is_503() {
     assert_eq!(answer.status(), 503);
     assert!(answer.body().contains("no policy loaded"), "{}", answer.body());
     assert!(h.seen().is_empty());
-    assert_eq!(h.metrics.refused_of(ConnRefusal::Generation), 3);
-    assert_eq!(h.metrics.refused_of(ConnRefusal::NoTable), 1);
+    // Counted as the requests they are, not as connections refused.
+    assert_eq!(h.metrics.requests_of("unavailable", "generation"), 3);
+    assert_eq!(h.metrics.requests_of("unavailable", "no_table"), 1);
     // A new table under the kernel's generation serves again.
     let policy = Policy::parse("test.yaml", POLICY).expect("policy");
     h.tables.send_replace(Some(Arc::new(Table::new(&policy, GENERATION))));

@@ -136,6 +136,26 @@ fn in_cluster_mode_the_proxy_serves_by_identity_and_no_pod_locks_it() {
     assert!(ok(&fetch(&c, &c.web, REGION)), "web: the served region");
     let id = fetch(&c, &c.web, ID);
     assert!(id.as_deref().is_some_and(|r| r.contains(" 403 ")), "web: instance id {id:?}");
+    // The refusal is an Event of its own on web's pod: the proxy refused a request, the
+    // kernel denied nothing.
+    let start = Instant::now();
+    let ev = loop {
+        let evs = c.api.objects(integration_tests::kubeapi::EVENTS);
+        if let Some(e) = evs.iter().find(|e| e["reason"] == "MetadataRequestRefused") {
+            break e.clone();
+        }
+        assert!(start.elapsed() < slow(Duration::from_secs(5)), "no refusal Event: {evs:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(
+        (ev["regarding"]["name"].as_str(), ev["action"].as_str()),
+        (Some("web"), Some("Refuse")),
+        "{ev}"
+    );
+    assert!(
+        ev["note"].as_str().is_some_and(|n| n.contains("refused by the metadata proxy")),
+        "{ev}"
+    );
 
     // An orphan-handshake flood from web: csi-node is served throughout.
     let flood = c.env.hold(&c.web, &["orphan-flood", IMDS_V4, "80"]).expect("flood");
