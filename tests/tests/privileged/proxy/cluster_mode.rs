@@ -141,7 +141,10 @@ fn in_cluster_mode_the_proxy_serves_by_identity_and_no_pod_locks_it() {
     let start = Instant::now();
     let ev = loop {
         let evs = c.api.objects(integration_tests::kubeapi::EVENTS);
-        if let Some(e) = evs.iter().find(|e| e["reason"] == "MetadataRequestRefused") {
+        let web = |e: &&serde_json::Value| {
+            e["reason"] == "MetadataRequestRefused" && e["regarding"]["name"] == "web"
+        };
+        if let Some(e) = evs.iter().find(web) {
             break e.clone();
         }
         assert!(start.elapsed() < slow(Duration::from_secs(5)), "no refusal Event: {evs:?}");
