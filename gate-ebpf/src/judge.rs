@@ -15,16 +15,8 @@ use gate_common::{
 };
 
 use crate::maps::{
-    ACCESS, CONFIG, EP_COUNTERS, EVENTS, KernelTables, POLICY_META, PREFILTER, RECENT, STATS,
+    ACCESS, CONFIG, EP_COUNTERS, EVENTS, KernelTables, POLICY_META, PREFILTER, RECENT, bump,
 };
-
-#[inline(always)]
-pub(crate) fn bump(slot: u32) {
-    if let Some(p) = STATS.get_ptr_mut(slot) {
-        // SAFETY: per-CPU slot, no concurrent writer on this CPU.
-        unsafe { *p += 1 }
-    }
-}
 
 #[inline(always)]
 pub(crate) fn count(hook: u32, verdict: u32) {

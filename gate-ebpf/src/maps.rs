@@ -110,3 +110,12 @@ impl Tables for KernelTables {
         !surely_unprotected(&meta.prefilter, addr)
     }
 }
+
+/// Count one in statistics slot `slot` (`gate_common::abi`'s `STAT_*`).
+#[inline(always)]
+pub(crate) fn bump(slot: u32) {
+    if let Some(p) = STATS.get_ptr_mut(slot) {
+        // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+        unsafe { *p += 1 }
+    }
+}

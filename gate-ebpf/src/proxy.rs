@@ -39,10 +39,7 @@ use gate_common::{
     verdict::may_start_handshake,
 };
 
-use crate::{
-    judge::bump,
-    maps::{INFLIGHT, PENDING, PROXY, SK_RECORDS},
-};
+use crate::maps::{INFLIGHT, PENDING, PROXY, SK_RECORDS, bump};
 
 /// The proxy's settings, if it has a port.
 #[inline(always)]
