@@ -410,17 +410,21 @@ async fn ticks_and_pod_changes_check_and_repair_the_gate() {
 
 // ---- denials --------------------------------------------------------------------------------
 
-#[tokio::test]
-async fn a_denial_is_one_event_on_its_pod() {
-    let mut t = running(GOOD).await;
-    let workload = Identity {
+/// Pod web-1 of namespace app, by identity.
+fn web_1() -> Identity {
+    Identity {
         workload: "app/web-1/c".into(),
         namespace: Some("app".into()),
         pod: Some("web-1".into()),
-        container: Some("c".into()),
         pod_uid: Some("uid-1".into()),
         ..Identity::default()
-    };
+    }
+}
+
+#[tokio::test]
+async fn a_denial_is_one_event_on_its_pod() {
+    let mut t = running(GOOD).await;
+    let workload = Identity { container: Some("c".into()), ..web_1() };
     t.feed(vec![denied(workload), denied(Identity::cgroup("system.slice/x.service"))]).await;
     let events = t.events();
     assert_eq!(events.len(), 1, "a cgroup that is no pod gets none: {events:?}");
@@ -443,14 +447,7 @@ async fn a_denial_is_one_event_on_its_pod() {
 #[tokio::test]
 async fn a_proxy_refusal_is_an_event_of_its_own_reason() {
     let mut t = running(GOOD).await;
-    let workload = Identity {
-        workload: "app/web-1/c".into(),
-        namespace: Some("app".into()),
-        pod: Some("web-1".into()),
-        pod_uid: Some("uid-1".into()),
-        ..Identity::default()
-    };
-    t.feed(vec![refused(workload)]).await;
+    t.feed(vec![refused(web_1())]).await;
     let events = t.events();
     assert_eq!(events.len(), 1, "{events:?}");
     let (_, reason, note) = &events[0];
