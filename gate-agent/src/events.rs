@@ -101,10 +101,11 @@ impl CgroupNames {
             .unwrap_or_else(|| Identity::cgroup(&rel.display().to_string()))
     }
 
-    /// Who the cgroup belongs to, found by file handle only (no cache, no walk), if it still
-    /// exists under the gated root: for the metadata proxy's refusals.
-    pub(crate) fn identity_by_handle(&self, id: u64) -> Option<Identity> {
-        let rel = self.root.path_by_handle(id).ok().flatten()?;
+    /// Who the cgroup belongs to, if it still exists under the gated root: for the metadata
+    /// proxy's refusals (a cgroup gone names no pod). Found as [`Self::path`] finds it: by file
+    /// handle, or from a walk where the agent may not use handles (the DaemonSet).
+    pub(crate) fn live_identity(&mut self, id: u64) -> Option<Identity> {
+        let rel = self.path(id)?;
         Some(self.identity_at(&rel))
     }
 
@@ -325,5 +326,33 @@ pub(crate) async fn run(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod names_tests {
+    use std::os::unix::fs::MetadataExt as _;
+
+    use super::*;
+
+    /// Where file handles cannot be used (here a plain directory; in the DaemonSet, no
+    /// CAP_DAC_READ_SEARCH), a live cgroup is still named, from a walk, and a gone one is not:
+    /// the metadata proxy's refusals reach the pod's Event either way.
+    #[test]
+    fn a_live_cgroup_is_named_without_file_handles() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("kubepods/pod-a/c1")).unwrap();
+        let path = dir.path().join("kubepods");
+        let root = GatedRoot {
+            id: std::fs::metadata(&path).unwrap().ino(),
+            mount: dir.path().to_path_buf(),
+            path,
+            level: 1,
+        };
+        let c1 = std::fs::metadata(root.path.join("pod-a/c1")).unwrap().ino();
+        let mut names = CgroupNames::new(root);
+        let named = names.live_identity(c1).expect("a live cgroup");
+        assert_eq!(named.workload, "pod-a/c1");
+        assert!(names.live_identity(u64::MAX).is_none(), "no such cgroup");
     }
 }

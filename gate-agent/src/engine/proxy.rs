@@ -253,8 +253,8 @@ impl Callers for KernelCallers {
     fn refused(&self, caller: &Caller, request: &str, why: &str) {
         let Some(tx) = &self.notify else { return };
         // A cgroup gone already names no pod: no Event, as for the kernel's denials.
-        let names = self.names.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let Some(workload) = names.identity_by_handle(caller.cgroup_id) else { return };
+        let mut names = self.names.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(workload) = names.live_identity(caller.cgroup_id) else { return };
         let _ = tx.send(refusal(caller, workload, request, why));
     }
 

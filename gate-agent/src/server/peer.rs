@@ -113,11 +113,15 @@ impl Peers {
     /// cgroup cannot be found (the lookup failed, the socket or its cgroup is gone, a walk was
     /// made too recently) shares its address's slots and gets no reserve.
     pub(crate) fn who(&mut self, peer: SocketAddr, local: SocketAddr) -> Known {
-        let ip = peer.ip().to_canonical();
-        let by_address = Known { caller: Caller::Address(ip), node: false };
-        if local.ip().to_canonical() != ip {
-            return by_address;
+        match on_node(peer, local) {
+            Ok(()) => self.who_on_node(peer, local),
+            Err(by_address) => by_address,
         }
+    }
+
+    /// [`Self::who`] for a peer on the node.
+    fn who_on_node(&mut self, peer: SocketAddr, local: SocketAddr) -> Known {
+        let by_address = Known { caller: Caller::Address(peer.ip().to_canonical()), node: false };
         let Some(id) = self.kernel.cgroup_of(peer, local) else { return by_address };
         match self.place(id) {
             Some(place) => Known { caller: Caller::Cgroup(id), node: place == Place::Outside },
@@ -149,18 +153,30 @@ impl Peers {
     }
 }
 
-/// [`Peers::who`] on a blocking thread: sock_diag and a walk block.
-pub(crate) async fn who(peers: &SharedPeers, peer: SocketAddr, local: SocketAddr) -> Known {
+/// `Ok` if `peer` connects from the address it connects to (the node itself); else the
+/// caller it is, by its address.
+fn on_node(peer: SocketAddr, local: SocketAddr) -> Result<(), Known> {
     let ip = peer.ip().to_canonical();
-    if local.ip().to_canonical() != ip {
-        return Known { caller: Caller::Address(ip), node: false };
+    if local.ip().to_canonical() == ip {
+        Ok(())
+    } else {
+        Err(Known { caller: Caller::Address(ip), node: false })
+    }
+}
+
+/// [`Peers::who`], with what blocks (sock_diag, a walk) on a blocking thread: only for a peer
+/// on the node.
+pub(crate) async fn who(peers: &SharedPeers, peer: SocketAddr, local: SocketAddr) -> Known {
+    if let Err(by_address) = on_node(peer, local) {
+        return by_address;
     }
     let peers = Arc::clone(peers);
+    let by_address = Known { caller: Caller::Address(peer.ip().to_canonical()), node: false };
     tokio::task::spawn_blocking(move || {
-        peers.lock().unwrap_or_else(PoisonError::into_inner).who(peer, local)
+        peers.lock().unwrap_or_else(PoisonError::into_inner).who_on_node(peer, local)
     })
     .await
-    .unwrap_or(Known { caller: Caller::Address(ip), node: false })
+    .unwrap_or(by_address)
 }
 
 /// Every socket one cgroup, at one place: for the listeners' tests.

@@ -82,10 +82,9 @@ pub(crate) fn run() -> Result<()> {
     for (origin, objects) in &shipped {
         let args = ["apply", "--dry-run=server", "--validate=strict", "-f", "-"];
         match feed(kubectl(&args)?, &list(objects.clone())) {
-            Ok(out) => {
+            Ok(_) => {
                 accepted += objects.len();
                 eprintln!("{origin}: {} objects accepted", objects.len());
-                let _ = out;
             }
             Err(e) => problems.push(format!("{origin}:\n{e}")),
         }
