@@ -111,8 +111,10 @@ impl Peers {
 
     /// The caller of a connection accepted from `peer` on `local`. A peer on the node whose
     /// cgroup cannot be found (the lookup failed, the socket or its cgroup is gone, a walk was
-    /// made too recently) shares its address's slots and gets no reserve.
-    pub(crate) fn who(&mut self, peer: SocketAddr, local: SocketAddr) -> Known {
+    /// made too recently) shares its address's slots and gets no reserve. (The listeners ask
+    /// through the free [`who`], which keeps the blocking part off the runtime.)
+    #[cfg(test)]
+    fn who(&mut self, peer: SocketAddr, local: SocketAddr) -> Known {
         match on_node(peer, local) {
             Ok(()) => self.who_on_node(peer, local),
             Err(by_address) => by_address,
