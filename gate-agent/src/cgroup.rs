@@ -64,6 +64,13 @@ pub(crate) fn cgroup2_mount_from(mountinfo: &str) -> Result<PathBuf, CgroupError
 /// super-options`; the mount point has spaces, tabs, newlines and backslashes escaped as
 /// `\040`, `\011`, `\012`, `\134`.
 pub(crate) fn cgroup2_mounts_from(mountinfo: &str) -> Vec<PathBuf> {
+    cgroup2_mount_roots_from(mountinfo).into_iter().map(|(mount, _)| mount).collect()
+}
+
+/// Every cgroup2 mount in a mountinfo text: its mount point, and its root (the cgroup it
+/// shows as its top, as a path from the reader's cgroup namespace root: `/` for a mount made
+/// in that namespace, `/..` for one made in the namespace above).
+fn cgroup2_mount_roots_from(mountinfo: &str) -> Vec<(PathBuf, String)> {
     mountinfo
         .lines()
         .filter_map(|line| {
@@ -73,9 +80,35 @@ pub(crate) fn cgroup2_mounts_from(mountinfo: &str) -> Vec<PathBuf> {
             if sep < 6 || fields.get(sep + 1) != Some(&"cgroup2") {
                 return None;
             }
-            Some(PathBuf::from(unescape_octal(fields[4])))
+            let root = unescape_octal(fields[3]).to_string_lossy().into_owned();
+            Some((PathBuf::from(unescape_octal(fields[4])), root))
         })
         .collect()
+}
+
+/// The level, in the whole hierarchy, of this process's cgroup namespace root, from the
+/// cgroup of kthreadd (pid 2, which lives in the hierarchy's root) as this namespace shows it:
+/// one `..` per level (`0::/..` for a namespace rooted one level down). 0 where pid 2 is not
+/// kthreadd (no host pid namespace).
+fn cgroup_ns_level() -> u32 {
+    let is_kthreadd = std::fs::read_to_string("/proc/2/comm").is_ok_and(|c| c.trim() == "kthreadd");
+    let text = if is_kthreadd { std::fs::read_to_string("/proc/2/cgroup").ok() } else { None };
+    text.as_deref().map_or(0, cgroup_ns_level_from)
+}
+
+/// [`cgroup_ns_level`] from the text of `/proc/2/cgroup`.
+fn cgroup_ns_level_from(proc_cgroup: &str) -> u32 {
+    let path = proc_cgroup.lines().find_map(|l| l.strip_prefix("0::")).unwrap_or("/");
+    let ups = path.split('/').take_while(|c| c.is_empty() || *c == "..").filter(|c| *c == "..");
+    u32::try_from(ups.count()).unwrap_or(u32::MAX)
+}
+
+/// The level, in the whole hierarchy, of a cgroup2 mount's root: the namespace root's level,
+/// moved by the mount's root path (mountinfo's fourth field) from that namespace root.
+fn mount_root_level(ns_level: u32, root: &str) -> u32 {
+    root.split('/').filter(|c| !c.is_empty() && *c != ".").fold(ns_level, |level, c| {
+        if c == ".." { level.saturating_sub(1) } else { level.saturating_add(1) }
+    })
 }
 
 /// Undo the kernel's `\ooo` escaping of mountinfo paths.
@@ -118,7 +151,8 @@ pub(crate) struct GatedRoot {
     pub mount: PathBuf,
     /// cgroup id (inode number of the directory).
     pub id: u64,
-    /// cgroup v2 level: path components below the mount point (a child of the root is 1).
+    /// cgroup v2 level in the whole hierarchy, as the kernel's ancestor helpers count it (a
+    /// child of the real root is 1), whatever part of the hierarchy the mount shows.
     pub level: u32,
 }
 
@@ -146,17 +180,22 @@ impl GatedRoot {
         let text = std::fs::read_to_string(MOUNTINFO)
             .map_err(|source| CgroupError::MountInfo { source })?;
         // The innermost cgroup2 mount that contains the path.
-        let mount = cgroup2_mounts_from(&text)
+        let (mount, mount_root) = cgroup2_mount_roots_from(&text)
             .into_iter()
-            .map(|m| m.canonicalize().unwrap_or(m))
-            .filter(|m| path.starts_with(m))
-            .max_by_key(|m| m.components().count())
+            .map(|(m, root)| (m.canonicalize().unwrap_or(m), root))
+            .filter(|(m, _)| path.starts_with(m))
+            .max_by_key(|(m, _)| m.components().count())
             .ok_or_else(|| CgroupError::NotUnderMount { path: path.clone() })?;
-        let level = path.strip_prefix(&mount).map(|r| r.components().count()).unwrap_or(0);
-        if level == 0 {
+        let depth = path.strip_prefix(&mount).map(|r| r.components().count()).unwrap_or(0);
+        if depth == 0 {
             return Err(CgroupError::IsRoot { path });
         }
-        let level = u32::try_from(level).unwrap_or(u32::MAX);
+        // The kernel counts levels from the hierarchy's real root. A node that runs in a
+        // cgroup namespace of its own (kind, a nested runtime) mounts only its subtree, whose
+        // top is not level 0: counted from the mount, every ancestor lookup (the node-level
+        // programs, the allow list) would ask one level too high and miss the pod.
+        let depth = u32::try_from(depth).unwrap_or(u32::MAX);
+        let level = mount_root_level(cgroup_ns_level(), &mount_root).saturating_add(depth);
         Ok(GatedRoot { id: meta.ino(), path, mount, level })
     }
 

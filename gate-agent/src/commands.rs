@@ -210,6 +210,7 @@ pub fn main() -> ExitCode {
         }
         Command::Boot(args) => {
             init_logging(LogFormat::Text);
+            crate::rlimits::raise_memlock();
             match crate::boot::run(*args) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -258,7 +259,8 @@ pub fn main() -> ExitCode {
             let args = *args;
             init_logging(args.log_format);
             // Before anything holds a descriptor: connections and sockets need the room.
-            crate::fdlimit::raise_nofile();
+            crate::rlimits::raise_nofile();
+            crate::rlimits::raise_memlock();
             let cfg = match args.into_config() {
                 Ok(cfg) => cfg,
                 Err(e) => {

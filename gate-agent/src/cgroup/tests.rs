@@ -237,3 +237,29 @@ fn places_tell_the_gated_tree_from_the_rest_of_the_hierarchy() {
     // Not cgroup2: no file handles here, so the caller walks.
     assert!(root.place_by_handle(t.ino("kubepods")).is_err());
 }
+
+/// The kernel counts a cgroup's level from the hierarchy's real root; a mount made inside a
+/// cgroup namespace (a node in a container: kind, the cluster test) shows a subtree whose top
+/// is deeper than level 0, and a mount bound in from the host shows the whole hierarchy even
+/// to a process in a nested namespace.
+#[test]
+fn levels_count_from_the_real_root_whatever_the_mount_shows() {
+    // kthreadd as seen from the host's namespace, and from one rooted two levels down.
+    assert_eq!(cgroup_ns_level_from("0::/\n"), 0);
+    assert_eq!(cgroup_ns_level_from("1:name=systemd:/\n0::/../..\n"), 2);
+    assert_eq!(cgroup_ns_level_from(""), 0, "no cgroup2 line: the host's view");
+    // A mount made in the node's namespace (root `/`), seen from there: its top is the
+    // namespace root.
+    assert_eq!(mount_root_level(1, "/"), 1);
+    // The host's whole hierarchy bound into a container with a nested namespace.
+    assert_eq!(mount_root_level(1, "/.."), 0);
+    assert_eq!(mount_root_level(3, "/../../.."), 0);
+    // A subtree of the host's hierarchy, seen from the host.
+    assert_eq!(mount_root_level(0, "/kubepods.slice"), 1);
+    assert_eq!(mount_root_level(0, "/a/./b"), 2);
+    let info = "352 312 0:38 /mg-1-node /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n";
+    assert_eq!(
+        cgroup2_mount_roots_from(info),
+        [("/sys/fs/cgroup/unified".into(), "/mg-1-node".to_owned())]
+    );
+}
