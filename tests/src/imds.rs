@@ -51,7 +51,7 @@ pub struct FakeImds {
 /// `--cgroup DIR` and `--cpu N` out of the arguments, join the cgroup, enter the netns, pin
 /// itself to CPU N if asked, and return the remaining arguments. Exits with 2 and a message
 /// on any failure; will not run without `--netns`, so a workload never sends from the host
-/// namespace.
+/// namespace by accident (`--netns self` stays where it was started: inside a pod).
 pub fn enter_workload(program: &str) -> Vec<String> {
     let mut netns = None;
     let mut cgroup = None;
@@ -76,7 +76,11 @@ pub fn enter_workload(program: &str) -> Vec<String> {
         eprintln!("{program}: joining cgroup {cg}: {e}");
         std::process::exit(2);
     }
-    if let Err(e) = enter_netns(&netns) {
+    // `self`: the namespace it was started in, a pod's (a pod may not setns): the cluster
+    // test runs `probe` inside its pods, never on the machine.
+    if netns != "self"
+        && let Err(e) = enter_netns(&netns)
+    {
         eprintln!("{program}: {e:#}");
         std::process::exit(2);
     }

@@ -22,6 +22,7 @@ pub mod bench;
 pub mod bins;
 pub mod bpfmap;
 pub mod cgroups;
+pub mod cluster;
 pub mod frame;
 pub mod imds;
 pub mod kubeapi;

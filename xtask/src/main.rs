@@ -106,6 +106,15 @@ enum ClusterCmd {
     /// Start etcd and kube-apiserver in network namespaces of their own and apply every
     /// object deploy/ ships with server-side dry run and strict validation (root)
     Manifests,
+    /// Start a single-node cluster in namespaces of its own and keep it until Ctrl-C (root)
+    Up,
+    /// The DaemonSet on that cluster, from `kubectl apply -k` to packets, each path first
+    /// shown open without the gate (root)
+    E2e {
+        /// Keep the cluster afterwards, passed or failed, until Ctrl-C
+        #[arg(long)]
+        keep: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -137,6 +146,8 @@ fn main() -> Result<()> {
         Cmd::Manifests => manifests::run(),
         Cmd::Cluster { cmd: ClusterCmd::Build } => cluster::build().map(drop),
         Cmd::Cluster { cmd: ClusterCmd::Manifests } => cluster::manifests(),
+        Cmd::Cluster { cmd: ClusterCmd::Up } => cluster::up(),
+        Cmd::Cluster { cmd: ClusterCmd::E2e { keep } } => cluster::e2e(keep),
         Cmd::E2eKind { keep, no_build } => kind::e2e(kind::Options { keep, build: !no_build }),
         Cmd::Bench(opts) => {
             if !opts.redraw {

@@ -3,7 +3,7 @@
 // (https://github.com/kubernetes/kubernetes/blob/v1.34.4/build/dependencies.yaml). A module of
 // its own, as etcd's requirements are not Kubernetes'. The tool lines name the main packages
 // built: the server (binary etcd) and etcdctl. To move to another release, change both
-// versions here and run go mod tidy, and ETCD_RELEASE in xtask/src/cluster.rs.
+// versions here and run go mod tidy, and ETCD_RELEASE in tests/src/cluster/build.rs.
 module metadata-gate/tests/cluster/etcd
 
 go 1.24

@@ -11,10 +11,15 @@ use std::{
 
 use anyhow::{Context as _, Result, ensure};
 
-use crate::{
-    bins::target_dir,
-    util::{root, run},
-};
+use super::{root, show, target_dir};
+
+/// Run `cmd`, echoing it; fail on a non-zero exit.
+fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("$ {}", show(cmd));
+    let status = cmd.status().with_context(|| format!("starting {}", show(cmd)))?;
+    anyhow::ensure!(status.success(), "{} failed: {status}", show(cmd));
+    Ok(())
+}
 
 /// One Go module under `tests/cluster` and the commands built from it.
 struct Module {
@@ -113,14 +118,14 @@ fn etcd_flags(gomod: &str) -> Result<String> {
     let (release, sha) = ETCD_RELEASE;
     ensure!(
         version == release,
-        "tests/cluster/etcd pins etcd {version}, ETCD_RELEASE in xtask/src/cluster.rs names \
+        "tests/cluster/etcd pins etcd {version}, ETCD_RELEASE in tests/src/cluster/build.rs names \
          {release}'s commit: give it {version}'s"
     );
     Ok(format!("-X go.etcd.io/etcd/api/v3/version.GitSHA={sha}"))
 }
 
 /// Build each module's binaries unless they are up to date; returns their directory.
-pub(crate) fn build() -> Result<PathBuf> {
+pub fn build() -> Result<PathBuf> {
     let out = out_dir();
     fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     for module in &MODULES {

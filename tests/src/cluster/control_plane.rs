@@ -13,45 +13,57 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, bail};
-use integration_tests::{
+use super::{build, pki, show, target_dir};
+use crate::{
     net::{NODE_V4, TestNet},
     sys::{exec_in_netns, unique},
 };
-
-use super::{build, pki};
-use crate::util::show;
+use anyhow::{Context as _, Result, bail};
 
 /// The Service range: the API server's own Service takes its first address.
 const SERVICE_RANGE: &str = "10.96.0.0/16";
-const SERVICE_IP: [u8; 4] = [10, 96, 0, 1];
-/// The API server's port, on every address of the node's namespace.
-const API_PORT: u16 = 6443;
+const SERVICE_IP: &str = "10.96.0.1";
+/// The API server's port, on every address of the node's namespace: the `kubernetes`
+/// Service's own port, since no kube-proxy runs. The Service's address is an address of the
+/// node itself (on [`NODE_LINK`]), so that in-cluster clients (the agent) reach the API
+/// server as in any cluster, by `KUBERNETES_SERVICE_HOST`, without a proxy's rules.
+const API_PORT: u16 = 443;
+/// The node's name and its address. Not the link-local address the fake metadata service
+/// faces ([`NODE_V4`]): the kubelet refuses a link-local node IP.
+pub const NODE_NAME: &str = "mg-node";
+pub const NODE_IP: &str = "10.250.0.1";
+/// The link that holds the node's address and the Service's: loopback, as this kernel has no
+/// dummy links; every address of the node's namespace is the node's alike.
+const NODE_LINK: &str = "lo";
 /// How long each component may take to answer after it starts (a cold etcd and API server
 /// answer in a few seconds here).
 const START: Duration = Duration::from_secs(90);
 
 /// The running control plane.
-pub(crate) struct ControlPlane {
+pub struct ControlPlane {
     /// Declared first: dropped (killed) before the namespaces go.
     procs: Vec<(&'static str, Child)>,
-    pub(crate) net: TestNet,
+    pub net: TestNet,
     /// Certificates, etcd's data, kubeconfigs and the components' logs.
-    pub(crate) dir: PathBuf,
+    pub dir: PathBuf,
     bin: PathBuf,
 }
 
 impl ControlPlane {
     /// Build what is missing, then start etcd and the API server and wait until both answer.
-    pub(crate) fn start() -> Result<ControlPlane> {
+    pub fn start() -> Result<ControlPlane> {
         let bin = build()?;
         let net = TestNet::new().context("the cluster's network namespaces")?;
-        let dir = crate::bins::target_dir().join("cluster/run").join(unique("mg-cluster"));
+        let dir = target_dir().join("cluster/run").join(unique("mg-cluster"));
         fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let mut cp = ControlPlane { procs: Vec::new(), net, dir, bin };
         let node: IpAddr = NODE_V4.parse()?;
-        pki::write(&cp.dir, node, IpAddr::from(SERVICE_IP))?;
-        let server = format!("https://{NODE_V4}:{API_PORT}");
+        let kubelet = pki::Kubelet { name: NODE_NAME.into(), ip: NODE_IP.parse()? };
+        pki::write(&cp.dir, node, SERVICE_IP.parse()?, &kubelet)?;
+        let link = |args: &str| crate::net::ip(&cp.net.node, args).map(drop);
+        link(&format!("addr add {NODE_IP}/32 dev {NODE_LINK}"))?;
+        link(&format!("addr add {SERVICE_IP}/32 dev {NODE_LINK}"))?;
+        let server = cp.server();
         let admin = pki::kubeconfig(&cp.dir, &server, pki::ADMIN_CERT, pki::ADMIN_KEY)?;
         fs::write(cp.kubeconfig(), admin)?;
         let started = Instant::now();
@@ -60,23 +72,35 @@ impl ControlPlane {
         fs::write(cp.dir.join("controller-manager.kubeconfig"), controller)?;
         cp.start_etcd()?;
         cp.start_apiserver()?;
+        cp.let_apiserver_reach_kubelets()?;
         cp.start_controller_manager()?;
+        cp.start_scheduler()?;
         eprintln!(
-            "cluster: etcd, kube-apiserver and kube-controller-manager answer after {:.1} s (run \
-             dir {})",
+            "cluster: etcd, kube-apiserver, kube-controller-manager and kube-scheduler answer \
+             after {:.1} s (run dir {})",
             started.elapsed().as_secs_f64(),
             cp.dir.display()
         );
         Ok(cp)
     }
 
+    /// The API server's address for the node's components.
+    pub(super) fn server(&self) -> String {
+        format!("https://{NODE_V4}:{API_PORT}")
+    }
+
+    /// The cluster's binaries (`target/cluster/bin`).
+    pub(super) fn bin(&self) -> &Path {
+        &self.bin
+    }
+
     /// The admin's kubeconfig (`system:masters`).
-    pub(crate) fn kubeconfig(&self) -> PathBuf {
+    pub fn kubeconfig(&self) -> PathBuf {
         self.dir.join("admin.kubeconfig")
     }
 
     /// `kubectl` (the one built with the cluster) as the admin, in the node's namespace.
-    pub(crate) fn kubectl(&self) -> Result<Command> {
+    pub fn kubectl(&self) -> Result<Command> {
         let mut cmd = Command::new(self.bin.join("kubectl"));
         cmd.arg("--kubeconfig").arg(self.kubeconfig());
         exec_in_netns(&mut cmd, &self.net.node_path())?;
@@ -160,6 +184,9 @@ impl ControlPlane {
             format!("--kubelet-client-certificate={}", f(pki::KUBELET_CLIENT_CERT)),
             format!("--kubelet-client-key={}", f(pki::KUBELET_CLIENT_KEY)),
             format!("--kubelet-certificate-authority={}", f(pki::CA)),
+            // The node's name resolves nowhere: reach the kubelet at its address, as kubeadm
+            // configures it.
+            "--kubelet-preferred-address-types=InternalIP".to_owned(),
             format!("--service-account-key-file={}", f(pki::SA_PUB)),
             format!("--service-account-signing-key-file={}", f(pki::SA_KEY)),
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_owned(),
@@ -180,6 +207,27 @@ impl ControlPlane {
                 })
                 .unwrap_or(false)
         })
+    }
+
+    /// What kubeadm grants the API server's kubelet client: the kubelet API (exec, logs,
+    /// port-forward), through the bootstrap role made for it.
+    fn let_apiserver_reach_kubelets(&self) -> Result<()> {
+        let mut cmd = self.kubectl()?;
+        cmd.args([
+            "create",
+            "clusterrolebinding",
+            "kube-apiserver-kubelet-api-admin",
+            "--clusterrole=system:kubelet-api-admin",
+            "--user=kube-apiserver-kubelet-client",
+        ]);
+        let out = cmd.output().with_context(|| format!("starting {}", show(&cmd)))?;
+        if !out.status.success() {
+            bail!(
+                "binding the API server's kubelet client: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
     }
 
     /// The controller manager, with every controller's own service account, as kubeadm runs
@@ -207,9 +255,35 @@ impl ControlPlane {
         self.wait_for_default_account("kube-system")
     }
 
+    /// The scheduler (DaemonSet pods are bound by it), ready once its health check answers.
+    fn start_scheduler(&mut self) -> Result<()> {
+        let kubeconfig =
+            pki::kubeconfig(&self.dir, &self.server(), pki::SCHEDULER_CERT, pki::SCHEDULER_KEY)?;
+        let path = self.dir.join("scheduler.kubeconfig");
+        fs::write(&path, kubeconfig)?;
+        let path = path.display().to_string();
+        let args = vec![
+            format!("--kubeconfig={path}"),
+            format!("--authentication-kubeconfig={path}"),
+            format!("--authorization-kubeconfig={path}"),
+            "--bind-address=127.0.0.1".to_owned(),
+            "--leader-elect=false".to_owned(),
+            "--profiling=false".to_owned(),
+            "--v=1".to_owned(),
+        ];
+        self.spawn("kube-scheduler", &args)?;
+        let node = self.net.node_path();
+        self.wait("kube-scheduler", |_| {
+            crate::sys::in_netns(&node, || {
+                Ok(std::net::TcpStream::connect(("127.0.0.1", 10259)).is_ok())
+            })
+            .unwrap_or(false)
+        })
+    }
+
     /// Wait until namespace `ns` has its `default` service account (the controller manager
     /// makes it), which a pod without one names.
-    pub(crate) fn wait_for_default_account(&mut self, ns: &str) -> Result<()> {
+    pub fn wait_for_default_account(&mut self, ns: &str) -> Result<()> {
         self.wait("kube-controller-manager", |cp| {
             cp.kubectl()
                 .map(|mut c| {
@@ -222,7 +296,7 @@ impl ControlPlane {
     }
 
     /// Where the components' logs are, for a failure's message.
-    pub(crate) fn logs(&self) -> &Path {
+    pub fn logs(&self) -> &Path {
         &self.dir
     }
 }

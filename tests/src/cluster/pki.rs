@@ -12,31 +12,53 @@ use rcgen::{
 };
 
 /// The files [`write`] leaves in its directory.
-pub(crate) const CA: &str = "ca.crt";
-pub(crate) const SERVER_CERT: &str = "apiserver.crt";
-pub(crate) const SERVER_KEY: &str = "apiserver.key";
-pub(crate) const ADMIN_CERT: &str = "admin.crt";
-pub(crate) const ADMIN_KEY: &str = "admin.key";
-pub(crate) const CONTROLLER_CERT: &str = "controller-manager.crt";
-pub(crate) const CONTROLLER_KEY: &str = "controller-manager.key";
+pub(super) const CA: &str = "ca.crt";
+pub(super) const SERVER_CERT: &str = "apiserver.crt";
+pub(super) const SERVER_KEY: &str = "apiserver.key";
+pub(super) const ADMIN_CERT: &str = "admin.crt";
+pub(super) const ADMIN_KEY: &str = "admin.key";
+pub(super) const CONTROLLER_CERT: &str = "controller-manager.crt";
+pub(super) const CONTROLLER_KEY: &str = "controller-manager.key";
+pub(super) const SCHEDULER_CERT: &str = "scheduler.crt";
+pub(super) const SCHEDULER_KEY: &str = "scheduler.key";
 /// The CA's key: the controller manager signs the kubelets' certificates with it.
-pub(crate) const CA_KEY: &str = "ca.key";
-pub(crate) const KUBELET_CLIENT_CERT: &str = "apiserver-kubelet-client.crt";
-pub(crate) const KUBELET_CLIENT_KEY: &str = "apiserver-kubelet-client.key";
+pub(super) const CA_KEY: &str = "ca.key";
+pub(super) const KUBELET_CLIENT_CERT: &str = "apiserver-kubelet-client.crt";
+pub(super) const KUBELET_CLIENT_KEY: &str = "apiserver-kubelet-client.key";
+/// The kubelet's client certificate (`system:node:<name>` in `system:nodes`, as the Node
+/// authorizer and NodeRestriction need it) and its serving certificate.
+pub(super) const NODE_CERT: &str = "kubelet.crt";
+pub(super) const NODE_KEY: &str = "kubelet.key";
+pub(super) const NODE_SERVING_CERT: &str = "kubelet-serving.crt";
+pub(super) const NODE_SERVING_KEY: &str = "kubelet-serving.key";
 /// The service-account signing key (PKCS#8), and its public half, which the API server
 /// reads apart (it takes no public key out of a PKCS#8 private key).
-pub(crate) const SA_KEY: &str = "sa.key";
-pub(crate) const SA_PUB: &str = "sa.pub";
+pub(super) const SA_KEY: &str = "sa.key";
+pub(super) const SA_PUB: &str = "sa.pub";
 
 /// The API server's names: loopback and the node's address in its network namespace, and the
 /// in-cluster Service's (`kubernetes` at the first address of the service range).
-pub(crate) fn server_names(node: IpAddr, service: IpAddr) -> Vec<SanType> {
+pub(super) fn server_names(node: IpAddr, service: IpAddr) -> Vec<SanType> {
     let mut names: Vec<SanType> = ["localhost", "kubernetes", "kubernetes.default"]
         .into_iter()
         .chain(["kubernetes.default.svc", "kubernetes.default.svc.cluster.local"])
         .filter_map(|n| n.try_into().ok().map(SanType::DnsName))
         .collect();
     names.extend([IpAddr::from([127, 0, 0, 1]), node, service].map(SanType::IpAddress));
+    names
+}
+
+/// The node a kubelet certificate is made for: its name and address.
+pub(super) struct Kubelet {
+    pub(super) name: String,
+    pub(super) ip: IpAddr,
+}
+
+/// The kubelet's serving names: the API server reaches it at its address (`exec`, `logs`).
+fn kubelet_names(kubelet: &Kubelet) -> Vec<SanType> {
+    let mut names: Vec<SanType> =
+        kubelet.name.clone().try_into().ok().map(SanType::DnsName).into_iter().collect();
+    names.push(SanType::IpAddress(kubelet.ip));
     names
 }
 
@@ -70,7 +92,7 @@ fn leaf(
 
 /// Make every file into `dir` for a cluster whose API server answers on `node` (and
 /// loopback) and whose Service range starts at `service`.
-pub(crate) fn write(dir: &Path, node: IpAddr, service: IpAddr) -> Result<()> {
+pub(super) fn write(dir: &Path, node: IpAddr, service: IpAddr, kubelet: &Kubelet) -> Result<()> {
     let mut ca_params = CertificateParams::default();
     ca_params.distinguished_name = subject("metadata-gate test cluster CA", &[]);
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -83,14 +105,22 @@ pub(crate) fn write(dir: &Path, node: IpAddr, service: IpAddr) -> Result<()> {
         (ADMIN_CERT, ADMIN_KEY, "metadata-gate-admin", &["system:masters"][..], CLIENT),
         // The name the bootstrap RBAC roles give the controller manager's permissions to.
         (CONTROLLER_CERT, CONTROLLER_KEY, "system:kube-controller-manager", &[][..], CLIENT),
+        (SCHEDULER_CERT, SCHEDULER_KEY, "system:kube-scheduler", &[][..], CLIENT),
         (
             KUBELET_CLIENT_CERT,
             KUBELET_CLIENT_KEY,
+            // Bound to system:kubelet-api-admin by the control plane, and nothing else.
             "kube-apiserver-kubelet-client",
-            &["kubeadm:cluster-admins"][..],
+            &[][..],
             CLIENT,
         ),
     ];
+    let node_cn = format!("system:node:{}", kubelet.name);
+    let files = files.into_iter().chain([
+        (NODE_CERT, NODE_KEY, node_cn.as_str(), &["system:nodes"][..], CLIENT),
+        (NODE_SERVING_CERT, NODE_SERVING_KEY, node_cn.as_str(), &[][..], SERVER),
+    ]);
+    const SERVER: ExtendedKeyUsagePurpose = ExtendedKeyUsagePurpose::ServerAuth;
     const CLIENT: ExtendedKeyUsagePurpose = ExtendedKeyUsagePurpose::ClientAuth;
     let put = |name: &str, text: &str| {
         fs::write(dir.join(name), text).with_context(|| format!("writing {}", dir.display()))
@@ -98,7 +128,11 @@ pub(crate) fn write(dir: &Path, node: IpAddr, service: IpAddr) -> Result<()> {
     put(CA, &ca.pem())?;
     put(CA_KEY, &ca_key_pem)?;
     for (cert, key, cn, orgs, usage) in files {
-        let names = if cert == SERVER_CERT { server_names(node, service) } else { Vec::new() };
+        let names = match cert {
+            SERVER_CERT => server_names(node, service),
+            NODE_SERVING_CERT => kubelet_names(kubelet),
+            _ => Vec::new(),
+        };
         let (c, k) = leaf(&ca, cn, orgs, usage, names)?;
         put(cert, &c)?;
         put(key, &k)?;
@@ -109,7 +143,7 @@ pub(crate) fn write(dir: &Path, node: IpAddr, service: IpAddr) -> Result<()> {
 }
 
 /// A kubeconfig for `user`'s certificate and key (files in `dir`) at `server`.
-pub(crate) fn kubeconfig(dir: &Path, server: &str, cert: &str, key: &str) -> Result<String> {
+pub(super) fn kubeconfig(dir: &Path, server: &str, cert: &str, key: &str) -> Result<String> {
     use base64::Engine as _;
     let b64 = |name: &str| -> Result<String> {
         let bytes = fs::read(dir.join(name)).with_context(|| format!("reading {name}"))?;
@@ -145,12 +179,13 @@ mod tests {
     fn certificates_chain_to_the_ca_and_name_the_server() {
         let dir = tempfile::tempdir().unwrap();
         let node: IpAddr = "169.254.0.1".parse().unwrap();
-        write(dir.path(), node, "10.96.0.1".parse().unwrap()).unwrap();
+        let kubelet = Kubelet { name: "node-1".into(), ip: "10.250.0.1".parse().unwrap() };
+        write(dir.path(), node, "10.96.0.1".parse().unwrap(), &kubelet).unwrap();
         for f in [CA, SERVER_CERT, SERVER_KEY, ADMIN_CERT, ADMIN_KEY, SA_KEY, SA_PUB] {
             assert!(fs::metadata(dir.path().join(f)).unwrap().len() > 100, "{f}");
         }
         let Ok(out) = std::process::Command::new("openssl")
-            .args(["verify", "-CAfile", CA, SERVER_CERT, ADMIN_CERT])
+            .args(["verify", "-CAfile", CA, SERVER_CERT, ADMIN_CERT, NODE_CERT, NODE_SERVING_CERT])
             .current_dir(dir.path())
             .output()
         else {

@@ -12,8 +12,8 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use serde_json::{Value, json};
 
-use super::control_plane::ControlPlane;
 use crate::{manifests, util::show};
+use integration_tests::cluster::ControlPlane;
 
 /// Run `cmd` with `input` on stdin; its stdout, or its stderr as the error.
 fn feed(mut cmd: Command, input: &[u8]) -> Result<String> {

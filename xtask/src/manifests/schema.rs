@@ -45,6 +45,14 @@ const SCHEMAS: &[Crd] = &[
         namespaced: true,
         schema: include_str!("../../schemas/prometheusrule.json"),
     },
+    // Not in deploy/: what the agent reads the platform from, which the cluster test serves.
+    Crd {
+        api: "config.openshift.io/v1",
+        kind: "Infrastructure",
+        plural: "infrastructures",
+        namespaced: false,
+        schema: include_str!("../../schemas/infrastructure.json"),
+    },
 ];
 
 type Compiled = Vec<(&'static str, &'static str, Result<Validator, String>)>;
