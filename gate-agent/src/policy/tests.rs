@@ -129,9 +129,9 @@ fn defaults() {
 
 #[test]
 fn every_platform_is_accepted() {
-    for platform in PLATFORMS {
+    for platform in platform_types() {
         let p = parse(&format!("platform: {platform}\nallowNoEndpoints: true\n")).unwrap();
-        assert_eq!(p.platform, *platform);
+        assert_eq!(p.platform, platform);
     }
 }
 
