@@ -146,6 +146,14 @@ mod tests {
             // Not named: a bare KVM or VMware VM, a UUID that merely starts with ec2 (a
             // random one does, one time in 4 096), nothing at all.
             (dmi(|d| d.sys_vendor = "QEMU".into()), None),
+            // Strings that two platforms' rules claim name neither.
+            (
+                dmi(|d| {
+                    d.sys_vendor = "Amazon EC2".into();
+                    d.product_name = "Google Compute Engine".into();
+                }),
+                None,
+            ),
             (dmi(|d| d.sys_vendor = "VMware, Inc.".into()), None),
             (dmi(|d| d.product_uuid = "ec2c0ffe-0000-0000-0000-000000000000".into()), None),
             (Dmi::default(), None),

@@ -227,6 +227,86 @@ impl Platform {
     }
 }
 
+impl Platform {
+    /// Its row as JSON (`gate-agent platforms --json`, which `cargo xtask new-provider` reads):
+    /// every field, the shipped policy as whether there is one.
+    pub fn to_json(self) -> serde_json::Value {
+        let f = self.facts();
+        let services = |list: &[Service]| {
+            list.iter()
+                .map(|s| {
+                    serde_json::json!({
+                        "what": s.what, "net": s.net, "ports": s.ports,
+                        "protocols": s.protocols.iter().map(|p| p.as_str()).collect::<Vec<_>>(),
+                        "describe": s.describe(),
+                    })
+                })
+                .collect::<Vec<_>>()
+        };
+        let dmi = f.dmi.iter().map(|r| {
+            let (test, value) = match r.test {
+                DmiTest::Is(v) => ("is", v),
+                DmiTest::StartsWith(v) => ("startsWith", v),
+                DmiTest::StartsWithAnyCase(v) => ("startsWithAnyCase", v),
+            };
+            serde_json::json!({
+                "field": r.field.name(), "test": test, "value": value,
+                "sameAs": r.same_as.map(DmiField::name),
+            })
+        });
+        let profiles = f.profiles.iter().map(|p| {
+            serde_json::json!({
+                "name": p.name,
+                "paths": p.paths.iter().map(|s| serde_json::json!({
+                    "path": s.path, "method": s.method, "reveals": s.reveals,
+                })).collect::<Vec<_>>(),
+                "query": p.query,
+            })
+        });
+        serde_json::json!({
+            "name": f.name,
+            "platformType": self.platform_type(),
+            "configMap": self.configmap_name(),
+            "policyFile": format!("deploy/policies/{}.yaml", stem(f.name)),
+            "ignitionIds": f.ignition_ids,
+            "dmi": dmi.collect::<Vec<_>>(),
+            "providerIds": f.provider_ids,
+            "metadata": services(f.metadata),
+            "keepOpen": services(f.keep_open),
+            "noMetadataService": f.no_metadata_service,
+            "profiles": profiles.collect::<Vec<_>>(),
+            "sensitive": f.sensitive.iter().map(|s| serde_json::json!({
+                "path": s.path, "reveals": s.reveals,
+            })).collect::<Vec<_>>(),
+            "shipped": f.shipped.is_some(),
+        })
+    }
+
+    /// One line of `gate-agent platforms`: name, ConfigMap, how a node names it, what is
+    /// protected.
+    pub fn summary(self) -> String {
+        let f = self.facts();
+        let or_dash = |v: Vec<String>| if v.is_empty() { "-".to_owned() } else { v.join(", ") };
+        let boot = f.ignition_ids.iter().map(|i| format!("ignition {i}"));
+        let dmi = f.dmi.iter().map(|r| format!("DMI {}", r.field.name()));
+        let protects = match f.no_metadata_service {
+            Some(_) => "nothing (no metadata service)".to_owned(),
+            None => or_dash(f.metadata.iter().map(Service::describe).collect()),
+        };
+        format!(
+            "{}\n  configmap {}\n  first boot {}\n  providerID {}\n  protects {}\n  keeps open \
+             {}\n  profiles {}",
+            f.name,
+            self.configmap_name(),
+            or_dash(boot.chain(dmi).collect()),
+            or_dash(f.provider_ids.iter().map(|s| format!("{s}://")).collect()),
+            protects,
+            or_dash(f.keep_open.iter().map(Service::describe).collect()),
+            or_dash(f.profiles.iter().map(|p| p.name.to_owned()).collect()),
+        )
+    }
+}
+
 impl std::fmt::Display for Platform {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
