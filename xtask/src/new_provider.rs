@@ -25,11 +25,8 @@ struct Step {
 
 pub(crate) fn run_check(name: &str) -> Result<()> {
     let registry = registry()?;
-    let row = registry
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|r| r["name"].as_str().is_some_and(|n| n.eq_ignore_ascii_case(name)));
+    let row =
+        items(&registry).find(|r| r["name"].as_str().is_some_and(|n| n.eq_ignore_ascii_case(name)));
     let steps = steps(name, row, &root())?;
     println!("new provider {name}:");
     let mut missing = None;
@@ -90,9 +87,14 @@ fn registry() -> Result<Value> {
     serde_json::from_slice(&out.stdout).context("gate-agent platforms --json printed no JSON")
 }
 
+/// The items of a JSON array (none for anything else).
+fn items(v: &Value) -> impl Iterator<Item = &Value> {
+    v.as_array().into_iter().flatten()
+}
+
 /// The strings of a JSON array.
 fn strings(v: &Value) -> Vec<&str> {
-    v.as_array().into_iter().flatten().filter_map(Value::as_str).collect()
+    items(v).filter_map(Value::as_str).collect()
 }
 
 fn steps(name: &str, row: Option<&Value>, root: &Path) -> Result<Vec<Step>> {
@@ -112,8 +114,7 @@ fn steps(name: &str, row: Option<&Value>, root: &Path) -> Result<Vec<Step>> {
     let no_service = row["noMetadataService"].as_str();
     let not_needed = |what: &str| format!("not needed: {what} ({})", no_service.unwrap_or(""));
     let described = |v: &Value| {
-        let list: Vec<&str> =
-            v.as_array().into_iter().flatten().filter_map(|s| s["describe"].as_str()).collect();
+        let list: Vec<&str> = items(v).filter_map(|s| s["describe"].as_str()).collect();
         if list.is_empty() { "nothing".to_owned() } else { list.join(", ") }
     };
 
@@ -132,10 +133,7 @@ fn steps(name: &str, row: Option<&Value>, root: &Path) -> Result<Vec<Step>> {
     };
 
     let ids = strings(&row["ignitionIds"]);
-    let dmi: Vec<String> = row["dmi"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let dmi: Vec<String> = items(&row["dmi"])
         .map(|r| format!("DMI {} {}", r["field"].as_str().unwrap_or("?"), r["value"]))
         .collect();
     let first_boot = if !ids.is_empty() || !dmi.is_empty() {
@@ -170,12 +168,7 @@ fn steps(name: &str, row: Option<&Value>, root: &Path) -> Result<Vec<Step>> {
 
     let policy = policy_step(name, row, root)?;
 
-    let profiles: Vec<&str> = row["profiles"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|p| p["name"].as_str())
-        .collect();
+    let profiles: Vec<&str> = items(&row["profiles"]).filter_map(|p| p["name"].as_str()).collect();
     let sensitive = row["sensitive"].as_array().map_or(0, Vec::len);
     let safe_paths = if no_service.is_some() {
         Ok(not_needed("nothing is served"))
@@ -258,10 +251,7 @@ fn policy_step(
             text(&e["reason"])
         )));
     }
-    let warnings: Vec<String> = report["warnings"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let warnings: Vec<String> = items(&report["warnings"])
         .map(|w| format!("{}: {}", text(&w["field"]), text(&w["reason"])))
         .collect();
     if !warnings.is_empty() {
@@ -276,8 +266,7 @@ fn policy_step(
         .with_context(|| format!("reading {COMPONENTS}"))?;
     let components: Value = serde_saphyr::from_str_with_options(&components, yaml_options())
         .with_context(|| format!("parsing {COMPONENTS}"))?;
-    let pinned =
-        |id: &str| components["components"].as_array().into_iter().flatten().any(|c| c["id"] == id);
+    let pinned = |id: &str| items(&components["components"]).any(|c| c["id"] == id);
     let unpinned: Vec<&str> = entries.iter().copied().filter(|e| !pinned(e)).collect();
     if !unpinned.is_empty() {
         return Ok(Err(format!(
@@ -343,7 +332,7 @@ fn docs_step(name: &str, row: &Value, root: &Path) -> Result<std::result::Result
             missing.push(format!("the ignition.platform.id table: a row `| `{id}` | {name} |`"));
         }
     }
-    for r in row["dmi"].as_array().into_iter().flatten() {
+    for r in items(&row["dmi"]) {
         let value = r["value"].as_str().unwrap_or_default();
         if !row_with(detection, &format!("`{value}`")) {
             missing.push(format!(
