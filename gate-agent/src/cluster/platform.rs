@@ -163,6 +163,8 @@ mod tests {
         assert_eq!(name("gce://proj/zone/vm"), Some("GCP"));
         assert_eq!(name("azure:///subscriptions/x"), Some("Azure"));
         assert_eq!(name("oci://ocid1.instance"), Some("External/oci"));
+        assert_eq!(name("hcloud://42"), Some("External/hetzner"));
+        assert_eq!(name("hrobot://321"), Some("External/hetzner"));
         assert_eq!(from_provider_id("kind://docker/kind/kind-worker"), None);
         assert_eq!(from_provider_id("no-scheme"), None);
     }

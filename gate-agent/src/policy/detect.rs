@@ -88,6 +88,7 @@ mod tests {
             "BOOT_IMAGE=(hd0,gpt3)/ostree/rhcos/vmlinuz ignition.platform.id=aws root=UUID=x";
         assert_eq!(from_ignition(line), Some(Platform::Aws));
         assert_eq!(from_ignition("ignition.platform.id=oraclecloud"), Some(Platform::ExternalOci));
+        assert_eq!(from_ignition("ignition.platform.id=hetzner"), Some(Platform::ExternalHetzner));
         assert_eq!(from_ignition("ignition.platform.id=unknowncloud"), None);
         assert_eq!(from_ignition("quiet splash"), None);
         // Every platform an id maps to has a shipped policy.
@@ -99,6 +100,7 @@ mod tests {
             "ibmcloud",
             "aliyun",
             "oraclecloud",
+            "hetzner",
             "vmware",
             "kubevirt",
             "nutanix",
@@ -141,6 +143,7 @@ mod tests {
             ),
             (dmi(|d| d.product_name = "Alibaba Cloud ECS".into()), Some("AlibabaCloud")),
             (dmi(|d| d.chassis_asset_tag = "OracleCloud.com".into()), Some("External/oci")),
+            (dmi(|d| d.sys_vendor = "Hetzner".into()), Some("External/hetzner")),
             (dmi(|d| d.product_name = "OpenStack Nova".into()), Some("OpenStack")),
             (dmi(|d| d.chassis_asset_tag = "HUAWEICLOUD".into()), Some("OpenStack")),
             // Not named: a bare KVM or VMware VM, a UUID that merely starts with ec2 (a

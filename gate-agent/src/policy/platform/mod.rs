@@ -41,6 +41,8 @@ pub enum Platform {
     Nutanix,
     /// Oracle Cloud Infrastructure, on OpenShift's External platform.
     ExternalOci,
+    /// Hetzner Cloud, on OpenShift's External platform.
+    ExternalHetzner,
 }
 
 /// OpenShift's `PlatformType` for providers that are not in it: a policy for one of them

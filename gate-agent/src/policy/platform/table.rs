@@ -22,6 +22,7 @@ pub(super) fn facts(p: Platform) -> &'static Facts {
         Platform::AlibabaCloud => &ALIBABACLOUD,
         Platform::Nutanix => &NUTANIX,
         Platform::ExternalOci => &EXTERNAL_OCI,
+        Platform::ExternalHetzner => &EXTERNAL_HETZNER,
     }
 }
 
@@ -472,4 +473,43 @@ const EXTERNAL_OCI: Facts = Facts {
         never("/openstack/", "the legacy tree"),
     ],
     shipped: Some(include_str!("../../../../deploy/policies/external-oci.yaml")),
+};
+
+const EXTERNAL_HETZNER: Facts = Facts {
+    name: "External/hetzner",
+    ignition_ids: &["hetzner"],
+    dmi: &[dmi(DmiField::SysVendor, DmiTest::Is("Hetzner"))],
+    // `hrobot`: a Robot (dedicated) server that the same cloud-controller-manager joined to the
+    // cluster. It has no metadata service, but it is in a Hetzner cluster and takes its policy.
+    provider_ids: &["hcloud", "hrobot"],
+    metadata: &[
+        svc("the Hetzner Cloud metadata service", "169.254.169.254/32", &[80], TCP),
+        // Link-local, not in Hetzner's docs: cloud-init asks it first since it "prepares the
+        // IPv6 Hetzner metadata-service". Protecting it costs nothing where it is absent.
+        svc("the Hetzner Cloud metadata service (IPv6)", "fe80::a9fe:a9fe/128", &[80], TCP),
+    ],
+    // Hetzner's DNS resolvers and NTP servers are public addresses, nowhere near it.
+    keep_open: &[],
+    no_metadata_service: None,
+    // The paths the CSI node plugin reads at start; private-networks (the HCCM's) tells a
+    // workload the cluster's network layout and is left out.
+    profiles: &[safe(
+        &[
+            get("/hetzner/v1/metadata/instance-id", "the server id"),
+            get("/hetzner/v1/metadata/hostname", "the server's name"),
+            get("/hetzner/v1/metadata/region", "the network zone (eu-central)"),
+            get("/hetzner/v1/metadata/availability-zone", "the location and datacenter (hel1-dc2)"),
+        ],
+        &[],
+    )],
+    sensitive: &[
+        never("/hetzner/v1/userdata", "user data (the node's Ignition config)"),
+        never(
+            "/hetzner/v1/metadata",
+            "the whole document: the documented fields, and SSH public keys, network \
+             configuration and vendor data",
+        ),
+        never("/hetzner/v1/metadata/public-keys", "SSH public keys"),
+    ],
+    shipped: Some(include_str!("../../../../deploy/policies/external-hetzner.yaml")),
 };
