@@ -77,7 +77,7 @@ impl Installed {
                              --platform or --policy"
                         )
                     })?;
-                Ok((format!("shipped for {p} ({by})"), shipped::policy_for(p)?))
+                Ok((format!("shipped for {p} ({by})"), shipped::policy_for(p.name())?))
             }
             Installed::None => Err(anyhow!("no --policy or --platform to fall back on")),
         }

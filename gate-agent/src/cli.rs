@@ -150,6 +150,14 @@ pub(crate) enum Command {
         #[arg(required = true, value_name = "FILE")]
         files: Vec<PathBuf>,
     },
+    /// The platforms this agent knows: for each, its policy ConfigMap, how a node names it on
+    /// its first boot (ignition.platform.id, DMI) and in the cluster (providerID), what its
+    /// policy protects and leaves open, its served-path profiles
+    Platforms {
+        /// Print one JSON array instead: every field of each platform's row
+        #[arg(long)]
+        json: bool,
+    },
     /// Show the pinned gate: attachments, policy generation and hash, counters, last denials (works while no agent runs)
     Status {
         #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]

@@ -220,6 +220,20 @@ pub fn main() -> ExitCode {
             }
         }
         Command::Check { files, platform, json } => check(&files, platform.as_deref(), json),
+        Command::Platforms { json } => {
+            let all = policy::Platform::all();
+            if json {
+                println!(
+                    "{}",
+                    serde_json::Value::Array(all.map(policy::Platform::to_json).collect())
+                );
+            } else {
+                for p in all {
+                    println!("{}", p.summary());
+                }
+            }
+            ExitCode::SUCCESS
+        }
         Command::Status { pin_dir, state_dir, json } => match Status::read(&pin_dir, &state_dir) {
             Ok(st) => {
                 if json {

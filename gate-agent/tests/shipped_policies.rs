@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use gate_agent::cluster::identity::{CgroupDriver, PodInfo, allowed_cgroups, selects};
-use gate_agent::policy::{AllowSelector, Mode, PLATFORMS, Policy};
+use gate_agent::policy::{AllowSelector, Mode, Policy, platform_types};
 use serde::Deserialize;
 
 const NAMESPACE: &str = "metadata-gate";
@@ -27,7 +27,7 @@ fn profiles_dir() -> PathBuf {
 /// The platform a file is for, from its stem: `aws` -> `AWS`, `external-oci` -> `External`.
 fn platform_for(stem: &str) -> Option<&'static str> {
     let base = stem.split_once('-').map_or(stem, |(p, _)| p);
-    PLATFORMS.iter().copied().find(|p| p.eq_ignore_ascii_case(base))
+    platform_types().into_iter().find(|p| p.eq_ignore_ascii_case(base))
 }
 
 /// The policy ConfigMap files of a directory (every `*.yaml` but the kustomization), sorted.
@@ -177,7 +177,7 @@ fn every_platform_has_a_policy() {
         }
     }
     let missing: Vec<&str> =
-        PLATFORMS.iter().copied().filter(|p| !by_platform.contains_key(*p)).collect();
+        platform_types().into_iter().filter(|p| !by_platform.contains_key(*p)).collect();
     assert!(missing.is_empty(), "no valid shipped policy for platform(s) {missing:?}");
 }
 

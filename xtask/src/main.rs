@@ -1,7 +1,7 @@
 //! Project orchestration: `cargo xtask <command>`. Orchestration only; no product logic here.
 //!
 //! One module per command (`setup`, `lint`, `test`, `kernels`, `demo`, `policy_test`,
-//! `manifests`, `kind`, `cluster`, `bench`);
+//! `new_provider`, `manifests`, `kind`, `cluster`, `bench`);
 //! what several of them use lives in `bins` (building and locating the binaries) and `util`
 //! (running commands).
 mod bench;
@@ -12,6 +12,7 @@ mod kernels;
 mod kind;
 mod lint;
 mod manifests;
+mod new_provider;
 mod policy_test;
 mod setup;
 mod test;
@@ -23,7 +24,7 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(
     name = "xtask",
-    about = "metadata-gate project tasks: setup, lint, tests, kernel matrix, demo, manifest checks, kind e2e, benchmarks"
+    about = "metadata-gate project tasks: setup, lint, tests, kernel matrix, demo, policy test, new provider, manifest checks, kind e2e, benchmarks"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -71,6 +72,14 @@ enum Cmd {
         #[arg(long)]
         platform: Option<String>,
         file: std::path::PathBuf,
+    },
+    /// docs/new-provider.md's checklist for platform NAME (as `--platform` names it:
+    /// External/acme), checked: which steps are done and what the first missing one needs,
+    /// naming the file and the row (endpoints, first-boot detection, providerID, policy and
+    /// allow list, safe paths, docs); exit 1 until the platform is complete. No root needed
+    NewProvider {
+        /// The platform, as `gate-agent check --platform` takes it
+        name: String,
     },
     /// Render every Kustomize target under deploy/ (kubectl kustomize) and check each object
     /// against its Kubernetes API type; no cluster needed
@@ -143,6 +152,7 @@ fn main() -> Result<()> {
             setup::ensure()?;
             policy_test::run(&file, platform.as_deref())
         }
+        Cmd::NewProvider { name } => new_provider::run_check(&name),
         Cmd::Manifests => manifests::run(),
         Cmd::Cluster { cmd: ClusterCmd::Build } => cluster::build().map(drop),
         Cmd::Cluster { cmd: ClusterCmd::Manifests } => cluster::manifests(),

@@ -7,6 +7,8 @@ use kube::{
 };
 use serde_json::Value;
 
+use crate::policy::platform::{self, EXTERNAL, Platform};
+
 #[derive(Debug, thiserror::Error)]
 pub enum PlatformError {
     #[error("infrastructures.config.openshift.io/cluster: {field}: {reason}")]
@@ -40,9 +42,10 @@ pub struct Detected {
 
 impl Detected {
     /// The per-platform ConfigMap name: `metadata-gate-policy-<platform lowercase>`, with
-    /// `External/oci` as `external-oci`.
+    /// `External/oci` as `external-oci` (an External provider the agent has no row for has
+    /// one too).
     pub fn configmap_name(&self) -> String {
-        format!("metadata-gate-policy-{}", crate::policy::shipped::stem(&self.platform))
+        platform::configmap_name(&self.platform)
     }
 }
 
@@ -67,39 +70,22 @@ pub fn from_infrastructure(obj: &Value) -> Result<String, PlatformError> {
             field: "status.platformStatus.type",
             reason: "missing, and so is status.platform".into(),
         })?;
-    if ty == "External" {
+    if ty == EXTERNAL {
         let name = s(obj.pointer("/spec/platformSpec/external/platformName"))
             .or_else(|| s(obj.pointer("/status/platformStatus/external/platformName")))
             .filter(|n| *n != "Unknown");
         return Ok(match name {
-            Some(n) => format!("External/{}", n.to_lowercase()),
-            None => "External".to_owned(),
+            Some(n) => format!("{EXTERNAL}/{}", n.to_lowercase()),
+            None => EXTERNAL.to_owned(),
         });
     }
     Ok(ty.to_owned())
 }
 
-/// The platform a node's `spec.providerID` (`<provider>://…`) points to.
-pub fn from_provider_id(provider_id: &str) -> Option<&'static str> {
-    let scheme = provider_id.split_once("://")?.0;
-    Some(match scheme {
-        "aws" => "AWS",
-        "gce" => "GCP",
-        "azure" => "Azure",
-        "openstack" => "OpenStack",
-        "ibm" | "ibmcloud" => "IBMCloud",
-        "alicloud" => "AlibabaCloud",
-        "oci" => "External/oci",
-        "vsphere" => "VSphere",
-        "kubevirt" => "KubeVirt",
-        "equinixmetal" | "packet" => "EquinixMetal",
-        "nutanix" => "Nutanix",
-        "ibmpowervs" | "powervs" => "PowerVS",
-        "ovirt" => "oVirt",
-        "libvirt" => "Libvirt",
-        "baremetalhost" | "metal3" => "BareMetal",
-        _ => return None,
-    })
+/// The platform a node's `spec.providerID` (`<provider>://…`) points to: the row whose
+/// `provider_ids` hold its scheme.
+pub fn from_provider_id(provider_id: &str) -> Option<Platform> {
+    Platform::by_provider_scheme(provider_id.split_once("://")?.0)
 }
 
 /// Read the Infrastructure object; `Ok(None)` when the cluster has no such CRD or object
@@ -144,7 +130,7 @@ pub async fn detect(
         return Err(PlatformError::NoProvider { node: node.to_owned() });
     }
     from_provider_id(&provider_id)
-        .map(|p| Detected { platform: p.to_owned(), origin: Origin::ProviderId })
+        .map(|p| Detected { platform: p.name().to_owned(), origin: Origin::ProviderId })
         .ok_or(PlatformError::UnknownProvider { node: node.to_owned(), provider_id })
 }
 
@@ -172,10 +158,13 @@ mod tests {
 
     #[test]
     fn provider_ids() {
-        assert_eq!(from_provider_id("aws:///us-east-1a/i-0123"), Some("AWS"));
-        assert_eq!(from_provider_id("gce://proj/zone/vm"), Some("GCP"));
-        assert_eq!(from_provider_id("azure:///subscriptions/x"), Some("Azure"));
-        assert_eq!(from_provider_id("oci://ocid1.instance"), Some("External/oci"));
+        let name = |id: &str| from_provider_id(id).map(Platform::name);
+        assert_eq!(name("aws:///us-east-1a/i-0123"), Some("AWS"));
+        assert_eq!(name("gce://proj/zone/vm"), Some("GCP"));
+        assert_eq!(name("azure:///subscriptions/x"), Some("Azure"));
+        assert_eq!(name("oci://ocid1.instance"), Some("External/oci"));
+        assert_eq!(name("hcloud://42"), Some("External/hetzner"));
+        assert_eq!(name("hrobot://321"), Some("External/hetzner"));
         assert_eq!(from_provider_id("kind://docker/kind/kind-worker"), None);
         assert_eq!(from_provider_id("no-scheme"), None);
     }

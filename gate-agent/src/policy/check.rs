@@ -2,7 +2,7 @@
 //! find what is valid but probably wrong for its platform. Errors are [`PolicyError`]s as
 //! everywhere; the rest are [`Warning`]s, which name the field as errors do.
 //!
-//! The warnings hold the policy against [`PLATFORM_FACTS`](super::platforms::PLATFORM_FACTS):
+//! The warnings hold the policy against its platform's row of [`Platform`]:
 //!
 //! - it protects nothing: no endpoints (where the platform has a metadata service), or audit
 //!   mode;
@@ -16,12 +16,9 @@ use std::path::Path;
 
 use ipnet::IpNet;
 
-use super::platforms::{self, PlatformFacts, Service};
+use super::platform::{self, Facts, Platform, Service};
 use super::profiles;
-use super::{AllowSelector, Endpoint, Mode, PLATFORMS, Policy, PolicyError};
-
-/// Prefix of the policy ConfigMaps' names (`metadata-gate-policy-aws`).
-const CONFIGMAP_PREFIX: &str = "metadata-gate-policy-";
+use super::{AllowSelector, Endpoint, Mode, Policy, PolicyError};
 
 /// Something valid that is probably not what the author meant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,7 +51,7 @@ impl Checked {
     /// checked for, mode, endpoints, allow entry names, what the platform table knows about
     /// the platform (`metadata`, `keepOpen`: `{what, net, ports, protocols}`) and the warnings.
     pub fn to_json(&self) -> serde_json::Value {
-        let facts = platforms::facts(&self.platform);
+        let facts = Platform::from_name(&self.platform).map(Platform::facts);
         let services = |list: &[Service]| {
             list.iter()
                 .map(|s| {
@@ -101,9 +98,9 @@ pub fn check(policy: Policy, platform: Option<&str>, configmap_platform: Option<
     let mut warn = |field: &str, reason: String| {
         warnings.push(Warning { source: policy.source.clone(), field: field.to_owned(), reason });
     };
-    let named = platform.or(configmap_platform).map(canonical);
+    let named = platform.or(configmap_platform).map(platform::canonical);
     if let Some(named) = named.as_deref()
-        && platforms::policy_platform(named) != policy.platform
+        && platform::platform_type(named) != policy.platform
     {
         let by = if platform.is_some() { "--platform" } else { "the ConfigMap's name" };
         warn(
@@ -116,7 +113,7 @@ pub fn check(policy: Policy, platform: Option<&str>, configmap_platform: Option<
         );
     }
     let platform = named.unwrap_or_else(|| policy.platform.clone());
-    let facts = platforms::facts(&platform);
+    let facts = Platform::from_name(&platform).map(Platform::facts);
 
     protects_nothing(&policy, &platform, facts, &mut warn);
     if let Some(facts) = facts {
@@ -203,26 +200,10 @@ pub fn check(policy: Policy, platform: Option<&str>, configmap_platform: Option<
     Checked { policy, platform, warnings }
 }
 
-/// A platform name as the agent spells it: `aws` -> `AWS`, `external/oci` -> `External/oci`;
-/// a name it does not know is kept as written.
-fn canonical(name: &str) -> String {
-    let (base, rest) = match name.split_once('/') {
-        Some((b, r)) => (b, Some(r)),
-        None => (name, None),
-    };
-    let Some(base) = PLATFORMS.iter().find(|p| p.eq_ignore_ascii_case(base)) else {
-        return name.to_owned();
-    };
-    match rest {
-        Some(r) => format!("{base}/{}", r.to_ascii_lowercase()),
-        None => (*base).to_owned(),
-    }
-}
-
 fn protects_nothing(
     policy: &Policy,
     platform: &str,
-    facts: Option<&PlatformFacts>,
+    facts: Option<&Facts>,
     warn: &mut impl FnMut(&str, String),
 ) {
     if policy.endpoints.is_empty() {
@@ -324,7 +305,7 @@ fn load(path: &Path) -> Result<(Policy, Option<String>), PolicyError> {
         ));
     };
     let policy = Policy::parse(&source, &policy_text)?;
-    Ok((policy, platform_of_configmap(&name)))
+    Ok((policy, platform::name_of_configmap(&name)))
 }
 
 /// `(name, namespace, data["policy.yaml"])` of a ConfigMap manifest; `None` for anything else.
@@ -341,15 +322,6 @@ fn configmap(text: &str) -> Option<(String, String, Option<String>)> {
     let namespace = meta.and_then(|m| s(m, "namespace")).unwrap_or_else(|| "default".into());
     let policy = v.get("data").and_then(|d| s(d, "policy.yaml"));
     Some((name, namespace, policy))
-}
-
-/// `metadata-gate-policy-aws` -> `AWS`, `metadata-gate-policy-external-oci` -> `External/oci`.
-fn platform_of_configmap(name: &str) -> Option<String> {
-    let suffix = name.strip_prefix(CONFIGMAP_PREFIX)?;
-    if let Some(external) = suffix.strip_prefix("external-") {
-        return Some(format!("External/{external}"));
-    }
-    PLATFORMS.iter().find(|p| p.eq_ignore_ascii_case(suffix)).map(|p| (*p).to_owned())
 }
 
 #[cfg(test)]

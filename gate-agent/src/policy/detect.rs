@@ -4,28 +4,14 @@
 //! PlatformType, the name the shipped policies go by; a node neither names is not guessed.
 use std::path::Path;
 
+use super::platform::{DmiField, DmiRule, Platform};
+
 /// The platform a CoreOS node was provisioned on, from its kernel command line's
-/// `ignition.platform.id` (RHCOS and Fedora CoreOS set it on every boot), as OpenShift's
-/// PlatformType. `qemu` (libvirt and bare VMs) has no metadata service: `None`.
-pub fn from_ignition(cmdline: &str) -> Option<&'static str> {
+/// `ignition.platform.id` (RHCOS and Fedora CoreOS set it on every boot): the row whose
+/// `ignition_ids` hold it. `qemu` (libvirt and bare VMs) has no metadata service: `None`.
+pub fn from_ignition(cmdline: &str) -> Option<Platform> {
     let id = cmdline.split_whitespace().find_map(|w| w.strip_prefix("ignition.platform.id="))?;
-    Some(match id {
-        "aws" => "AWS",
-        "gcp" => "GCP",
-        "azure" | "azurestack" => "Azure",
-        "openstack" => "OpenStack",
-        "ibmcloud" => "IBMCloud",
-        "aliyun" => "AlibabaCloud",
-        "oraclecloud" => "External/oci",
-        "vmware" => "VSphere",
-        "kubevirt" => "KubeVirt",
-        "nutanix" => "Nutanix",
-        "powervs" => "PowerVS",
-        "packet" => "EquinixMetal",
-        "metal" => "BareMetal",
-        "qemu" => "None",
-        _ => return None,
-    })
+    Platform::by_ignition_id(id)
 }
 
 /// The firmware strings the kernel exposes in `/sys/class/dmi/id`, and a Xen guest's
@@ -59,44 +45,36 @@ impl Dmi {
     }
 }
 
-/// Azure's fixed chassis asset tag, the same on every Azure VM.
-const AZURE_ASSET_TAG: &str = "7783-7084-3265-9085-8269-3286-77";
+impl Dmi {
+    /// The string a rule reads.
+    fn get(&self, field: DmiField) -> &str {
+        match field {
+            DmiField::SysVendor => &self.sys_vendor,
+            DmiField::ProductName => &self.product_name,
+            DmiField::ProductSerial => &self.product_serial,
+            DmiField::ProductUuid => &self.product_uuid,
+            DmiField::ChassisAssetTag => &self.chassis_asset_tag,
+            DmiField::HypervisorUuid => &self.hypervisor_uuid,
+        }
+    }
 
-/// The platform a VM's DMI strings name, and which string said so. The rules are cloud-init's
-/// (`tools/ds-identify`: `dscheck_Azure`, `dscheck_GCE`, `dscheck_AliYun`, `dscheck_Oracle`,
-/// `dscheck_OpenStack`, `ec2_identify_platform`) and, for AWS's Nitro and bare-metal
-/// instances, AWS's "Detect whether a host is an EC2 instance" (`sys_vendor` `Amazon EC2`).
-/// Hypervisors without a metadata service (VMware, KVM, Nutanix) are not named: their nodes
-/// set the platform.
-pub fn from_dmi(d: &Dmi) -> Option<(&'static str, &'static str)> {
-    let ec2 = |s: &str| s.get(..3).is_some_and(|p| p.eq_ignore_ascii_case("ec2"));
-    let openstack = ["OpenStack Nova", "OpenStack Compute"];
-    let openstack_tags = ["OpenTelekomCloud", "SAP CCloud VM", "HUAWEICLOUD"];
-    Some(if d.sys_vendor == "Amazon EC2" {
-        ("AWS", "sys_vendor")
-    } else if ec2(&d.hypervisor_uuid) {
-        ("AWS", "/sys/hypervisor/uuid")
-    } else if ec2(&d.product_uuid) && d.product_uuid.eq_ignore_ascii_case(&d.product_serial) {
-        ("AWS", "product_uuid")
-    } else if d.product_name == "Google Compute Engine" {
-        ("GCP", "product_name")
-    } else if d.product_serial.starts_with("GoogleCloud-") {
-        ("GCP", "product_serial")
-    } else if d.chassis_asset_tag == AZURE_ASSET_TAG {
-        ("Azure", "chassis_asset_tag")
-    } else if d.product_name == "Alibaba Cloud ECS" {
-        ("AlibabaCloud", "product_name")
-    } else if d.chassis_asset_tag == "OracleCloud.com" {
-        ("External/oci", "chassis_asset_tag")
-    } else if openstack.contains(&d.product_name.as_str()) {
-        ("OpenStack", "product_name")
-    } else if openstack.contains(&d.chassis_asset_tag.as_str())
-        || openstack_tags.contains(&d.chassis_asset_tag.as_str())
-    {
-        ("OpenStack", "chassis_asset_tag")
-    } else {
-        return None;
-    })
+    /// Whether `rule` holds.
+    fn passes(&self, rule: &DmiRule) -> bool {
+        let value = self.get(rule.field);
+        rule.test.passes(value)
+            && rule.same_as.is_none_or(|other| value.eq_ignore_ascii_case(self.get(other)))
+    }
+}
+
+/// The platform a VM's DMI strings name, and which string said so: the rows' `dmi` rules,
+/// which are cloud-init's (`tools/ds-identify`) and AWS's own (docs/platforms.md). Hypervisors
+/// without a metadata service (VMware, KVM, Nutanix) are not named: their nodes set the
+/// platform. Strings that two platforms' rules claim name neither: no platform is guessed.
+pub fn from_dmi(d: &Dmi) -> Option<(Platform, &'static str)> {
+    let mut named = Platform::all()
+        .filter_map(|p| p.facts().dmi.iter().find(|r| d.passes(r)).map(|r| (p, r.field.name())));
+    let first = named.next()?;
+    named.next().is_none().then_some(first)
 }
 
 #[cfg(test)]
@@ -108,8 +86,9 @@ mod tests {
     fn ignition_platform_ids() {
         let line =
             "BOOT_IMAGE=(hd0,gpt3)/ostree/rhcos/vmlinuz ignition.platform.id=aws root=UUID=x";
-        assert_eq!(from_ignition(line), Some("AWS"));
-        assert_eq!(from_ignition("ignition.platform.id=oraclecloud"), Some("External/oci"));
+        assert_eq!(from_ignition(line), Some(Platform::Aws));
+        assert_eq!(from_ignition("ignition.platform.id=oraclecloud"), Some(Platform::ExternalOci));
+        assert_eq!(from_ignition("ignition.platform.id=hetzner"), Some(Platform::ExternalHetzner));
         assert_eq!(from_ignition("ignition.platform.id=unknowncloud"), None);
         assert_eq!(from_ignition("quiet splash"), None);
         // Every platform an id maps to has a shipped policy.
@@ -121,6 +100,7 @@ mod tests {
             "ibmcloud",
             "aliyun",
             "oraclecloud",
+            "hetzner",
             "vmware",
             "kubevirt",
             "nutanix",
@@ -130,7 +110,7 @@ mod tests {
             "qemu",
         ] {
             let p = from_ignition(&format!("ignition.platform.id={id}")).expect(id);
-            policy_for(p).unwrap_or_else(|e| panic!("{id}: {e}"));
+            policy_for(p.name()).unwrap_or_else(|e| panic!("{id}: {e}"));
         }
     }
 
@@ -157,20 +137,32 @@ mod tests {
             ),
             (dmi(|d| d.product_name = "Google Compute Engine".into()), Some("GCP")),
             (dmi(|d| d.product_serial = "GoogleCloud-4A3B2C1D".into()), Some("GCP")),
-            (dmi(|d| d.chassis_asset_tag = AZURE_ASSET_TAG.into()), Some("Azure")),
+            (
+                dmi(|d| d.chassis_asset_tag = "7783-7084-3265-9085-8269-3286-77".into()),
+                Some("Azure"),
+            ),
             (dmi(|d| d.product_name = "Alibaba Cloud ECS".into()), Some("AlibabaCloud")),
             (dmi(|d| d.chassis_asset_tag = "OracleCloud.com".into()), Some("External/oci")),
+            (dmi(|d| d.sys_vendor = "Hetzner".into()), Some("External/hetzner")),
             (dmi(|d| d.product_name = "OpenStack Nova".into()), Some("OpenStack")),
             (dmi(|d| d.chassis_asset_tag = "HUAWEICLOUD".into()), Some("OpenStack")),
             // Not named: a bare KVM or VMware VM, a UUID that merely starts with ec2 (a
             // random one does, one time in 4 096), nothing at all.
             (dmi(|d| d.sys_vendor = "QEMU".into()), None),
+            // Strings that two platforms' rules claim name neither.
+            (
+                dmi(|d| {
+                    d.sys_vendor = "Amazon EC2".into();
+                    d.product_name = "Google Compute Engine".into();
+                }),
+                None,
+            ),
             (dmi(|d| d.sys_vendor = "VMware, Inc.".into()), None),
             (dmi(|d| d.product_uuid = "ec2c0ffe-0000-0000-0000-000000000000".into()), None),
             (Dmi::default(), None),
         ];
         for (d, want) in cases {
-            let got = from_dmi(&d).map(|(p, _)| p);
+            let got = from_dmi(&d).map(|(p, _)| p.name());
             assert_eq!(got, want, "{d:?}");
             if let Some(p) = got {
                 policy_for(p).unwrap_or_else(|e| panic!("{p}: {e}"));
@@ -189,6 +181,6 @@ mod tests {
         assert_eq!(d.sys_vendor, "Amazon EC2");
         assert_eq!(d.chassis_asset_tag, "i-0123456789abcdef0");
         assert_eq!((d.product_uuid.as_str(), d.hypervisor_uuid.as_str()), ("", ""));
-        assert_eq!(from_dmi(&d), Some(("AWS", "sys_vendor")));
+        assert_eq!(from_dmi(&d), Some((Platform::Aws, "sys_vendor")));
     }
 }

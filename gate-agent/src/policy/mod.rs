@@ -27,9 +27,7 @@ use std::fmt::{self, Write as _};
 use std::path::Path;
 use std::sync::Arc;
 
-use gate_common::abi::{
-    GRANT_CAPTURE, GRANT_METADATA, GRANT_PROXY, PROTO_TCP, PROTO_UDP, allow_value,
-};
+use gate_common::abi::{GRANT_CAPTURE, GRANT_METADATA, GRANT_PROXY, allow_value};
 use gate_common::compile::{self, EndpointSpec, Image, Net};
 use gate_common::http::Access;
 use gate_common::user::PolicyHash;
@@ -39,70 +37,23 @@ use kube::core::{Expression, Selector, SelectorExt as _};
 
 pub mod check;
 pub mod detect;
-pub mod platforms;
+pub mod platform;
 pub mod profiles;
+mod protocol;
 mod schema;
 pub mod shipped;
 mod validate;
 
+pub use platform::{Platform, platform_types};
+pub use protocol::Protocol;
+
 #[cfg(test)]
 mod tests;
-
-/// The OpenShift `PlatformType` values a policy may name (docs/platforms.md).
-pub const PLATFORMS: &[&str] = &[
-    "AWS",
-    "Azure",
-    "BareMetal",
-    "GCP",
-    "Libvirt",
-    "OpenStack",
-    "None",
-    "VSphere",
-    "oVirt",
-    "IBMCloud",
-    "KubeVirt",
-    "EquinixMetal",
-    "PowerVS",
-    "AlibabaCloud",
-    "Nutanix",
-    "External",
-];
 
 /// What the gate does with a matching connection from a cgroup that is not allowed.
 pub use gate_common::user::Mode;
 
 pub use crate::ratelimit::Rate;
-
-/// A transport protocol an endpoint can be restricted to (`TCP` / `UDP` in the document).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Protocol {
-    Tcp,
-    Udp,
-}
-
-impl Protocol {
-    /// The spelling used in the policy document.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Protocol::Tcp => "TCP",
-            Protocol::Udp => "UDP",
-        }
-    }
-
-    /// IP protocol number (`gate_common::abi::PROTO_TCP` / `PROTO_UDP`).
-    pub fn number(self) -> u8 {
-        match self {
-            Protocol::Tcp => PROTO_TCP,
-            Protocol::Udp => PROTO_UDP,
-        }
-    }
-}
-
-impl fmt::Display for Protocol {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// A protected endpoint: a CIDR, optionally narrowed to ports and protocols.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -296,7 +247,7 @@ pub struct Policy {
     /// Where it was read from (file name or `configmap ns/name`); used in messages, not part of
     /// [`Policy::hash`].
     pub source: String,
-    /// The OpenShift platform type the policy is for (one of [`PLATFORMS`]).
+    /// The OpenShift platform type the policy is for (one of [`platform_types`]).
     pub platform: String,
     pub mode: Mode,
     /// Protected endpoints; the index is the endpoint number the kernel reports.

@@ -165,15 +165,15 @@ fn json_has_what_a_packet_test_needs() {
 #[test]
 fn configmaps_are_read_and_named() {
     assert_eq!(
-        platform_of_configmap("metadata-gate-policy-external-oci").as_deref(),
+        platform::name_of_configmap("metadata-gate-policy-external-oci").as_deref(),
         Some("External/oci")
     );
     assert_eq!(
-        platform_of_configmap("metadata-gate-policy-alibabacloud").as_deref(),
+        platform::name_of_configmap("metadata-gate-policy-alibabacloud").as_deref(),
         Some("AlibabaCloud")
     );
-    assert_eq!(platform_of_configmap("metadata-gate-policy-nope"), None);
-    assert_eq!(platform_of_configmap("other"), None);
+    assert_eq!(platform::name_of_configmap("metadata-gate-policy-nope"), None);
+    assert_eq!(platform::name_of_configmap("other"), None);
     let dir = std::env::temp_dir().join(format!("gate-check-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let file = |name: &str, text: &str| {

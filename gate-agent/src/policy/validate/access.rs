@@ -42,17 +42,18 @@ pub(super) fn served_paths(
 
     if let Some(name) = &raw.profile {
         let field = format!("{at}.profile");
-        if name != profiles::SAFE {
-            return Err(cx.err(
-                field,
-                format!("unknown profile {name:?}; the one profile is {:?}", profiles::SAFE),
-            ));
+        let names = profiles::names();
+        if !names.contains(&name.as_str()) {
+            let known = names.iter().map(|n| format!("{n:?}")).collect::<Vec<_>>().join(", ");
+            return Err(
+                cx.err(field, format!("unknown profile {name:?}; the profiles are {known}"))
+            );
         }
-        let Some(profile) = profiles::safe(platform) else {
+        let Some(profile) = profiles::access(platform, name) else {
             return Err(cx.err(
                 field,
                 format!(
-                    "there is no safe profile for platform {platform}; list the paths \
+                    "there is no {name} profile for platform {platform}; list the paths \
                      (docs/platforms.md names the ones of each platform that has a profile)"
                 ),
             ));

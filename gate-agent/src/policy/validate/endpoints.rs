@@ -146,13 +146,22 @@ fn cidr(cx: &Ctx, field: &str, raw: Option<String>) -> Result<IpNet> {
         ));
     }
     if let Some(m) = masquerade_overlap(net) {
-        return Err(cx.err(
-            field,
+        // A single address has no narrower form to suggest: the reason is the subnet itself.
+        let reason = if net.prefix_len() == net.max_prefix_len() {
+            format!(
+                "{net} lies inside the OVN-Kubernetes masquerade subnet {m}, from which \
+                 OVN-Kubernetes allocates the node's own addresses (also per user-defined \
+                 network): denying it could break node networking. A service at this address \
+                 cannot be protected without knowing the cluster's masquerade subnet; leave it \
+                 out of the policy (docs/platforms.md, \"Checked and not shipped: Scaleway\")"
+            )
+        } else {
             format!(
                 "{net} overlaps the OVN-Kubernetes masquerade subnet {m}: denying it would break \
                  node networking; protect exact /32 or /128 addresses instead"
-            ),
-        ));
+            )
+        };
+        return Err(cx.err(field, reason));
     }
     Ok(net)
 }

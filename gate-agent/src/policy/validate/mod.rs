@@ -13,7 +13,7 @@ use allow::allow_entry;
 use endpoints::endpoint;
 
 use super::schema::RawPolicy;
-use super::{Mode, PLATFORMS, Policy, PolicyError};
+use super::{Mode, Policy, PolicyError, platform_types};
 
 /// Field name for errors about the whole document.
 const DOCUMENT: &str = "(document)";
@@ -275,14 +275,15 @@ pub(super) fn validate(source: &str, raw: RawPolicy) -> Result<Policy> {
 }
 
 fn platform(cx: &Ctx, platform: Option<String>) -> Result<String> {
-    let valid = PLATFORMS.join(", ");
+    let types = platform_types();
+    let valid = types.join(", ");
     let Some(p) = platform else {
         return Err(cx.err("platform", format!("missing; one of: {valid}")));
     };
-    if PLATFORMS.contains(&p.as_str()) {
+    if types.contains(&p.as_str()) {
         return Ok(p);
     }
-    let hint = PLATFORMS
+    let hint = types
         .iter()
         .find(|v| v.eq_ignore_ascii_case(&p))
         .map(|v| format!("did you mean {v}? "))
