@@ -127,6 +127,9 @@ pub(crate) const MATRIX: &[(&str, &[&str])] = &[
     ("proxy::budgets::a_pod_over_its_rate_gets_429_and_csi_node_is_served_beside_it",  HOST),
     ("proxy::cluster_mode::in_cluster_mode_the_proxy_serves_by_identity_and_no_pod_locks_it", HOST),
     ("proxy::audit::audit_shows_every_path_then_suggest_narrows_it_and_enforce_serves_only_that", HOST),
+    // The oldest kernel with BPF_LINK_DETACH, and the newest's adoption of the proxy's links.
+    ("proxy::hooks::the_proxys_programs_come_and_go_with_the_policys_need_for_a_proxy", K5_10),
+    ("proxy::hooks::the_proxys_programs_follow_proxy_address_across_restarts",         K6_12),
     ("bypass::ipv6_extension_header_chains_are_denied",                                HOST),
     ("enforcement::nested_and_late_cgroups_under_an_allowed_one_are_allowed",          K5_10),
     ("tc::forwarded_traffic_from_a_workload_interface_is_dropped",                     K6_1),

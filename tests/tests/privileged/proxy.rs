@@ -15,6 +15,7 @@ mod audit;
 mod budgets;
 mod cluster_mode;
 mod handshake;
+mod hooks;
 mod sdk;
 
 const PROXY_V6: &str = "fd00:ec2::1";
