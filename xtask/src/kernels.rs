@@ -117,6 +117,7 @@ pub(crate) const MATRIX: &[(&str, &[&str])] = &[
     ("lifecycle::an_abi_change_hands_over_to_a_new_pin_dir_without_an_open_window",    K5_10),
     ("proxy::served_paths_go_through_the_proxy_and_nothing_else_does",                 ALL),
     ("proxy::a_pod_network_workload_is_served_its_paths_under_hop_limit_1",            HOST),
+    ("proxy::served_requests_reuse_one_connection_to_the_service",                     HOST),
     ("proxy::handshake::a_dnat_of_the_proxys_address_diverts_no_redirected_connection", K5_10),
     ("proxy::handshake::a_pod_holding_handshakes_is_held_to_its_quota",                K6_1),
     // Its strength is a native flood's rate; the kernels' part (the close callback) is the quota test's.
