@@ -102,6 +102,8 @@ where
 pub(crate) struct KeepAlive {
     accepted: Arc<std::sync::atomic::AtomicUsize>,
     script: Arc<dyn Fn(usize, usize) -> Option<Vec<u8>> + Send + Sync>,
+    /// How long it takes to answer each request.
+    delay: std::time::Duration,
 }
 
 #[cfg(test)]
@@ -109,7 +111,13 @@ impl KeepAlive {
     pub(crate) fn new(
         script: impl Fn(usize, usize) -> Option<Vec<u8>> + Send + Sync + 'static,
     ) -> Self {
-        KeepAlive { accepted: Arc::default(), script: Arc::new(script) }
+        KeepAlive { accepted: Arc::default(), script: Arc::new(script), delay: Default::default() }
+    }
+
+    /// The same, taking `delay` to answer each request.
+    pub(crate) fn slow(mut self, delay: std::time::Duration) -> Self {
+        self.delay = delay;
+        self
     }
 
     /// `200` with `body` and its length: a response a connection is kept after.
@@ -149,6 +157,7 @@ impl KeepAlive {
                 }
             };
             buf.drain(..end);
+            tokio::time::sleep(self.delay).await;
             let Some(answer) = (self.script)(c, n) else { return };
             if stream.write_all(&answer).await.is_err() {
                 return;

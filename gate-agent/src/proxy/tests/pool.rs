@@ -30,10 +30,8 @@ async fn sequential_requests_share_one_connection() {
 #[tokio::test]
 async fn the_idle_pool_is_bounded_per_service_and_in_time() {
     // Slow answers, so that eight requests at once need eight connections.
-    let service = KeepAlive::new(|c, n| {
-        std::thread::sleep(Duration::from_millis(100));
-        Some(KeepAlive::ok(&format!("c{c} r{n}")))
-    });
+    let service = KeepAlive::new(|c, n| Some(KeepAlive::ok(&format!("c{c} r{n}"))))
+        .slow(Duration::from_millis(100));
     let dst = service.listen().await;
     let limits = Limits { upstream_idle: Duration::from_millis(300), ..test_limits() };
     let h = Arc::new(Harness::with(limits, Recorder::default()).await);
