@@ -157,7 +157,9 @@ fn close(args: BootArgs, state: &StateDir, record: &mut BootRecord) -> Result<()
     let allow = if kept { kept_allow(state, &root, &mut record.problems) } else { AllowSet::new() };
     record.allowed = allow.len();
     let node = NodeLevel::new(cfg.node.clone())?;
-    let _gate = engine::bring_up(&cfg, &node, &policy, &root, &allow)?;
+    // No metadata proxy before the agent runs: its programs stay out (the agent puts them
+    // in when it adopts the gate, if its proxy serves).
+    let _gate = engine::bring_up(&cfg, &node, &policy, &root, &allow, None)?;
     tracing::info!(
         policy = %source,
         policy_hash = %policy.hash(),

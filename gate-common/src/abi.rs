@@ -543,9 +543,10 @@ pub const MAX_INFLIGHT_WORKLOADS: u32 = 16_384;
 pub const PROXY_V4: u16 = 1;
 pub const PROXY_V6: u16 = 2;
 
-/// PROXY[0]: the metadata proxy's address and port, and its cgroup. Written by the agent
-/// before it listens; left in place while it is down, so redirected connections find a
-/// closed port (refused at once) rather than the endpoint.
+/// PROXY[0]: the metadata proxy's address and port, and its cgroup. Written by the agent once
+/// the proxy's programs are in, cleared before they go out (port 0: no proxy, the connects it
+/// would take are denied); left in place while the agent is down, so redirected connections
+/// find a closed port (refused at once) rather than the endpoint.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProxyConfig {

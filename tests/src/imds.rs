@@ -11,7 +11,7 @@ use std::{
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
     sync::{
         Arc, Mutex,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
         mpsc,
     },
     thread::JoinHandle,
@@ -44,6 +44,8 @@ impl Log {
 pub struct FakeImds {
     stop: Arc<AtomicBool>,
     log: Arc<Log>,
+    /// HTTP connections accepted, on every address.
+    accepted: Arc<AtomicUsize>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -121,6 +123,7 @@ impl FakeImds {
         let mut me = FakeImds {
             stop: Arc::new(AtomicBool::new(false)),
             log: Default::default(),
+            accepted: Default::default(),
             threads: vec![],
         };
         let tcp = [
@@ -141,7 +144,8 @@ impl FakeImds {
             format!("[{DNS_V6}]:80"),
         ];
         for a in tcp {
-            me.spawn(net, format!("tcp {a}"), move |stop, log| serve_tcp(&a, stop, log))?;
+            let accepted = me.accepted.clone();
+            me.spawn(net, format!("tcp {a}"), move |stop, log| serve_tcp(&a, stop, log, accepted))?;
         }
         for a in udp {
             me.spawn(net, format!("udp {a}"), move |stop, log| serve_udp(&a, stop, log))?;
@@ -172,6 +176,11 @@ impl FakeImds {
         rx.recv_timeout(Duration::from_secs(5))
             .map_err(|_| anyhow!("{what}: did not start"))?
             .with_context(|| what)
+    }
+
+    /// HTTP connections accepted so far, on every address.
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
     }
 
     /// Whether a payload containing `token` has arrived.
@@ -226,7 +235,12 @@ impl Drop for FakeImds {
 
 type Serve = Result<Box<dyn FnOnce() + Send>>;
 
-fn serve_tcp(addr: &str, stop: Arc<AtomicBool>, log: Arc<Log>) -> Serve {
+fn serve_tcp(
+    addr: &str,
+    stop: Arc<AtomicBool>,
+    log: Arc<Log>,
+    accepted: Arc<AtomicUsize>,
+) -> Serve {
     let sa: SocketAddr = addr.parse()?;
     let l = TcpListener::bind(sa).with_context(|| format!("bind {addr}"))?;
     l.set_nonblocking(true)?;
@@ -236,6 +250,7 @@ fn serve_tcp(addr: &str, stop: Arc<AtomicBool>, log: Arc<Log>) -> Serve {
         while !stop.load(Ordering::Acquire) {
             match l.accept() {
                 Ok((c, _)) => {
+                    accepted.fetch_add(1, Ordering::SeqCst);
                     let (stop, log, via) = (stop.clone(), log.clone(), via.clone());
                     conns.push(std::thread::spawn(move || handle_http(c, &stop, &log, &via)));
                 }
@@ -259,10 +274,17 @@ fn handle_http(mut c: TcpStream, stop: &AtomicBool, log: &Log, via: &str) {
             Ok(0) => return,
             Ok(n) => {
                 buf.extend_from_slice(&chunk[..n]);
-                if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                // As the metadata services: an HTTP/1.1 connection is kept for the next
+                // request unless the client says close (anything else is answered once).
+                while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    // Recorded with whatever came with it, as sent.
                     log.record(via, &buf);
-                    let _ = c.write_all(&platforms::answer(&buf[..end]).to_bytes());
-                    return;
+                    let head: Vec<u8> = buf.drain(..end + 4).collect();
+                    let keep = keeps_connection(&head[..end]);
+                    let _ = c.write_all(&platforms::answer(&head[..end]).to_bytes(keep));
+                    if !keep {
+                        return;
+                    }
                 }
             }
             Err(e)
@@ -273,6 +295,20 @@ fn handle_http(mut c: TcpStream, stop: &AtomicBool, log: &Log, via: &str) {
             Err(_) => return,
         }
     }
+}
+
+/// Whether a request head asks for its connection to be kept: HTTP/1.1 without
+/// `Connection: close`.
+fn keeps_connection(head: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(head);
+    let mut lines = text.split("\r\n");
+    let http11 = lines.next().is_some_and(|l| l.ends_with(" HTTP/1.1"));
+    let close = lines.any(|l| {
+        l.split_once(':').is_some_and(|(k, v)| {
+            k.trim().eq_ignore_ascii_case("connection") && v.to_ascii_lowercase().contains("close")
+        })
+    });
+    http11 && !close
 }
 
 fn serve_udp(addr: &str, stop: Arc<AtomicBool>, log: Arc<Log>) -> Serve {

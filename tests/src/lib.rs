@@ -21,6 +21,7 @@ pub mod agent;
 pub mod bench;
 pub mod bins;
 pub mod bpfmap;
+pub mod cgquery;
 pub mod cgroups;
 pub mod cluster;
 pub mod frame;

@@ -117,6 +117,7 @@ pub(crate) const MATRIX: &[(&str, &[&str])] = &[
     ("lifecycle::an_abi_change_hands_over_to_a_new_pin_dir_without_an_open_window",    K5_10),
     ("proxy::served_paths_go_through_the_proxy_and_nothing_else_does",                 ALL),
     ("proxy::a_pod_network_workload_is_served_its_paths_under_hop_limit_1",            HOST),
+    ("proxy::served_requests_reuse_one_connection_to_the_service",                     HOST),
     ("proxy::handshake::a_dnat_of_the_proxys_address_diverts_no_redirected_connection", K5_10),
     ("proxy::handshake::a_pod_holding_handshakes_is_held_to_its_quota",                K6_1),
     // Its strength is a native flood's rate; the kernels' part (the close callback) is the quota test's.
@@ -127,6 +128,9 @@ pub(crate) const MATRIX: &[(&str, &[&str])] = &[
     ("proxy::budgets::a_pod_over_its_rate_gets_429_and_csi_node_is_served_beside_it",  HOST),
     ("proxy::cluster_mode::in_cluster_mode_the_proxy_serves_by_identity_and_no_pod_locks_it", HOST),
     ("proxy::audit::audit_shows_every_path_then_suggest_narrows_it_and_enforce_serves_only_that", HOST),
+    // The oldest kernel with BPF_LINK_DETACH, and the newest's adoption of the proxy's links.
+    ("proxy::hooks::the_proxys_programs_come_and_go_with_the_policys_need_for_a_proxy", K5_10),
+    ("proxy::hooks::the_proxys_programs_follow_proxy_address_across_restarts",         K6_12),
     ("bypass::ipv6_extension_header_chains_are_denied",                                HOST),
     ("enforcement::nested_and_late_cgroups_under_an_allowed_one_are_allowed",          K5_10),
     ("tc::forwarded_traffic_from_a_workload_interface_is_dropped",                     K6_1),

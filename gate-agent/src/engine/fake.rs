@@ -7,8 +7,8 @@ use std::{
 };
 
 use gate_common::{
-    abi::GateInfo,
-    user::{AllowSet, PolicyHash, TerminateState},
+    abi::{GateInfo, ProxyConfig},
+    user::{AllowSet, AttachPoint, PolicyHash, TerminateState},
 };
 
 use super::{AllowSource, Engine, GateOps, bring_up_gate};
@@ -16,7 +16,7 @@ use crate::{
     cgroup::{CgroupError, GatedRoot},
     config::GateConfig,
     events::EventSinks,
-    loader::{HookChange, Install, LoaderError, Repair, Start, TcPlan, TcReport},
+    loader::{HookChange, Install, LoaderError, ProxySide, Repair, Start, TcPlan, TcReport},
     metrics::{AgentMetrics, ReloadLabels, RepairLabels},
     node::{NodeConfig, NodeLevel},
     policy::{Mode, Policy},
@@ -52,8 +52,13 @@ pub(crate) struct FakeState {
     pub(crate) fail_apply: bool,
     pub(crate) fail_attach: bool,
     pub(crate) fail_repair: bool,
+    pub(crate) fail_proxy_on: bool,
     /// What the next repair finds missing and puts back.
     pub(crate) missing: Vec<Repair>,
+    /// The proxy the kernel is told of: its programs are in.
+    pub(crate) proxy: Option<ProxySide>,
+    /// The proxy's programs an earlier agent left pinned (an adopted gate's).
+    pub(crate) proxy_pinned: bool,
 }
 
 pub(crate) struct Fake {
@@ -118,6 +123,31 @@ impl GateOps for Fake {
         let mut s = self.s();
         s.calls.push("attach");
         if s.fail_attach { Err(told("attach")) } else { Ok(Vec::new()) }
+    }
+    fn proxy_on(
+        &mut self,
+        _root: &GatedRoot,
+        side: &ProxySide,
+    ) -> Result<Vec<HookChange>, LoaderError> {
+        let mut s = self.s();
+        s.calls.push("proxy_on");
+        if s.fail_proxy_on {
+            // As the loader: PROXY is written last, so a failure tells the kernel nothing.
+            return Err(told("proxy_on"));
+        }
+        s.proxy = Some(side.clone());
+        s.proxy_pinned = true;
+        Ok(Vec::new())
+    }
+    fn proxy_off(&mut self) -> Result<Vec<AttachPoint>, LoaderError> {
+        let mut s = self.s();
+        s.calls.push("proxy_off");
+        s.proxy = None;
+        let was = std::mem::take(&mut s.proxy_pinned);
+        Ok(if was { AttachPoint::PROXY.to_vec() } else { Vec::new() })
+    }
+    fn proxy_in(&self) -> bool {
+        self.s().proxy.is_some()
     }
     fn sync_tc(&mut self, _plan: &TcPlan, _update: bool) -> Result<TcReport, LoaderError> {
         self.s().calls.push("sync_tc");
@@ -213,17 +243,31 @@ pub(crate) struct Rig {
     pub(crate) root: Root,
 }
 
+/// A metadata proxy in the cgroup `agent` below the gated root, as the DaemonSet's.
+pub(crate) fn proxy_side() -> ProxySide {
+    let own = GatedRoot {
+        path: format!("{ROOT}/agent").into(),
+        mount: "/sys/fs/cgroup".into(),
+        id: 9,
+        level: 2,
+    };
+    let config = ProxyConfig { port: 9254, cgroup_id: 9, ..ProxyConfig::default() };
+    ProxySide { own, config }
+}
+
 /// An engine started with `policy` on a fake gate, as `Engine::start` leaves it; `reopen` is
-/// what the repair check finds at the gated root.
+/// what the repair check finds at the gated root; `proxy`: the metadata proxy configured.
 pub(crate) fn started(
-    start: Start,
+    fake: (Fake, Arc<Mutex<FakeState>>),
     policy: Policy,
     allow: Box<dyn AllowSource>,
     reopen: super::Reopen,
+    proxy: Option<ProxySide>,
 ) -> (Engine<Fake>, Arc<Mutex<FakeState>>) {
-    let (fake, gate) = Fake::new(start);
+    let (fake, gate) = fake;
+    let allowed = allow.allow_set(&policy);
     let fake =
-        bring_up_gate(fake, &cfg(), &node(), &policy, &root(7), &allow.allow_set(&policy)).unwrap();
+        bring_up_gate(fake, &cfg(), &node(), &policy, &root(7), &allowed, proxy.as_ref()).unwrap();
     let engine = Engine {
         sinks: EventSinks::new(policy.endpoint_names()),
         policy,
@@ -242,12 +286,22 @@ pub(crate) fn started(
         retry: None,
         _server: None,
         proxy: None,
+        proxy_side: proxy,
     };
     (engine, gate)
 }
 
 impl Rig {
     pub(crate) fn start(start: Start, text: &str) -> Rig {
+        Self::with_proxy(Fake::new(start), text, None)
+    }
+
+    /// [`Rig::start`] on `fake` (as the test set it up), with the metadata proxy `proxy`.
+    pub(crate) fn with_proxy(
+        fake: (Fake, Arc<Mutex<FakeState>>),
+        text: &str,
+        proxy: Option<ProxySide>,
+    ) -> Rig {
         let allow = Allow::default();
         allow.set(&[100]);
         let seen = Root(Arc::new(Mutex::new(7)));
@@ -259,7 +313,7 @@ impl Rig {
             }
         };
         let (engine, gate) =
-            started(start, policy(text), Box::new(allow.clone()), Box::new(reopen));
+            started(fake, policy(text), Box::new(allow.clone()), Box::new(reopen), proxy);
         Rig { engine, gate, allow, root: seen }
     }
 

@@ -5,12 +5,14 @@ use std::path::Path;
 
 use gate_common::{
     abi::GateInfo,
-    user::{AllowSet, TerminateState},
+    user::{AllowSet, AttachPoint, TerminateState},
 };
 
 use crate::{
     cgroup::GatedRoot,
-    loader::{self, Gate, HookChange, Install, LoaderError, Repair, Start, TcPlan, TcReport},
+    loader::{
+        self, Gate, HookChange, Install, LoaderError, ProxySide, Repair, Start, TcPlan, TcReport,
+    },
 };
 
 /// The operations the engine performs on a loaded gate.
@@ -23,8 +25,20 @@ pub(crate) trait GateOps: Send + 'static {
     fn check_root(&self, root: &GatedRoot) -> Result<(), LoaderError>;
     /// Write a policy into the inactive generation and flip to it.
     fn apply(&mut self, install: &Install<'_>, root: &GatedRoot) -> Result<(), LoaderError>;
-    /// Attach (or swap in place) the cgroup programs on `root`.
+    /// Attach (or swap in place) the gate's cgroup programs on `root`.
     fn attach(&mut self, root: &GatedRoot) -> Result<Vec<HookChange>, LoaderError>;
+    /// Put the metadata proxy's programs in (or swap them in place), then tell the kernel
+    /// where the proxy is.
+    fn proxy_on(
+        &mut self,
+        root: &GatedRoot,
+        side: &ProxySide,
+    ) -> Result<Vec<HookChange>, LoaderError>;
+    /// Tell the kernel there is no proxy, then take the proxy's programs out; the attach
+    /// points whose links were there.
+    fn proxy_off(&mut self) -> Result<Vec<AttachPoint>, LoaderError>;
+    /// Whether the metadata proxy's programs are in.
+    fn proxy_in(&self) -> bool;
     /// Make the node-level attachments match `plan`.
     fn sync_tc(&mut self, plan: &TcPlan, update: bool) -> Result<TcReport, LoaderError>;
     /// Make the live allow set equal `want`; (added, removed).
@@ -60,6 +74,19 @@ impl GateOps for Gate {
     }
     fn attach(&mut self, root: &GatedRoot) -> Result<Vec<HookChange>, LoaderError> {
         Gate::attach(self, root)
+    }
+    fn proxy_on(
+        &mut self,
+        root: &GatedRoot,
+        side: &ProxySide,
+    ) -> Result<Vec<HookChange>, LoaderError> {
+        Gate::proxy_on(self, root, side)
+    }
+    fn proxy_off(&mut self) -> Result<Vec<AttachPoint>, LoaderError> {
+        Gate::proxy_off(self)
+    }
+    fn proxy_in(&self) -> bool {
+        Gate::proxy_in(self)
     }
     fn sync_tc(&mut self, plan: &TcPlan, update: bool) -> Result<TcReport, LoaderError> {
         Gate::sync_tc(self, plan, update)

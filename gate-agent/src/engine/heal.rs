@@ -1,5 +1,6 @@
 //! Self-healing: retry a policy whose apply failed, and check every tick that the gate is
-//! whole (the root, every link, every pin), putting back what is missing.
+//! whole (the root, every link, every pin, the metadata proxy's programs as the policy needs
+//! them), putting back what is missing.
 use std::{sync::atomic::Ordering, time::Instant};
 
 use anyhow::Context as _;
@@ -80,6 +81,12 @@ impl<G: GateOps> Engine<G> {
                     );
                 }
             }
+        }
+        // The proxy's programs as the policy in force needs them: put in where that failed at
+        // its apply (until then the kernel is not told of the proxy, and its paths are
+        // denied), taken out where they were left in.
+        if whole && !self.sync_proxy(super::proxy_for(self.proxy_side.as_ref(), &self.policy)) {
+            whole = false;
         }
         if !repaired.is_empty() {
             tracing::warn!(what = repaired.join(", "), "gate repaired");

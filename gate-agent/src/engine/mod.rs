@@ -31,7 +31,7 @@ use crate::{
     cgroup::GatedRoot,
     config::{AgentConfig, GateConfig},
     events::{self, CgroupNames, EventSinks},
-    loader::{Gate, Install, LsmState, Start},
+    loader::{Gate, HookChange, Install, LsmState, ProxySide, Start},
     metrics::{self, AgentMetrics},
     node::{self, NodeLevel},
     policy::Policy,
@@ -68,17 +68,81 @@ pub(crate) fn install<'a>(
 }
 
 /// Load (or adopt), apply and attach. A failed fresh start removes its own pins; a failed
-/// adoption leaves the pinned gate as it was, still enforcing.
+/// adoption leaves the pinned gate as it was, still enforcing. `proxy`: the metadata proxy
+/// (`--proxy-address`), whose programs go in if `policy` sends connects to it, and come out
+/// otherwise (an adopted gate's included).
 pub(crate) fn bring_up(
     cfg: &GateConfig,
     node: &NodeLevel,
     policy: &Policy,
     root: &GatedRoot,
     allow: &AllowSet,
+    proxy: Option<&ProxySide>,
 ) -> Result<Gate> {
     let gate = Gate::open(&cfg.pin_dir, cfg.egress, cfg.lsm_programs, cfg.mount_bpffs)
         .context("loading the eBPF programs")?;
-    bring_up_gate(gate, cfg, node, policy, root, allow)
+    bring_up_gate(gate, cfg, node, policy, root, allow, proxy)
+}
+
+/// The metadata proxy whose programs belong in the kernel under `policy`: the configured one
+/// (`configured`), if the policy sends connects to it. `None`: they stay out, and no TCP
+/// connection below the gated root pays for them.
+pub(crate) fn proxy_for<'a>(
+    configured: Option<&'a ProxySide>,
+    policy: &Policy,
+) -> Option<&'a ProxySide> {
+    configured.filter(|_| policy.needs_proxy())
+}
+
+/// Put the metadata proxy's programs in (`Some`: in place of a predecessor's, or new) or take
+/// them out (`None`: a predecessor's too); what changed is logged.
+fn place_proxy<G: GateOps>(
+    gate: &mut G,
+    root: &GatedRoot,
+    to: Option<&ProxySide>,
+) -> Result<(), crate::loader::LoaderError> {
+    match to {
+        Some(side) => {
+            log_changes(&gate.proxy_on(root, side)?);
+            tracing::info!(
+                cgroup = %side.own.path.display(),
+                port = side.config.port,
+                "the metadata proxy's programs are in"
+            );
+        }
+        None => {
+            let removed = gate.proxy_off()?;
+            if !removed.is_empty() {
+                let removed: Vec<&str> = removed.iter().map(|p| p.pin_name()).collect();
+                tracing::info!(
+                    removed = removed.join(" "),
+                    "the metadata proxy's programs are out: no proxy serves under this policy"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Log what an attach did to each attach point.
+fn log_changes(changes: &[HookChange]) {
+    for c in changes {
+        match c.old_prog_id {
+            Some(old) => tracing::info!(
+                hook = c.point.pin_name(),
+                program = c.program.name(),
+                old_prog_id = old,
+                new_prog_id = c.new_prog_id,
+                "replaced program in place (link update)"
+            ),
+            None => tracing::info!(
+                hook = c.point.pin_name(),
+                program = c.program.name(),
+                prog_id = c.new_prog_id,
+                "attached"
+            ),
+        }
+    }
 }
 
 /// [`bring_up`] once the gate is loaded.
@@ -89,6 +153,7 @@ fn bring_up_gate<G: GateOps>(
     policy: &Policy,
     root: &GatedRoot,
     allow: &AllowSet,
+    proxy: Option<&ProxySide>,
 ) -> Result<G> {
     let start = gate.start();
     if start == Start::Adopted {
@@ -107,23 +172,11 @@ fn bring_up_gate<G: GateOps>(
             .context("writing the policy maps")?;
         let changes =
             gate.attach(root).with_context(|| format!("attaching to {}", root.path.display()))?;
-        for c in changes {
-            match c.old_prog_id {
-                Some(old) => tracing::info!(
-                    hook = c.point.pin_name(),
-                    program = c.program.name(),
-                    old_prog_id = old,
-                    new_prog_id = c.new_prog_id,
-                    "replaced program in place (link update)"
-                ),
-                None => tracing::info!(
-                    hook = c.point.pin_name(),
-                    program = c.program.name(),
-                    prog_id = c.new_prog_id,
-                    "attached"
-                ),
-            }
-        }
+        log_changes(&changes);
+        // After the policy: a predecessor's programs go only once no policy sends connects
+        // to them; new ones are in before the kernel is told where the proxy is.
+        place_proxy(&mut gate, root, proxy_for(proxy, policy))
+            .context("placing the metadata proxy's programs")?;
         let plan = node.plan().context("planning the node level")?;
         let report = gate.sync_tc(&plan, true).context("attaching the node-level program")?;
         tracing::info!(
@@ -218,6 +271,9 @@ pub(crate) struct Engine<G: GateOps = Gate> {
     _server: Option<server::Server>,
     /// The metadata proxy, where `--proxy-address` asks for one.
     proxy: Option<proxy::ProxyHandle>,
+    /// The same proxy as the kernel programs are told of it (whether its programs are in
+    /// follows the policy: [`proxy_for`]).
+    proxy_side: Option<ProxySide>,
 }
 
 impl Engine<Gate> {
@@ -234,7 +290,20 @@ impl Engine<Gate> {
         let started_ns = crate::status::monotonic_now_ns();
         let allow_set = allow.allow_set(&policy);
         let node = Arc::new(NodeLevel::new(cfg.gate.node.clone())?);
-        let mut gate = bring_up(&cfg.gate, &node, &policy, &root, &allow_set)?;
+        let proxy_side = cfg.proxy.as_ref().map(|l| proxy::side(l, &root)).transpose()?;
+        // The proxy's port is taken before the kernel is told of the proxy, so that nothing
+        // is ever redirected to whoever else holds it. Only a predecessor's bind programs,
+        // which hold it for the proxy's cgroup as they know it, make this wait until the
+        // kernel knows this agent's (after the bring-up).
+        let early = match &cfg.proxy {
+            Some(listen) => match proxy::bind(listen) {
+                Ok(listeners) => Some(listeners),
+                Err(e) if e.held_for_the_proxy() => None,
+                Err(e) => return Err(e.into()),
+            },
+            None => None,
+        };
+        let mut gate = bring_up(&cfg.gate, &node, &policy, &root, &allow_set, proxy_side.as_ref())?;
         let ring = gate.take_events();
         let gate_lsm = gate.lsm().clone();
         let (pinned, start, generation, egress) = (
@@ -269,17 +338,40 @@ impl Engine<Gate> {
                 }
             });
         }
-        let proxy = proxy::start(
-            cfg.proxy.as_ref(),
-            started_ns,
-            cfg.state_dir.as_deref(),
-            &gate,
-            &root,
-            &policy,
-            &agent_metrics,
-            proxy_names,
-            sinks.notify.clone(),
-        )?;
+        let proxy = match (&cfg.proxy, &proxy_side) {
+            (Some(listen), Some(side)) => {
+                let started = early
+                    .map_or_else(|| proxy::bind(listen), Ok)
+                    .map_err(anyhow::Error::from)
+                    .and_then(|listeners| {
+                        proxy::start(
+                            listen,
+                            listeners,
+                            side,
+                            started_ns,
+                            cfg.state_dir.as_deref(),
+                            &gate,
+                            &policy,
+                            &agent_metrics,
+                            proxy_names,
+                            sinks.notify.clone(),
+                        )
+                    });
+                match started {
+                    Ok(handle) => Some(handle),
+                    Err(e) => {
+                        // No connect may go to a proxy that does not serve.
+                        if let Ok(mut g) = gate.lock()
+                            && let Err(off) = g.proxy_off()
+                        {
+                            tracing::error!(error = %off, "taking the metadata proxy's programs out");
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            _ => None,
+        };
         let node_links = AbortOnDrop(tokio::spawn(node::follow_links(
             node.clone(),
             gate.clone(),
@@ -304,6 +396,7 @@ impl Engine<Gate> {
             retry: None,
             _server: None,
             proxy,
+            proxy_side,
         };
         // The gate is attached: connections opened before it are cut before we report ready.
         engine.terminate_established(allow_set.clone()).await;
@@ -444,6 +537,14 @@ impl<G: GateOps> Engine<G> {
         }
         let allow_set = self.allow.allow_set(&candidate);
         let names = candidate.endpoint_names();
+        // The proxy's programs go in before a policy that sends connects to the proxy, and
+        // out only after one that sends none (below): never a redirect they would not see.
+        // If they cannot go in, the kernel is not told of the proxy, and the paths the policy
+        // serves are denied until the repair tick puts them in.
+        let proxy = proxy_for(self.proxy_side.as_ref(), &candidate).cloned();
+        if proxy.is_some() {
+            self.sync_proxy(proxy.as_ref());
+        }
         let applied = self.gate.lock().map_err(|_| anyhow::anyhow!("gate lock poisoned")).and_then(
             |mut g| {
                 g.apply(
@@ -492,6 +593,9 @@ impl<G: GateOps> Engine<G> {
             took_us = started.elapsed().as_micros() as u64,
             "policy applied"
         );
+        if proxy.is_none() {
+            self.sync_proxy(None);
+        }
         if let Some(p) = &self.proxy {
             p.follow(&candidate, started_ns);
         }
@@ -520,6 +624,23 @@ impl<G: GateOps> Engine<G> {
                 self.keep_state(false);
             }
             Err(e) => tracing::error!(error = %e, "updating the allow set"),
+        }
+    }
+
+    /// Make the metadata proxy's programs in (`Some`) or out (`None`), unless they are
+    /// already. Returns whether they are as asked.
+    fn sync_proxy(&self, to: Option<&ProxySide>) -> bool {
+        let Ok(mut g) = self.gate.lock() else { return false };
+        if g.proxy_in() == to.is_some() {
+            return true;
+        }
+        match place_proxy(&mut *g, &self.root, to) {
+            Ok(()) => true,
+            Err(e) => {
+                let to = if to.is_some() { "in" } else { "out" };
+                tracing::error!(error = %e, to, "placing the metadata proxy's programs");
+                false
+            }
         }
     }
 

@@ -1,6 +1,7 @@
 //! The metadata proxy in the running agent: its cgroup, what the kernel programs are told
-//! about it, its listeners, and the table it judges by, kept in step with the policy in
-//! force (`crate::proxy` serves; `loader` holds the kernel's side).
+//! about it ([`side`]; the engine puts its programs in while the policy sends connects to
+//! it), its listeners, and the table it judges by, kept in step with the policy in force
+//! (`crate::proxy` serves; `loader` holds the kernel's side).
 use std::{
     net::{IpAddr, SocketAddr},
     path::PathBuf,
@@ -20,7 +21,7 @@ use crate::{
     cgroup::{self, GatedRoot},
     config::ProxyListen,
     events::{Block, Blocked, CgroupNames},
-    loader::{Gate, RecordReader},
+    loader::{Gate, ProxySide, RecordReader},
     metrics::AgentMetrics,
     policy::Policy,
     proxy::{self, Caller, Callers, Limits, PathLog, ProxyError, Table},
@@ -118,44 +119,71 @@ fn kernel_config(listen: &ProxyListen, cgroup_id: u64) -> ProxyConfig {
     cfg
 }
 
-/// Tell the kernel where the proxy is (or, with `listen` none, that there is none: the
-/// connects it would take are denied), then listen and serve.
-/// `since_ns`: when the apply of `policy` began (see [`ProxyHandle::follow`]); `state_dir`:
-/// where the record of paths asked for is kept (see [`PathLog`]).
+/// The proxy listening at `listen` as the kernel programs are told of it: this agent's cgroup
+/// (found under `root` inside a container) and its addresses and port.
+pub(crate) fn side(listen: &ProxyListen, root: &GatedRoot) -> Result<ProxySide> {
+    let own = own_cgroup(root)?;
+    let config = kernel_config(listen, own.id);
+    Ok(ProxySide { own, config })
+}
+
+/// The proxy's port on each of its addresses. The bind programs of a gate that names another
+/// agent's cgroup as the proxy's deny it (`EPERM`) until the kernel is told of this one.
+pub(crate) fn bind(listen: &ProxyListen) -> Result<Vec<std::net::TcpListener>, Bind> {
+    listen
+        .addresses
+        .iter()
+        .map(|a| {
+            let addr = SocketAddr::new(*a, listen.port);
+            std::net::TcpListener::bind(addr).map_err(|source| Bind { addr, source })
+        })
+        .collect()
+}
+
+/// The proxy's port could not be bound on `addr`.
+#[derive(Debug, thiserror::Error)]
+#[error("metadata proxy: binding {addr}: {source}")]
+pub(crate) struct Bind {
+    addr: SocketAddr,
+    source: std::io::Error,
+}
+
+impl Bind {
+    /// Denied by the bind programs: held for the proxy, whose cgroup the kernel knows as
+    /// another's (a predecessor's, until this agent's is written).
+    pub(crate) fn held_for_the_proxy(&self) -> bool {
+        self.source.raw_os_error() == Some(libc::EPERM)
+    }
+}
+
+/// Serve on `listeners` (see [`bind`]). `since_ns`: when the apply of `policy` began (see
+/// [`ProxyHandle::follow`]); `state_dir`: where the record of paths asked for is kept (see
+/// [`PathLog`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn start(
-    listen: Option<&ProxyListen>,
+    listen: &ProxyListen,
+    listeners: Vec<std::net::TcpListener>,
+    side: &ProxySide,
     since_ns: u64,
     state_dir: Option<&std::path::Path>,
     gate: &Arc<Mutex<Gate>>,
-    root: &GatedRoot,
     policy: &Policy,
     metrics: &AgentMetrics,
     names: CgroupNames,
     notify: Option<UnboundedSender<Blocked>>,
-) -> Result<Option<ProxyHandle>> {
-    let mut g = gate.lock().map_err(|_| anyhow::anyhow!("gate lock poisoned"))?;
-    let Some(listen) = listen else {
-        g.set_proxy(ProxyConfig::default())?;
-        return Ok(None);
-    };
-    let own = own_cgroup(root)?;
-    // The port is the agent's before it binds it: the bind programs let only this cgroup
-    // take it (a restarted agent has a new one).
-    g.attach_proxy(&own, root)?;
-    g.set_proxy(kernel_config(listen, own.id))?;
+) -> Result<ProxyHandle> {
+    let g = gate.lock().map_err(|_| anyhow::anyhow!("gate lock poisoned"))?;
     let reader = g.record_reader()?;
     let sweeper = tokio::spawn(sweep(g.record_reader()?, metrics.proxy.records_expired.clone()));
     let generation = g.info().policy_generation;
     drop(g);
-    let mut listeners = Vec::new();
-    for a in &listen.addresses {
-        let addr = SocketAddr::new(*a, listen.port);
-        let l = std::net::TcpListener::bind(addr)
-            .with_context(|| format!("metadata proxy: binding {addr}"))?;
-        l.set_nonblocking(true)?;
-        listeners.push(tokio::net::TcpListener::from_std(l)?);
-    }
+    let listeners = listeners
+        .into_iter()
+        .map(|l| {
+            l.set_nonblocking(true)?;
+            tokio::net::TcpListener::from_std(l)
+        })
+        .collect::<std::io::Result<Vec<_>>>()?;
     if listeners.is_empty() {
         bail!("metadata proxy: no address");
     }
@@ -183,12 +211,12 @@ pub(crate) fn start(
     tracing::info!(
         addresses = ?listen.addresses,
         port = listen.port,
-        cgroup = %own.path.display(),
+        cgroup = %side.own.path.display(),
         generation,
         "metadata proxy listening"
     );
     let state_dir = state_dir.map(std::path::Path::to_path_buf);
-    Ok(Some(ProxyHandle { tables, since, reader, task, sweeper, paths, state_dir, keeper }))
+    Ok(ProxyHandle { tables, since, reader, task, sweeper, paths, state_dir, keeper })
 }
 
 /// How often the record of paths is written to the state dir (when it changed).

@@ -4,8 +4,11 @@ use gate_common::user::{AllowSet, AttachPoint};
 
 use super::{
     GateOps, Offer, bring_up_gate,
-    fake::{Fake, FakeState, GCP, GOOD, INVALID, OTHER, Rig, cfg, ids, node, policy, root},
+    fake::{
+        Fake, FakeState, GCP, GOOD, INVALID, OTHER, Rig, cfg, ids, node, policy, proxy_side, root,
+    },
     heal::Retry,
+    proxy_for,
 };
 use crate::{
     loader::{Repair, Start},
@@ -18,7 +21,7 @@ use crate::{
 fn a_fresh_start_checks_the_root_then_installs_then_attaches() {
     let rig = Rig::start(Start::Fresh, GOOD);
     let s = rig.gate.lock().unwrap();
-    assert_eq!(s.calls, ["check_root", "apply", "attach", "sync_tc"]);
+    assert_eq!(s.calls, ["check_root", "apply", "attach", "proxy_off", "sync_tc"]);
     assert_eq!(s.installed.len(), 1);
     assert_eq!(s.installed[0].hash, policy(GOOD).hash());
     assert_eq!(ids(&s.installed[0].allow), [100]);
@@ -39,7 +42,7 @@ fn an_adopted_gate_is_given_the_new_policy() {
 fn failed_start(start: Start, fail: impl FnOnce(&mut FakeState)) -> FakeState {
     let (fake, state) = Fake::new(start);
     fail(&mut state.lock().unwrap());
-    let r = bring_up_gate(fake, &cfg(), &node(), &policy(GOOD), &root(7), &AllowSet::new());
+    let r = bring_up_gate(fake, &cfg(), &node(), &policy(GOOD), &root(7), &AllowSet::new(), None);
     assert!(r.is_err(), "the start should fail");
     std::mem::take(&mut *state.lock().unwrap())
 }
@@ -285,4 +288,120 @@ async fn a_vanished_root_is_not_ready_and_not_repaired() {
     rig.root.set(7);
     rig.engine.sync().await;
     assert!(rig.ready());
+}
+
+// ---- the metadata proxy's programs --------------------------------------------------------
+
+/// An allow entry narrowed to paths: its connects go to the proxy.
+const PATHS: &str = "platform: AWS\nendpoints:\n  - {name: imds, cidr: 169.254.169.254/32}\n\
+                     allow:\n  - {name: csi, cgroup: \"csi\", paths: [/latest/meta-data/instance-id]}\n";
+
+fn served() -> String {
+    format!("{GOOD}served: {{paths: [/latest/meta-data/placement/region]}}\n")
+}
+
+/// What the fake was told since the last look, and nothing else of it.
+fn calls_since(rig: &Rig) -> Vec<&'static str> {
+    std::mem::take(&mut rig.gate.lock().unwrap().calls)
+}
+
+fn proxy_told(rig: &Rig) -> bool {
+    rig.gate.lock().unwrap().proxy.is_some()
+}
+
+#[test]
+fn the_proxys_programs_are_wanted_only_with_a_proxy_and_a_policy_that_sends_to_it() {
+    let side = proxy_side();
+    let want = |text: &str| proxy_for(Some(&side), &policy(text)).is_some();
+    assert!(!want(GOOD), "every workload allowed or denied whole: nothing goes to the proxy");
+    assert!(want(PATHS), "an entry narrowed to paths");
+    assert!(want(&served()), "served");
+    assert!(want(OTHER), "audit mode sends every HTTP connect to the proxy, to record its path");
+    assert_eq!(proxy_for(None, &policy(PATHS)), None, "no --proxy-address: never");
+}
+
+#[test]
+fn without_a_proxy_its_programs_are_taken_out_after_the_policy_is_in() {
+    // A fresh start, and an adopted gate whose predecessor had a proxy: out, after the apply
+    // (the predecessor's redirects stay in its programs' hands until the new policy is in).
+    for start in [Start::Fresh, Start::Adopted] {
+        let (fake, state) = Fake::new(start);
+        state.lock().unwrap().proxy_pinned = start == Start::Adopted;
+        let rig = Rig::with_proxy((fake, state), PATHS, None);
+        let s = rig.gate.lock().unwrap();
+        assert_eq!(s.calls, ["check_root", "apply", "attach", "proxy_off", "sync_tc"], "{start:?}");
+        assert!(s.proxy.is_none() && !s.proxy_pinned, "{start:?}");
+    }
+    // A proxy, and a policy that sends nothing to it: out as well.
+    let rig = Rig::with_proxy(Fake::new(Start::Fresh), GOOD, Some(proxy_side()));
+    assert!(calls_since(&rig).contains(&"proxy_off"));
+    assert!(!proxy_told(&rig));
+}
+
+#[test]
+fn a_proxy_that_serves_the_policy_has_its_programs_in_at_start() {
+    let rig = Rig::with_proxy(Fake::new(Start::Adopted), PATHS, Some(proxy_side()));
+    let s = rig.gate.lock().unwrap();
+    assert_eq!(s.calls, ["check_root", "apply", "attach", "proxy_on", "sync_tc"]);
+    assert_eq!(s.proxy, Some(proxy_side()), "the kernel is told where the proxy is");
+}
+
+#[tokio::test]
+async fn the_programs_go_in_before_a_policy_that_needs_them_and_out_after_the_last() {
+    let mut rig = Rig::with_proxy(Fake::new(Start::Fresh), GOOD, Some(proxy_side()));
+    calls_since(&rig);
+    assert!(matches!(rig.engine.offer("f", PATHS, "test").await, Offer::Applied));
+    assert_eq!(calls_since(&rig), ["proxy_on", "apply"], "in before the policy that sends there");
+    assert!(proxy_told(&rig));
+    // Needed still (served, then audit): nothing changes.
+    for text in [served().as_str(), OTHER] {
+        assert!(matches!(rig.engine.offer("f", text, "test").await, Offer::Applied));
+        assert_eq!(calls_since(&rig), ["apply"]);
+    }
+    assert!(matches!(rig.engine.offer("f", GOOD, "test").await, Offer::Applied));
+    assert_eq!(calls_since(&rig), ["apply", "proxy_off"], "out once no policy sends there");
+    assert!(!proxy_told(&rig));
+    // The tick finds them as the policy in force needs them: nothing to do.
+    rig.engine.sync().await;
+    assert_eq!(calls_since(&rig), ["repair"]);
+}
+
+#[tokio::test]
+async fn programs_that_cannot_go_in_leave_the_proxy_untold_and_the_gate_not_ready() {
+    let mut rig = Rig::with_proxy(Fake::new(Start::Fresh), GOOD, Some(proxy_side()));
+    rig.gate.lock().unwrap().fail_proxy_on = true;
+    // The policy is applied all the same (it may protect more than the last one); its paths
+    // are denied until the programs are in, since the kernel is not told of the proxy.
+    assert!(matches!(rig.engine.offer("f", PATHS, "test").await, Offer::Applied));
+    assert_eq!(rig.enforced(), policy(PATHS).hash());
+    assert!(!proxy_told(&rig));
+    rig.engine.sync().await;
+    assert!(!rig.ready(), "not whole while the proxy's programs are missing");
+    rig.gate.lock().unwrap().fail_proxy_on = false;
+    rig.engine.sync().await;
+    assert!(rig.ready());
+    assert!(proxy_told(&rig), "put in by the tick");
+}
+
+#[tokio::test]
+async fn a_failed_apply_leaves_the_programs_as_the_policy_in_force_needs_them() {
+    // In for a policy that was then not applied: the tick takes them out again, and the
+    // retry puts them in before it applies.
+    let mut rig = Rig::with_proxy(Fake::new(Start::Fresh), GOOD, Some(proxy_side()));
+    calls_since(&rig);
+    rig.fail_apply(true);
+    assert!(matches!(rig.engine.offer("f", PATHS, "test").await, Offer::Rejected(_)));
+    assert_eq!(calls_since(&rig), ["proxy_on", "apply"]);
+    rig.engine.sync().await;
+    assert_eq!(calls_since(&rig), ["repair", "proxy_off"]);
+    rig.fail_apply(false);
+    rig.retry_now();
+    rig.engine.sync().await;
+    assert_eq!(calls_since(&rig), ["proxy_on", "apply", "repair"]);
+    assert!(proxy_told(&rig));
+    // Out for a policy that was then not applied: they stay, the policy in force needs them.
+    rig.fail_apply(true);
+    assert!(matches!(rig.engine.offer("f", GOOD, "test").await, Offer::Rejected(_)));
+    assert_eq!(calls_since(&rig), ["apply"]);
+    assert!(proxy_told(&rig));
 }

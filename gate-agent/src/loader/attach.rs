@@ -1,7 +1,9 @@
 //! The cgroup programs on the gated root: attaching them with bpf_links, swapping the
 //! program of a link an earlier agent pinned (BPF_LINK_UPDATE), pinning links and programs —
 //! and putting back what went missing while the agent runs ([`Gate::repair`]): a link that
-//! was detached or unpinned, a pin that was removed, a root that was recreated.
+//! was detached or unpinned, a pin that was removed, a root that was recreated. The metadata
+//! proxy's programs come and go with the proxy ([`super::proxy`]); while they are in, they are
+//! kept whole here like the gate's.
 use std::{fs, os::fd::AsFd as _, path::Path};
 
 use gate_common::{
@@ -92,25 +94,51 @@ impl Gate {
         }
     }
 
-    /// Attach every cgroup program to the gated root, or, where a link is already pinned and
-    /// attached there, swap its program in place (BPF_LINK_UPDATE: never detach-then-attach).
-    /// Links are pinned under `links/<point>`, programs under `progs/<point>`.
+    /// Attach the gate's cgroup programs to the gated root, or, where a link is already
+    /// pinned and attached there, swap its program in place (BPF_LINK_UPDATE: never
+    /// detach-then-attach). Links are pinned under `links/<point>`, programs under
+    /// `progs/<point>`. The metadata proxy's are left as they are: [`Gate::proxy_on`] and
+    /// [`Gate::proxy_off`] decide them.
+    pub(crate) fn attach(&mut self, root: &GatedRoot) -> Result<Vec<HookChange>, LoaderError> {
+        let changes = self.attach_points(&AttachPoint::GATE, root)?;
+        self.attach_lsm();
+        Ok(changes)
+    }
+
+    /// Attach (or swap in place) the programs of `points` on `target`.
     ///
     /// A cgroup bpf_link always coexists with other programs on the cgroup (the kernel treats
     /// it as multi-attach), so the link takes no flags.
-    pub(crate) fn attach(&mut self, root: &GatedRoot) -> Result<Vec<HookChange>, LoaderError> {
+    pub(super) fn attach_points(
+        &mut self,
+        points: &[AttachPoint],
+        target: &GatedRoot,
+    ) -> Result<Vec<HookChange>, LoaderError> {
         let mut changes = Vec::new();
-        for point in AttachPoint::CGROUP {
+        for &point in points {
             let prog = self.program_for(point);
-            let old_prog_id = match self.ensure_link(point, root, true)? {
+            let old_prog_id = match self.ensure_link(point, target, true)? {
                 LinkState::Live(old) => old,
                 LinkState::Created => None,
             };
             let new_prog_id = self.pin_program(point, prog)?;
             changes.push(HookChange { point, program: prog, old_prog_id, new_prog_id });
         }
-        self.attach_lsm();
         Ok(changes)
+    }
+
+    /// The cgroup attach points that must be live now, each with the cgroup it is on: the
+    /// gate's on `root`, and while the metadata proxy's programs are in, theirs (the proxy's
+    /// accepted sockets' on its own cgroup, where that is not below the root).
+    fn live_points(&self, root: &GatedRoot) -> Vec<(AttachPoint, GatedRoot)> {
+        let mut points: Vec<_> = AttachPoint::GATE.iter().map(|&p| (p, root.clone())).collect();
+        if let Some(side) = &self.proxy {
+            points.extend(AttachPoint::PROXY.iter().map(|&p| (p, root.clone())));
+            if !side.below(root) {
+                points.push((AttachPoint::ProxySockOps, side.own.clone()));
+            }
+        }
+        points
     }
 
     /// Check every pin and link against `root` and put back what is missing: re-pin maps and
@@ -142,8 +170,8 @@ impl Gate {
                 repaired.push(Repair::MapPin(name));
             }
         }
-        for point in AttachPoint::CGROUP {
-            if let LinkState::Created = self.ensure_link(point, root, false)? {
+        for (point, target) in self.live_points(root) {
+            if let LinkState::Created = self.ensure_link(point, &target, false)? {
                 repaired.push(Repair::Link(point));
             }
             if !self.layout.prog(point.pin_name()).exists() {
@@ -155,12 +183,12 @@ impl Gate {
         Ok(repaired)
     }
 
-    /// Make the link of `point` live on `root`: keep it (swapping its program when `update`)
-    /// if it is pinned and attached there, else attach a new one and pin it.
+    /// Make the link of `point` live on `target`: keep it (swapping its program when
+    /// `update`) if it is pinned and attached there, else attach a new one and pin it.
     fn ensure_link(
         &mut self,
         point: AttachPoint,
-        root: &GatedRoot,
+        target: &GatedRoot,
         update: bool,
     ) -> Result<LinkState, LoaderError> {
         let prog = self.program_for(point);
@@ -174,7 +202,7 @@ impl Gate {
                 source,
             })?;
             let info = sys::link_info(link.as_fd()).ok();
-            if info.is_some_and(|i| i.target == LinkTarget::Cgroup(root.id)) {
+            if info.is_some_and(|i| i.target == LinkTarget::Cgroup(target.id)) {
                 if !update {
                     return Ok(LinkState::Live(None));
                 }
@@ -190,7 +218,7 @@ impl Gate {
                 source,
             })?;
         }
-        self.link_cgroup(point, &root.path)?;
+        self.link_cgroup(point, &target.path)?;
         Ok(LinkState::Created)
     }
 

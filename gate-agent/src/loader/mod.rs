@@ -12,7 +12,8 @@
 //!   gate is attached and ready is the old version unpinned (see [`Gate::retire_other_versions`]).
 //!
 //! Parts: [`generations`] writes a policy image into the inactive generation and flips;
-//! [`attach`] attaches (or swaps) the cgroup programs; [`lsm`] the node-wide LSM programs
+//! [`attach`] attaches (or swaps) the cgroup programs; [`proxy`] puts the metadata proxy's
+//! in and takes them out; [`lsm`] the node-wide LSM programs
 //! ([`fmod_ret`] where the kernel runs no BPF LSM);
 //! [`tc`] the interface programs;
 //! [`maps`] opens the maps typed; [`pins`] is the bpffs layout; [`sys`] the raw bpf(2) calls
@@ -44,7 +45,7 @@ pub(crate) use generations::Install;
 pub(crate) use lsm::{LsmState, bpf_lsm_active};
 pub(crate) use maps::{Maps, Stats};
 pub(crate) use pins::{Layout, cleanup};
-pub(crate) use proxy::RecordReader;
+pub(crate) use proxy::{ProxySide, RecordReader};
 pub(crate) use sys::{LinkInfo, LinkTarget};
 pub(crate) use tc::{Framing, TcMode, TcPlan, TcReport, TcTarget};
 
@@ -143,6 +144,9 @@ pub(crate) struct Gate {
     held_tc: std::collections::BTreeMap<String, std::os::fd::OwnedFd>,
     /// clsact filters attached by this agent (TC_CLSACT keys).
     clsact_done: std::collections::BTreeMap<u64, tc::Framing>,
+    /// The metadata proxy whose programs this agent put in; `None`: they are out (or not
+    /// decided yet: an adopted gate's are as its predecessor left them until then).
+    proxy: Option<ProxySide>,
     /// Held for the agent's life: one agent per gate.
     _lock: lock::PinLock,
 }
@@ -242,6 +246,7 @@ impl Gate {
             fmod_ret,
             held_tc: Default::default(),
             clsact_done: Default::default(),
+            proxy: None,
             _lock: lock,
         })
     }

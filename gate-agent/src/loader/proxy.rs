@@ -1,7 +1,13 @@
-//! The kernel side of the metadata proxy, as the agent sees it: where redirected connects go
-//! (PROXY), `gate_sock_ops` on the proxy's own cgroup, and the record of an accepted
-//! connection (SK_RECORDS).
-use std::{fs, os::fd::AsRawFd};
+//! The kernel side of the metadata proxy, as the agent sees it: its programs, put in and
+//! taken out as the proxy comes and goes ([`Gate::proxy_on`], [`Gate::proxy_off`]), where
+//! redirected connects go (PROXY), and the record of an accepted connection (SK_RECORDS).
+//!
+//! PROXY names a proxy only while its programs are in: the connect programs send nothing to a
+//! proxy whose sock_ops program would not hand the record over, and whose port nothing holds.
+use std::{
+    fs,
+    os::fd::{AsFd as _, AsRawFd},
+};
 
 use aya::maps::{Array, HashMap, Map, MapData, MapError, SkStorage};
 use gate_common::{
@@ -9,37 +15,91 @@ use gate_common::{
     user::AttachPoint,
 };
 
-use super::{Gate, LoaderError, map_err};
+use super::{Gate, HookChange, LoaderError, map_err, sys};
 use crate::cgroup::GatedRoot;
 
+/// The metadata proxy as the kernel programs are told of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ProxySide {
+    /// The proxy's (the agent's) own cgroup: its accepted sockets get their records there,
+    /// and only it may bind the proxy's port in the gated root.
+    pub(crate) own: GatedRoot,
+    /// Where redirected connects go, and whose the port is (`own`'s id).
+    pub(crate) config: ProxyConfig,
+}
+
+impl ProxySide {
+    /// Whether the proxy's cgroup is at or below `root`, where the root's sock_ops link
+    /// already runs for its accepted sockets.
+    pub(crate) fn below(&self, root: &GatedRoot) -> bool {
+        self.own.path.starts_with(&root.path)
+    }
+}
+
 impl Gate {
-    /// Where redirected connects go from now on; `ProxyConfig::default()` (port 0): nowhere,
-    /// they are denied.
-    pub(crate) fn set_proxy(&mut self, cfg: ProxyConfig) -> Result<(), LoaderError> {
-        self.maps.proxy.set(0, cfg, 0).map_err(map_err(names::PROXY))
+    /// Put the metadata proxy's programs in: on the gated root (getpeername, sock_ops, bind;
+    /// an earlier agent's links have their programs swapped in place) and sock_ops on the
+    /// proxy's own cgroup where that is outside the root; then, every one of them in, tell
+    /// the kernel where the proxy is. A failure leaves PROXY as it was: a connect the policy
+    /// sends to the proxy is denied, never let through.
+    pub(crate) fn proxy_on(
+        &mut self,
+        root: &GatedRoot,
+        side: &ProxySide,
+    ) -> Result<Vec<HookChange>, LoaderError> {
+        let mut changes = self.attach_points(&AttachPoint::PROXY, root)?;
+        if side.below(root) {
+            self.take_out(AttachPoint::ProxySockOps)?;
+        } else {
+            changes.extend(self.attach_points(&[AttachPoint::ProxySockOps], &side.own)?);
+        }
+        self.maps.proxy.set(0, side.config, 0).map_err(map_err(names::PROXY))?;
+        self.proxy = Some(side.clone());
+        Ok(changes)
     }
 
-    /// Attach `gate_sock_ops` to the proxy's cgroup, where its accepted sockets get their
-    /// records, unless that cgroup is below the gated root (the root's link already runs
-    /// there). Replaces an earlier agent's link in place, or a stale one.
-    pub(crate) fn attach_proxy(
-        &mut self,
-        proxy: &GatedRoot,
-        root: &GatedRoot,
-    ) -> Result<(), LoaderError> {
-        let point = AttachPoint::ProxySockOps;
+    /// Take the metadata proxy's programs out: first tell the kernel there is no proxy (a
+    /// connect the policy would send there is denied from then on), then detach and unpin
+    /// each of its links. Returns the attach points whose links were there.
+    pub(crate) fn proxy_off(&mut self) -> Result<Vec<AttachPoint>, LoaderError> {
+        self.maps.proxy.set(0, ProxyConfig::default(), 0).map_err(map_err(names::PROXY))?;
+        self.proxy = None;
+        let mut removed = Vec::new();
+        for point in AttachPoint::PROXY.into_iter().chain([AttachPoint::ProxySockOps]) {
+            if self.take_out(point)? {
+                removed.push(point);
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Whether the metadata proxy's programs are in (as this agent last put them).
+    pub(crate) fn proxy_in(&self) -> bool {
+        self.proxy.is_some()
+    }
+
+    /// Detach and unpin the link of `point`, and unpin its program; whether there was a link.
+    fn take_out(&mut self, point: AttachPoint) -> Result<bool, LoaderError> {
+        let io = |what: &'static str, path: &std::path::Path| {
+            let path = path.to_path_buf();
+            move |source| LoaderError::Io { what, path, source }
+        };
         let link_path = self.layout.link(point.pin_name());
-        if link_path.exists() {
-            fs::remove_file(&link_path).map_err(|source| LoaderError::Io {
-                what: "unpinning the proxy's old link",
-                path: link_path.clone(),
-                source,
-            })?;
+        let there = link_path.exists();
+        if there {
+            // Detached at once rather than when the kernel drops the last reference to the
+            // unpinned link (deferred work): gone by the time this returns. Kernels before
+            // 5.9 have no detach; there the unpin alone detaches it, a moment later.
+            if let Ok(link) = sys::obj_get(&link_path) {
+                let _ = sys::link_detach(link.as_fd());
+            }
+            fs::remove_file(&link_path).map_err(io("unpinning the link", &link_path))?;
         }
-        if proxy.path.starts_with(&root.path) {
-            return Ok(());
+        let prog_path = self.layout.prog(point.pin_name());
+        if prog_path.exists() {
+            fs::remove_file(&prog_path).map_err(io("unpinning the program", &prog_path))?;
         }
-        self.link_cgroup(point, &proxy.path)
+        Ok(there)
     }
 
     /// What the proxy reads for each connection, opened apart from the gate (whose lock an

@@ -1,6 +1,7 @@
 //! The few bpf(2) commands aya 0.14 does not expose for an already pinned link: open it
 //! (BPF_OBJ_GET), swap its program (BPF_LINK_UPDATE, 5.7+), describe it
-//! (BPF_OBJ_GET_INFO_BY_FD), and hold one open by id (BPF_LINK_GET_FD_BY_ID); and the load
+//! (BPF_OBJ_GET_INFO_BY_FD), hold one open by id (BPF_LINK_GET_FD_BY_ID), detach it
+//! (BPF_LINK_DETACH, 5.9+); and the load
 //! and attach of an `fmod_ret` program (BPF_PROG_LOAD, BPF_RAW_TRACEPOINT_OPEN), a program
 //! type aya 0.14 lacks.
 use std::{
@@ -27,6 +28,7 @@ pub(super) const BPF_CGROUP_SETSOCKOPT: u32 = 22;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_LINK_UPDATE: libc::c_long = 29;
 const BPF_LINK_GET_FD_BY_ID: libc::c_long = 30;
+const BPF_LINK_DETACH: libc::c_long = 34;
 
 fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
     // SAFETY: `attr` is a properly sized, initialised bpf_attr prefix for `cmd`; the kernel
@@ -125,6 +127,18 @@ pub(super) fn link_update(link: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Res
         old_prog_fd: 0,
     };
     bpf(BPF_LINK_UPDATE, &mut attr).map(drop)
+}
+
+#[repr(C)]
+struct LinkDetachAttr {
+    link_fd: u32,
+}
+
+/// Detach a link from its target now (5.9+), whoever else holds it: its pin then only names
+/// a defunct link.
+pub(super) fn link_detach(link: BorrowedFd<'_>) -> io::Result<()> {
+    let mut attr = LinkDetachAttr { link_fd: link.as_raw_fd() as u32 };
+    bpf(BPF_LINK_DETACH, &mut attr).map(drop)
 }
 
 /// The head of the BPF_PROG_LOAD attributes, up to `attach_prog_fd` (5.5+).

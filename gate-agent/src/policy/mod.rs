@@ -386,6 +386,14 @@ impl Policy {
         entries.chain(self.served.as_ref().map(|_| "served".to_owned())).collect()
     }
 
+    /// Whether the connect programs send connects to the metadata proxy under this policy,
+    /// where one is configured (`gate_common::verdict::proxy_route`): an allow entry with
+    /// paths, `served`, or audit mode (which sends every HTTP connect there, to record its
+    /// path). Without that the proxy's programs stay out of the kernel.
+    pub fn needs_proxy(&self) -> bool {
+        self.mode == Mode::Audit || !self.paths_not_served().is_empty()
+    }
+
     pub fn cgroup_entries(&self) -> impl Iterator<Item = (usize, &AllowEntry)> {
         self.allow
             .iter()

@@ -2,12 +2,13 @@
 //! [`decide`] judges it, [`forward`] serves it, and every outcome is logged, counted and
 //! answered. Works on any byte stream, so that the fuzz target drives it in memory.
 use std::{
+    borrow::Cow,
     convert::Infallible,
     sync::{Arc, Mutex, PoisonError},
     time::{Duration, Instant},
 };
 
-use http::{Request, Response, StatusCode, Uri, header};
+use http::{Request, Response, StatusCode, header};
 use hyper::{body::Incoming, service::service_fn};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::{
@@ -19,7 +20,7 @@ use tokio::{
 use super::{
     Caller, Callers, Limits, MIN_BUF, ProxyError,
     decide::{Decision, decide},
-    forward::{Body, Upstream, forward, text},
+    forward::{Body, Forwarder, text},
     outcome::{AUDITED, ConnRefusal, DecisionLog, FAILED, Line, REFUSED, SERVED, UNAVAILABLE},
     paths::{PathLog, Seen},
     table::Table,
@@ -35,7 +36,8 @@ pub(crate) struct Shared {
     pub(crate) tables: watch::Receiver<Option<Arc<Table>>>,
     /// Asked for the kernel's generation at every request.
     pub(crate) callers: Arc<dyn Callers>,
-    pub(crate) upstream: Arc<dyn Upstream>,
+    /// The way to the metadata services, with its pool of connections.
+    pub(crate) forwarder: Forwarder,
     pub(crate) limits: Limits,
     pub(crate) metrics: ProxyMetrics,
     pub(crate) log: DecisionLog,
@@ -109,7 +111,6 @@ async fn respond(req: Request<Incoming>, caller: Caller, shared: &Shared) -> Res
     let method = head.method.as_str();
     let path = head.uri.path_and_query().map_or("", |pq| pq.as_str());
     let decision = decide(&caller, table.as_deref(), live, &head, body_empty);
-    let hash = table.as_ref().map(|t| t.hash().to_string()).unwrap_or_default();
     // Over its rate, a served request is not served: the node's quota at the metadata
     // service is every workload's.
     let limited = match &decision {
@@ -160,23 +161,28 @@ async fn respond(req: Request<Incoming>, caller: Caller, shared: &Shared) -> Res
             if logged {
                 shared.callers.refused(&caller, &format!("{m} {p}"), &format!("{reason} ({who})"));
             }
+            let hash = table.as_ref().map(|t| t.hash().to_string()).unwrap_or_default();
             let text = format!("metadata-gate: {m} {p} refused: {reason} ({who}, policy {hash})\n");
             plain(StatusCode::FORBIDDEN, text)
         }
         Decision::Serve { who, target, audited, .. } => {
-            let uri = Uri::from(target.clone());
             let who = who.to_string();
+            // A served request's reason is a constant: nothing to build.
             let (verdict, reason) = match &audited {
                 Some(why) => {
                     shared.metrics.request(AUDITED, why.label());
-                    (AUDITED, format!("audit mode; the policy would refuse it: {why}"))
+                    (AUDITED, Cow::Owned(format!("audit mode; the policy would refuse it: {why}")))
                 }
-                None => (SERVED, "ok".to_owned()),
+                None => (SERVED, Cow::Borrowed("ok")),
             };
-            let upstream = &*shared.upstream;
-            match forward(upstream, &shared.limits, caller.dst, &head.method, uri, &head.headers)
-                .await
-            {
+            let forwarded = shared.forwarder.forward(
+                &shared.limits,
+                caller.dst,
+                &head.method,
+                target,
+                &head.headers,
+            );
+            match forwarded.await {
                 Ok(resp) => {
                     if audited.is_none() {
                         shared.metrics.request(SERVED, "ok");

@@ -68,17 +68,101 @@ impl Recorder {
     /// Listen on loopback and answer every connection; the address it listens on.
     #[cfg(test)]
     pub(crate) async fn listen(&self) -> SocketAddr {
-        let listener =
-            tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the stand-in");
-        let addr = listener.local_addr().expect("its address");
         let me = self.clone();
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let me = me.clone();
-                tokio::spawn(async move { me.answer(stream).await });
+        on_loopback(move |stream| {
+            let me = me.clone();
+            async move { me.answer(stream).await }
+        })
+        .await
+    }
+}
+
+/// Listen on loopback and hand every connection to `serve`, a task each; the address.
+#[cfg(test)]
+async fn on_loopback<F, Fut>(serve: F) -> SocketAddr
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the stand-in");
+    let addr = listener.local_addr().expect("its address");
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(serve(stream));
+        }
+    });
+    addr
+}
+
+/// A metadata service that keeps its connections, for the tests of the pool: it counts the
+/// connections it accepts, and answers the `n`th request (from 0) on its `c`th connection with
+/// `script(c, n)`, raw; `None`: it closes that connection instead of answering.
+#[cfg(test)]
+#[derive(Clone)]
+pub(crate) struct KeepAlive {
+    accepted: Arc<std::sync::atomic::AtomicUsize>,
+    script: Arc<dyn Fn(usize, usize) -> Option<Vec<u8>> + Send + Sync>,
+    /// How long it takes to answer each request.
+    delay: std::time::Duration,
+}
+
+#[cfg(test)]
+impl KeepAlive {
+    pub(crate) fn new(
+        script: impl Fn(usize, usize) -> Option<Vec<u8>> + Send + Sync + 'static,
+    ) -> Self {
+        KeepAlive { accepted: Arc::default(), script: Arc::new(script), delay: Default::default() }
+    }
+
+    /// The same, taking `delay` to answer each request.
+    pub(crate) fn slow(mut self, delay: std::time::Duration) -> Self {
+        self.delay = delay;
+        self
+    }
+
+    /// `200` with `body` and its length: a response a connection is kept after.
+    pub(crate) fn ok(body: &str) -> Vec<u8> {
+        format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}", body.len()).into_bytes()
+    }
+
+    /// Connections accepted so far.
+    pub(crate) fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Listen on loopback and serve every connection by the script; the address.
+    pub(crate) async fn listen(&self) -> SocketAddr {
+        let me = self.clone();
+        on_loopback(move |stream| {
+            let me = me.clone();
+            async move { me.serve(stream).await }
+        })
+        .await
+    }
+
+    /// Serve one connection by the script, request after request.
+    async fn serve(&self, mut stream: tokio::net::TcpStream) {
+        let c = self.accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut buf = Vec::new();
+        for n in 0.. {
+            // One request head (none of the proxy's has a body).
+            let end = loop {
+                if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break at + 4;
+                }
+                let mut chunk = [0u8; 4096];
+                match stream.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(k) => buf.extend_from_slice(&chunk[..k]),
+                }
+            };
+            buf.drain(..end);
+            tokio::time::sleep(self.delay).await;
+            let Some(answer) = (self.script)(c, n) else { return };
+            if stream.write_all(&answer).await.is_err() {
+                return;
             }
-        });
-        addr
+        }
     }
 }
 

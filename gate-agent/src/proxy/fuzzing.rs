@@ -15,6 +15,7 @@ use super::{
     Caller, Callers, Limits, ProxyError,
     conn::{Shared, serve_connection},
     fake::{self, InMemory, Recorder},
+    forward::Forwarder,
     headers,
     outcome::DecisionLog,
     table::Table,
@@ -100,11 +101,12 @@ pub(crate) fn serve_bytes(selector: u8, input: &[u8]) -> Vec<Vec<u8>> {
         let caller = caller(selector);
         let recorder = Recorder::default();
         let (_tx, tables) = watch::channel(Some(Arc::clone(table)));
+        let limits = Limits { header_read: Duration::from_secs(2), ..Limits::default() };
         let shared = Arc::new(Shared {
             tables,
             callers: Arc::new(Fixed),
-            upstream: Arc::new(InMemory(recorder.clone())),
-            limits: Limits { header_read: Duration::from_secs(2), ..Limits::default() },
+            forwarder: Forwarder::new(Arc::new(InMemory(recorder.clone())), &limits),
+            limits,
             metrics: ProxyMetrics::default(),
             log: DecisionLog::default(),
             paths: Arc::new(super::paths::PathLog::default()),

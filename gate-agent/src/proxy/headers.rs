@@ -54,20 +54,20 @@ pub(crate) fn downstream(upstream: &HeaderMap) -> HeaderMap {
 /// `headers` without hop-by-hop ones, those named by `Connection` (platform headers kept), and
 /// `also`.
 fn pass(headers: &HeaderMap, also: &[HeaderName]) -> HeaderMap {
-    let named: Vec<String> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|n| n.trim().to_ascii_lowercase())
-        .filter(|n| !n.is_empty())
-        .collect();
+    // Read in place for each header (a request has a handful): no list of names is built.
+    let named = |n: &str| {
+        headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|c| c.trim().eq_ignore_ascii_case(n))
+    };
     let mut out = HeaderMap::with_capacity(headers.len());
     for (name, value) in headers {
         let n = name.as_str();
-        let dropped = HOP_BY_HOP.contains(&n)
-            || also.contains(name)
-            || (named.iter().any(|c| c == n) && !PLATFORM.contains(&n));
+        let dropped =
+            HOP_BY_HOP.contains(&n) || also.contains(name) || (!PLATFORM.contains(&n) && named(n));
         if !dropped {
             out.append(name.clone(), value.clone());
         }

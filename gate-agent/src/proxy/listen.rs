@@ -11,7 +11,7 @@ use tokio::{
 use super::{
     Callers, Limits, ProxyError,
     conn::{Shared, serve_connection},
-    forward::{TcpUpstream, Upstream},
+    forward::{Forwarder, TcpUpstream, Upstream},
     outcome::{ConnRefusal, DecisionLog},
     paths::PathLog,
     table::Table,
@@ -42,7 +42,7 @@ impl Proxy {
             shared: Arc::new(Shared {
                 tables,
                 callers,
-                upstream,
+                forwarder: Forwarder::new(upstream, &limits),
                 limits,
                 metrics,
                 log,

@@ -105,8 +105,13 @@ pub(crate) struct Limits {
     pub(crate) connection: Duration,
     /// Time to connect to the metadata service.
     pub(crate) connect: Duration,
-    /// Time from connecting to the metadata service to its response's headers.
+    /// Time from asking the metadata service (connecting included) to the end of its
+    /// response.
     pub(crate) upstream: Duration,
+    /// How long a connection to the metadata service is kept idle for the next request.
+    pub(crate) upstream_idle: Duration,
+    /// Idle connections kept per metadata service address.
+    pub(crate) idle_per_upstream: usize,
 }
 
 /// hyper rejects a smaller read buffer (it asserts).
@@ -124,6 +129,10 @@ impl Default for Limits {
             connection: Duration::from_secs(30),
             connect: Duration::from_secs(2),
             upstream: Duration::from_secs(5),
+            // Below the keep-alive of the common HTTP servers (5 s and up), so that the
+            // service seldom closes one as the proxy picks it up.
+            upstream_idle: Duration::from_secs(4),
+            idle_per_upstream: 4,
         }
     }
 }
@@ -148,6 +157,9 @@ pub(crate) enum ProxyError {
     /// The exchange with the metadata service failed (handshake, request, response head).
     #[error("talking to {dst}: {source}")]
     Upstream { dst: SocketAddr, source: hyper::Error },
+    /// The same, as the pool of connections reports it.
+    #[error("talking to {dst}: {source}")]
+    Exchange { dst: SocketAddr, source: hyper_util::client::legacy::Error },
     /// The metadata service answered with something the proxy does not pass on.
     #[error("{dst} answered {status}, which the proxy does not pass on")]
     UpstreamStatus { dst: SocketAddr, status: http::StatusCode },

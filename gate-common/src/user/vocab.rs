@@ -224,14 +224,35 @@ pub enum AttachPoint {
 }
 
 impl AttachPoint {
-    /// The attach points on the gated cgroup, in attach order. (No sendmsg4/6: an
-    /// unconnected UDP datagram is judged once, on egress, which fails its `sendto()` with
-    /// EPERM just the same.)
+    /// Every attach point on the gated cgroup: the gate's own ([`GATE`](Self::GATE)) and the
+    /// metadata proxy's ([`PROXY`](Self::PROXY)).
     pub const CGROUP: [AttachPoint; 9] = [
         AttachPoint::Connect4,
         AttachPoint::Connect6,
         AttachPoint::Egress,
         AttachPoint::Setsockopt,
+        AttachPoint::GetPeerName4,
+        AttachPoint::GetPeerName6,
+        AttachPoint::SockOps,
+        AttachPoint::Bind4,
+        AttachPoint::Bind6,
+    ];
+
+    /// The gate's attach points on the gated cgroup, always attached, in attach order. (No
+    /// sendmsg4/6: an unconnected UDP datagram is judged once, on egress, which fails its
+    /// `sendto()` with EPERM just the same.)
+    pub const GATE: [AttachPoint; 4] = [
+        AttachPoint::Connect4,
+        AttachPoint::Connect6,
+        AttachPoint::Egress,
+        AttachPoint::Setsockopt,
+    ];
+
+    /// The metadata proxy's attach points on the gated cgroup: attached only while a proxy
+    /// is configured and the policy sends connects to it, so that without one no TCP
+    /// connection pays for them. ([`ProxySockOps`](Self::ProxySockOps), on the proxy's own
+    /// cgroup, goes with them.)
+    pub const PROXY: [AttachPoint; 5] = [
         AttachPoint::GetPeerName4,
         AttachPoint::GetPeerName6,
         AttachPoint::SockOps,
@@ -398,6 +419,20 @@ mod tests {
         }
         for d in TcDirection::ALL {
             assert_eq!(TcDirection::of_clsact_key(d.clsact_key(7)), *d);
+        }
+    }
+
+    #[test]
+    fn the_cgroup_attach_points_are_the_gates_and_the_proxys() {
+        let mut split: std::vec::Vec<AttachPoint> =
+            AttachPoint::GATE.iter().chain(&AttachPoint::PROXY).copied().collect();
+        let mut all = AttachPoint::CGROUP.to_vec();
+        split.sort();
+        all.sort();
+        assert_eq!(split, all, "each cgroup attach point is the gate's or the proxy's, once");
+        // What decides (connect) and what judges every packet (egress) are never the proxy's.
+        for p in [AttachPoint::Connect4, AttachPoint::Connect6, AttachPoint::Egress] {
+            assert!(!AttachPoint::PROXY.contains(&p), "{p}");
         }
     }
 }

@@ -93,8 +93,9 @@ impl Reply {
         Reply::text(200, INSTANCE_ID)
     }
 
-    /// The response on the wire (HTTP/1.0, closed after it).
-    pub fn to_bytes(&self) -> Vec<u8> {
+    /// The response on the wire: HTTP/1.1 on a connection kept for the next request
+    /// (`keep`), else HTTP/1.0, closed after it.
+    pub fn to_bytes(&self, keep: bool) -> Vec<u8> {
         let reason = match self.status {
             200 => "OK",
             400 => "Bad Request",
@@ -104,8 +105,9 @@ impl Reply {
             405 => "Method Not Allowed",
             _ => "Status",
         };
+        let version = if keep { "1.1" } else { "1.0" };
         let mut head = format!(
-            "HTTP/1.0 {} {reason}\r\nContent-Type: {}\r\nContent-Length: {}\r\n",
+            "HTTP/{version} {} {reason}\r\nContent-Type: {}\r\nContent-Length: {}\r\n",
             self.status,
             self.content_type,
             self.body.len()

@@ -15,6 +15,7 @@ mod audit;
 mod budgets;
 mod cluster_mode;
 mod handshake;
+mod hooks;
 mod sdk;
 
 const PROXY_V6: &str = "fd00:ec2::1";
@@ -166,6 +167,24 @@ fn served_paths_go_through_the_proxy_and_nothing_else_does() {
     assert!(!env.imds.wait_for(&t, Duration::from_millis(300)), "reached the IMDS direct");
     let o = env.probe("gated/pod-a", &["bind", "127.0.0.1", PROXY_PORT]);
     assert_eq!(o.errno, Some(EPERM), "the port is held while the agent is down: {o:?}");
+}
+
+/// The proxy keeps its connection to the metadata service for the next request, as the
+/// service keeps it (HTTP/1.1 without `Connection: close`): sequential served requests, each a
+/// connection of its own from the workload, reach the service over one.
+#[test]
+fn served_requests_reuse_one_connection_to_the_service() {
+    privileged!(served_requests_reuse_one_connection_to_the_service);
+    let mut env = proxy_env(&[]);
+    env.agent = Some(proxy_agent(&env, "gated/agent"));
+    let before = env.imds.accepted();
+    for _ in 0..10 {
+        let (t, o) = http(&env, "gated/csi-node", IMDS_V4, "/latest/meta-data/instance-id");
+        let reply = o.reply.clone().unwrap_or_default();
+        assert!(reply.contains(" 200 ") && reply.contains(INSTANCE_ID), "{o:?}");
+        assert!(env.imds.wait_for(&t, Duration::from_secs(2)), "no token");
+    }
+    assert_eq!(env.imds.accepted() - before, 1, "ten served requests, one connection");
 }
 
 /// A pod-network workload (its own namespace behind the node, which forwards and

@@ -102,14 +102,12 @@ fn ipt_rules(world: &World, dst: &str) -> Result<String> {
 }
 
 /// What the gate variant must have attached to be the shipped default configuration: the
-/// nine cgroup hooks on the gated root, the node-level program on the egress of the uplink (the
-/// veth toward the metadata service) and of loopback (tcx links are pinned by ifindex), and
-/// the LSM programs where the kernel runs them.
+/// gate's four cgroup hooks on the gated root, the node-level program on the egress of the
+/// uplink (the veth toward the metadata service) and of loopback (tcx links are pinned by
+/// ifindex), and the LSM programs where the kernel runs them.
 fn shipped_hooks(world: &World, lsm: bool) -> Result<Vec<String>> {
-    // The cgroup hooks, the metadata proxy's (peer name, sock_ops, bind) included: the agent
-    // attaches them whether or not a proxy is configured.
-    let cgroup =
-        "connect4 connect6 egress setsockopt getpeername4 getpeername6 sock-ops bind4 bind6";
+    // Without a proxy none of its programs (peer name, sock_ops, bind) is attached.
+    let cgroup = "connect4 connect6 egress setsockopt";
     let mut hooks: Vec<String> = cgroup.split(' ').map(String::from).collect();
     if lsm {
         hooks.extend(["lsm-bind", "lsm-setsockopt", "lsm-socket"].map(String::from));

@@ -52,10 +52,11 @@ impl ClusterOps for World {
         let mut s = self.0.lock().unwrap();
         s.started.push(policy.hash());
         let (engine, gate) = fake::started(
-            Start::Fresh,
+            fake::Fake::new(Start::Fresh),
             policy,
             allow,
             Box::new(|_: &std::path::Path| Ok::<_, CgroupError>(fake::root(7))),
+            None,
         );
         s.gate = Some(gate);
         Ok(engine)

@@ -24,6 +24,7 @@ use super::{
 use crate::{metrics::ProxyMetrics, policy::Policy};
 
 mod connections;
+mod pool;
 mod props;
 mod requests;
 
