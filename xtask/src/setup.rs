@@ -65,18 +65,26 @@ pub(crate) fn ensure() -> Result<()> {
         ("iptables-nft-restore", "--version", "iptables"),
         ("qemu-system-x86_64", "--version", "qemu-system-x86"),
         ("depmod", "--version", "kmod"),
+        // The cluster test's node (`cargo xtask cluster e2e`).
+        ("containerd", "--version", "containerd"),
+        ("runc", "--version", "runc"),
     ];
     let mut debs: Vec<&str> = TOOLS
         .iter()
         .filter(|(tool, arg, _)| output(Command::new(tool).arg(arg)).is_none())
         .map(|(_, _, deb)| *deb)
         .collect();
-    // The benchmark chart's font, virtme-ng's static busybox, test-kernels' archive keyring.
+    // The benchmark chart's font, virtme-ng's (and the cluster's client image's) static
+    // busybox, test-kernels' archive keyring.
     if !std::path::Path::new("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf").exists() {
         debs.push("fonts-dejavu-core");
     }
     if !std::path::Path::new("/bin/busybox").exists() || !busybox_is_static() {
         debs.push("busybox-static");
+    }
+    // The cluster test's pod network (bridge, host-local, loopback, portmap).
+    if !std::path::Path::new("/usr/lib/cni/bridge").exists() {
+        debs.push("containernetworking-plugins");
     }
     if !std::path::Path::new("/usr/share/keyrings/debian-archive-keyring.gpg").exists() {
         debs.push("debian-archive-keyring");

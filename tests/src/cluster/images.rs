@@ -8,8 +8,9 @@
 //!   run as root with `/gate-agent` as entrypoint, as the Dockerfile's distroless image has it;
 //! - the pause image (the pods' sandbox), from Kubernetes' own `build/pause/linux/pause.c` in
 //!   the pinned module, static, run as 65535 as upstream's;
-//! - the client: Debian's busybox-static with its applets, and the harness's `probe` (raw
-//!   frames over AF_PACKET, which busybox cannot send).
+//! - the client: Debian's busybox-static with its applets, and the harness's `probe` (HTTP,
+//!   raw frames over AF_PACKET, a connect loop: Debian's static busybox crashes in `wget`,
+//!   whose static glibc finds no name service to load in an image without one).
 use std::{
     collections::BTreeMap,
     fs,
@@ -261,27 +262,13 @@ pub fn pause() -> Result<Image> {
     Ok(image)
 }
 
-/// The client image: busybox (Debian's static build) with its applets, and `probe`.
+/// The client image: the machine's busybox (Debian's static build, which `cargo xtask setup`
+/// installs) with its applets, and `probe`.
 pub fn client(probe: &Path) -> Result<Image> {
-    let dir = images_dir()?;
-    let busybox = dir.join("busybox/bin/busybox");
-    if !busybox.exists() {
-        let debs = dir.join("debs");
-        fs::create_dir_all(&debs)?;
-        run(Command::new("apt-get").args(["download", "-qq", "busybox-static"]).current_dir(&debs))
-            .context("downloading Debian's busybox-static")?;
-        let deb = fs::read_dir(&debs)?
-            .flatten()
-            .map(|e| e.path())
-            .find(|p| {
-                p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("busybox-static_"))
-            })
-            .context("no busybox-static .deb downloaded")?;
-        run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(dir.join("busybox")))?;
-    }
+    let busybox = Path::new("/bin/busybox");
     let mut image = Image::new("localhost/metadata-gate-client:cluster", &["/bin/sh"], "0");
-    image.file("/bin/busybox", fs::read(&busybox)?, 0o755);
-    let list = Command::new(&busybox).arg("--list").output().context("busybox --list")?;
+    image.file("/bin/busybox", fs::read(busybox).context("reading /bin/busybox")?, 0o755);
+    let list = Command::new(busybox).arg("--list").output().context("busybox --list")?;
     for applet in String::from_utf8_lossy(&list.stdout).lines().filter(|a| *a != "busybox") {
         image.link(&format!("/bin/{applet}"), "busybox");
     }

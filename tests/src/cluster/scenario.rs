@@ -40,6 +40,8 @@ const CCM_NS: &str = "openshift-cloud-controller-manager";
 /// The agent's namespace and DaemonSet (deploy/base).
 const AGENT_NS: &str = "metadata-gate";
 const AGENT_DS: &str = "metadata-gate-agent";
+/// The policy the test's platform (AWS) reads.
+const POLICY_CM: &str = "metadata-gate-policy-aws";
 /// The taint a new node carries until its agent has closed the gate.
 const NOT_READY_TAINT: &str = "metadata-gate.io/not-ready";
 
@@ -220,7 +222,182 @@ fn scenario(cluster: &mut Cluster, inputs: &Inputs, report: &mut Report) -> Resu
             indent(&out)
         ));
     }
+    policy_edits(&k, report)?;
+    upgrade(&k, &imds, &inputs.bins, report)?;
+    platform_switch(&k, &imds, report)?;
+    must_gather(&k, report)
+}
+
+/// The AWS policy's ConfigMap, edited as an operator edits it: an entry narrowed to paths
+/// for the pod-network client (live: served through the proxy, refused the credentials),
+/// then a bad edit (refused with an Event, the last good policy kept), then the original.
+fn policy_edits(k: &Kubectl<'_>, report: &mut Report) -> Result<()> {
+    let jsonpath = "jsonpath={.data.policy\\.yaml}";
+    let original = k.run(&["-n", AGENT_NS, "get", "cm", POLICY_CM, "-o", jsonpath])?;
+    ensure!(
+        original.trim_end().ends_with("containers: [csi-driver]"),
+        "the AWS policy no longer ends with its allow list:\n{original}"
+    );
+    let narrowed = format!(
+        "{original}  - name: e2e-pod-network\n    namespace: {NS}\n    podSelector: {{matchLabels: \
+         {{app: pod-network}}}}\n    paths: [/latest/meta-data/instance-id]\n"
+    );
+    set_policy(k, &narrowed)?;
+    let pod = &CLIENTS[0];
+    let served = |k: &Kubectl<'_>| -> Result<bool> {
+        Ok(get(k, pod, "/latest/meta-data/instance-id")?.contains(crate::imds::INSTANCE_ID))
+    };
+    wait_until(Duration::from_secs(30), "the narrowed entry to serve pod-network", || served(k))?;
+    report.line(format!(
+        "policy edited (an entry narrowed to paths for {NS}/pod-network): instance-id served \
+         through the proxy"
+    ));
+    let credentials = get(k, pod, "/latest/meta-data/iam/security-credentials/")?;
+    ensure!(credentials.contains(" 403 "), "the credentials were not refused: {credentials}");
+    report.line(format!("  the credentials path: {}", status_line(&credentials)));
+
+    set_policy(k, "platform: AWS\nmode: maybe\n")?;
+    let rejected = ["-n", AGENT_NS, "get", "events", "--field-selector", "reason=PolicyRejected"];
+    wait_until(Duration::from_secs(30), "a PolicyRejected Event", || {
+        Ok(!k.run(&[&rejected[..], &["-o", "name"]].concat())?.trim().is_empty())
+    })?;
+    let why = k.run(&[&rejected[..], &["-o", "jsonpath={.items[0].message}"]].concat())?;
+    ensure!(served(k)?, "the last good policy was lost");
+    report.line(format!(
+        "bad edit (mode: maybe): Event PolicyRejected \"{why}\"; the last good policy still serves"
+    ));
+
+    set_policy(k, &original)?;
+    wait_until(Duration::from_secs(30), "the original policy to deny pod-network again", || {
+        Ok(get(k, pod, "/latest/meta-data/instance-id")?.contains("\"errno\":1,"))
+    })?;
+    report.line("original policy restored: pod-network denied again".into());
     Ok(())
+}
+
+/// The agent upgraded (a new image rolled out) and then its pod deleted, while a
+/// host-network client connects to the service in a loop: never once served. The allowed
+/// component is served again afterwards.
+fn upgrade(k: &Kubectl<'_>, imds: &FakeImds, bins: &Bins, report: &mut Report) -> Result<()> {
+    let token = unique("e2e-hammer");
+    let argv = ["-n", NS, "exec", "-i", "host-network", "--", "probe", "--netns", "self"];
+    let mut hammer = k.cmd(&[&argv[..], &["hammer-tcp", IMDS_V4, "80", &token]].concat())?;
+    hammer.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null());
+    let mut hammer = hammer.spawn().context("starting the hammer")?;
+    let mut out = std::io::BufReader::new(hammer.stdout.take().context("hammer stdout")?);
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut out, &mut first)?;
+    ensure!(first.contains("connected"), "the hammer did not start: {first}");
+
+    // A new build: the same binary in a new image (another digest).
+    let mut image = images::agent(&bins.agent)?;
+    image.name = "localhost/metadata-gate:cluster-upgrade".into();
+    image.file("/etc/metadata-gate-build", b"upgrade\n".to_vec(), 0o644);
+    let next = k.0.node.import(&k.0.cp, &image)?;
+    let ds = format!("ds/{AGENT_DS}");
+    let t = Instant::now();
+    k.run(&["-n", AGENT_NS, "set", "image", &ds, &format!("agent={}", next.by_digest())])?;
+    k.run(&["-n", AGENT_NS, "rollout", "status", &ds, "--timeout=180s"])?;
+    report.line(format!(
+        "upgrade to {}: rolled out in {:.1} s",
+        next.by_digest(),
+        t.elapsed().as_secs_f64()
+    ));
+    let t = Instant::now();
+    let selector = "app.kubernetes.io/name=metadata-gate";
+    k.run(&["-n", AGENT_NS, "delete", "pod", "-l", selector, "--wait=true"])?;
+    k.run(&["-n", AGENT_NS, "rollout", "status", &ds, "--timeout=180s"])?;
+    report
+        .line(format!("agent pod deleted: a new one ready in {:.1} s", t.elapsed().as_secs_f64()));
+
+    if let Some(mut stdin) = hammer.stdin.take() {
+        stdin.write_all(b"stop\n")?;
+    }
+    let mut result = String::new();
+    std::io::BufRead::read_line(&mut out, &mut result)?;
+    let _ = hammer.wait();
+    ensure!(result.contains("successes=0 "), "a connect was served during the upgrade: {result}");
+    ensure!(!imds.saw(&token), "the hammer's token reached the metadata service");
+    let counts = result.split("\"reply\":\"").nth(1).and_then(|r| r.split('"').next());
+    report.line(format!(
+        "  host-network client throughout: {}; its token never arrived",
+        counts.unwrap_or("")
+    ));
+    let ccm = &CLIENTS[3];
+    wait_until(Duration::from_secs(30), "the allowed component to be served again", || {
+        attempt(k, imds, ccm)
+    })?;
+    report.line("  the allow-listed cloud controller manager served again".into());
+    Ok(())
+}
+
+/// The platform switched through the Infrastructure object: on GCP the AWS controller
+/// manager is no component of the platform's, and is denied; back on AWS, served.
+fn platform_switch(k: &Kubectl<'_>, imds: &FakeImds, report: &mut Report) -> Result<()> {
+    let ccm = &CLIENTS[3];
+    k.stdin(&["apply", "-f", "-"], &infrastructure("GCP"))?;
+    wait_until(
+        Duration::from_secs(60),
+        "the GCP policy to deny the AWS controller manager",
+        || Ok(!attempt(k, imds, ccm)?),
+    )?;
+    report.line("Infrastructure switched to GCP: the AWS cloud controller manager denied".into());
+    k.stdin(&["apply", "-f", "-"], &infrastructure("AWS"))?;
+    wait_until(Duration::from_secs(60), "the AWS policy to serve it again", || {
+        attempt(k, imds, ccm)
+    })?;
+    report.line("Infrastructure switched back to AWS: served again".into());
+    Ok(())
+}
+
+/// deploy/must-gather/gather against this cluster, as `oc adm must-gather` runs it.
+fn must_gather(k: &Kubectl<'_>, report: &mut Report) -> Result<()> {
+    let cp = &k.0.cp;
+    let out = cp.dir.join("must-gather");
+    let mut cmd = Command::new(root().join("deploy/must-gather/gather"));
+    cmd.env("MUST_GATHER_DIR", &out).env("KUBECTL", cp.bin().join("kubectl"));
+    cmd.env("KUBECONFIG", cp.kubeconfig());
+    crate::sys::exec_in_netns(&mut cmd, &cp.net.node_path())?;
+    let run = cmd.output().context("running deploy/must-gather/gather")?;
+    ensure!(run.status.success(), "must-gather failed: {}", String::from_utf8_lossy(&run.stderr));
+    let mut files: Vec<String> = walk(&out)
+        .into_iter()
+        .filter_map(|p| p.strip_prefix(&out).ok().map(|p| p.display().to_string()))
+        .collect();
+    files.sort();
+    ensure!(
+        files.iter().any(|f| f.ends_with("infrastructure.yaml")),
+        "must-gather has no infrastructure.yaml: {files:?}"
+    );
+    report.line(format!("must-gather ({} files):\n{}", files.len(), indent(&files.join("\n"))));
+    Ok(())
+}
+
+/// Every file below `dir`.
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() { out.extend(walk(&p)) } else { out.push(p) }
+    }
+    out
+}
+
+/// GET `path` from the service in client `c`: `probe`'s JSON line.
+fn get(k: &Kubectl<'_>, c: &Client, path: &str) -> Result<String> {
+    let argv = ["-n", c.ns, "exec", c.pod, "--", "probe", "--netns", "self", "http"];
+    k.output(&[&argv[..], &[IMDS_V4, "80", "e2e", path]].concat())
+}
+
+/// The HTTP status line in `probe`'s JSON reply.
+fn status_line(reply: &str) -> &str {
+    reply.split("\\n").nth(1).and_then(|l| l.split("\\r").next()).unwrap_or(reply)
+}
+
+/// Replace the AWS policy's text in its ConfigMap.
+fn set_policy(k: &Kubectl<'_>, text: &str) -> Result<()> {
+    let patch = serde_json::json!({"data": {"policy.yaml": text}}).to_string();
+    k.run(&["-n", AGENT_NS, "patch", "cm", POLICY_CM, "--type=merge", "-p", &patch]).map(drop)
 }
 
 impl How {
@@ -373,7 +550,7 @@ spec:
         "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {NS}}}\n---\napiVersion: v1\nkind: \
          Namespace\nmetadata: {{name: {CCM_NS}}}\n"
     );
-    out += &pod(NS, "pod-network", false, "", "client", "");
+    out += &pod(NS, "pod-network", false, "app: pod-network", "client", "");
     out += &pod(NS, "host-network", true, "", "client", "");
     out += &pod(NS, "host-network-raw", true, "", "client", "NET_RAW");
     out += &pod(
