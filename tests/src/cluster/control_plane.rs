@@ -9,11 +9,11 @@ use std::{
     fs,
     net::IpAddr,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
-use super::{build, pki, show, target_dir};
+use super::{build, pki, procs::Procs, show, target_dir};
 use crate::{
     net::{NODE_V4, TestNet},
     sys::{exec_in_netns, unique},
@@ -42,7 +42,7 @@ const START: Duration = Duration::from_secs(90);
 /// The running control plane.
 pub struct ControlPlane {
     /// Declared first: dropped (killed) before the namespaces go.
-    procs: Vec<(&'static str, Child)>,
+    procs: Procs,
     pub net: TestNet,
     /// Certificates, etcd's data, kubeconfigs and the components' logs.
     pub dir: PathBuf,
@@ -56,7 +56,7 @@ impl ControlPlane {
         let net = TestNet::new().context("the cluster's network namespaces")?;
         let dir = target_dir().join("cluster/run").join(unique("mg-cluster"));
         fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let mut cp = ControlPlane { procs: Vec::new(), net, dir, bin };
+        let mut cp = ControlPlane { procs: Procs::new(dir.clone()), net, dir, bin };
         let node: IpAddr = NODE_V4.parse()?;
         let kubelet = pki::Kubelet { name: NODE_NAME.into(), ip: NODE_IP.parse()? };
         pki::write(&cp.dir, node, SERVICE_IP.parse()?, &kubelet)?;
@@ -109,40 +109,19 @@ impl ControlPlane {
 
     /// Start `name` from the cluster's binaries with `args`, its output in `<name>.log`.
     fn spawn(&mut self, name: &'static str, args: &[String]) -> Result<()> {
-        let log = fs::File::create(self.dir.join(format!("{name}.log")))?;
         let mut cmd = Command::new(self.bin.join(name));
-        cmd.args(args).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+        cmd.args(args);
         exec_in_netns(&mut cmd, &self.net.node_path())?;
-        let child = cmd.spawn().with_context(|| format!("starting {}", show(&cmd)))?;
-        self.procs.push((name, child));
-        Ok(())
+        self.procs.spawn(name, cmd)
     }
 
     /// Wait until `ready` holds, or fail with `name`'s log if it exits or `START` passes.
     fn wait(&mut self, name: &str, mut ready: impl FnMut(&Self) -> bool) -> Result<()> {
-        let deadline = Instant::now() + START;
-        loop {
-            if ready(self) {
-                return Ok(());
-            }
-            let exited = self
-                .procs
-                .iter_mut()
-                .find(|(n, _)| *n == name)
-                .and_then(|(_, c)| c.try_wait().ok().flatten());
-            if exited.is_some() || Instant::now() > deadline {
-                let why =
-                    exited.map_or("did not answer in time".into(), |s| format!("exited: {s}"));
-                bail!("{name} {why}; its log ends:\n{}", self.log_tail(name));
-            }
-            std::thread::sleep(Duration::from_millis(250));
-        }
-    }
-
-    fn log_tail(&self, name: &str) -> String {
-        let text = fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
+        // Out of `self` while `ready` reads it.
+        let mut procs = std::mem::take(&mut self.procs);
+        let result = procs.wait(name, START, || ready(self));
+        self.procs = procs;
+        result
     }
 
     fn start_etcd(&mut self) -> Result<()> {
@@ -304,18 +283,8 @@ impl ControlPlane {
 impl Drop for ControlPlane {
     fn drop(&mut self) {
         // Only the processes this started, by pid: SIGTERM, then SIGKILL after a while.
-        for (_, child) in &mut self.procs {
-            // SAFETY: a pid of a child this process started and has not reaped.
-            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        for (_, child) in &mut self.procs {
-            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.procs.terminate(Duration::from_secs(10));
+        drop(std::mem::take(&mut self.procs));
         if std::env::var_os("MG_CLUSTER_KEEP_LOGS").is_none() {
             let _ = fs::remove_dir_all(&self.dir);
         }

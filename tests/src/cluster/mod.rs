@@ -7,6 +7,7 @@ pub mod control_plane;
 pub mod images;
 pub mod node;
 mod pki;
+mod procs;
 pub mod scenario;
 
 use std::path::PathBuf;

@@ -35,7 +35,9 @@ use anyhow::{Context as _, Result, bail};
 use super::{
     ControlPlane,
     control_plane::{NODE_IP, NODE_NAME},
-    pki, show,
+    pki,
+    procs::Procs,
+    show,
 };
 use crate::sys::exec_in_netns;
 
@@ -219,8 +221,8 @@ impl Drop for Cgroups {
 
 /// The running node.
 pub struct Node {
-    /// containerd and the kubelet: killed first.
-    procs: Vec<(&'static str, Child)>,
+    /// containerd and the kubelet: stopped first.
+    procs: Procs,
     /// The process that holds the node's mount and cgroup namespaces.
     holder: Child,
     /// Dropped after the processes: kills whatever is left (shims, containers).
@@ -238,7 +240,7 @@ impl Node {
         }
         let cgroups = Cgroups::create(&format!("{}-node", cp.net.node))?;
         let holder = start_holder(cp, &dir, &cgroups)?;
-        let mut node = Node { procs: Vec::new(), holder, cgroups, dir };
+        let mut node = Node { procs: Procs::new(dir.clone()), holder, cgroups, dir };
         node.write_configs(cp)?;
         node.spawn(cp, "containerd", &["containerd", "--config", &node.path("containerd.toml")])?;
         let sock = node.in_ns(CONTAINERD_SOCK);
@@ -289,38 +291,16 @@ impl Node {
     }
 
     fn spawn(&mut self, cp: &ControlPlane, name: &'static str, argv: &[&str]) -> Result<()> {
-        let log = fs::File::create(self.dir.join(format!("{name}.log")))?;
-        let mut cmd = self.command(cp, argv)?;
-        cmd.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
-        let child = cmd.spawn().with_context(|| format!("starting {}", show(&cmd)))?;
-        self.procs.push((name, child));
-        Ok(())
+        let cmd = self.command(cp, argv)?;
+        self.procs.spawn(name, cmd)
     }
 
-    fn wait(&mut self, name: &str, mut ready: impl FnMut() -> bool) -> Result<()> {
-        let deadline = Instant::now() + READY;
-        loop {
-            if ready() {
-                return Ok(());
-            }
-            let exited = self
-                .procs
-                .iter_mut()
-                .find(|(n, _)| *n == name)
-                .and_then(|(_, c)| c.try_wait().ok().flatten());
-            if exited.is_some() || Instant::now() > deadline {
-                let why =
-                    exited.map_or("did not get ready in time".into(), |s| format!("exited: {s}"));
-                bail!("{name} {why}; its log ends:\n{}", self.log_tail(name));
-            }
-            std::thread::sleep(Duration::from_millis(250));
-        }
+    fn wait(&mut self, name: &str, ready: impl FnMut() -> bool) -> Result<()> {
+        self.procs.wait(name, READY, ready)
     }
 
     pub fn log_tail(&self, name: &str) -> String {
-        let text = fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
+        self.procs.log_tail(name)
     }
 
     fn write_configs(&self, cp: &ControlPlane) -> Result<()> {
@@ -446,21 +426,10 @@ serializeImagePulls: false
 
 impl Drop for Node {
     fn drop(&mut self) {
-        for (_, child) in &mut self.procs {
-            // SAFETY: a pid of a child this process started and has not reaped.
-            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-        }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        for (_, child) in &mut self.procs {
-            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
+        self.procs.terminate(Duration::from_secs(5));
         // The holder, the shims and the containers (and anything the TERM left): by pid.
         self.cgroups.kill_all();
-        for (_, child) in &mut self.procs {
-            let _ = child.wait();
-        }
+        drop(std::mem::take(&mut self.procs));
         let _ = self.holder.wait();
     }
 }
