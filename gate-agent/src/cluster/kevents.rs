@@ -127,7 +127,9 @@ pub(crate) fn blocked_note(b: &Blocked, container: Option<&str>) -> String {
         Block::Denied { event, endpoint } => format!(
             "{who}{} to {}:{}/{} ({endpoint}) denied: cloud instance metadata is not for \
              workloads",
-            event.comm(),
+            // The node-level program judges a packet with no process to name: a frame the
+            // workload wrote past its socket hooks (AF_PACKET, a tap).
+            Some(event.comm()).filter(|c| !c.is_empty()).unwrap_or_else(|| "a packet".into()),
             event.dst_text(),
             event.port,
             event.proto_name(),
@@ -181,6 +183,15 @@ pub(crate) mod notes {
         assert_eq!(
             blocked_note(&kernel, Some("app")),
             "container app: curl to 169.254.169.254:80/TCP (ec2-imds) denied: cloud instance \
+             metadata is not for workloads"
+        );
+        let Block::Denied { mut event, endpoint } = kernel.how.clone() else { unreachable!() };
+        event.comm = [0; 16];
+        let frame =
+            Blocked { workload: Default::default(), how: Block::Denied { event, endpoint } };
+        assert_eq!(
+            blocked_note(&frame, Some("app")),
+            "container app: a packet to 169.254.169.254:80/TCP (ec2-imds) denied: cloud instance \
              metadata is not for workloads"
         );
         assert_eq!(Reason::of(&kernel.how), Reason::Blocked);
