@@ -44,6 +44,13 @@ pub(crate) enum CgroupError {
     IsRoot { path: PathBuf },
     #[error("{}: {source}", path.display())]
     Io { path: PathBuf, source: io::Error },
+    #[error(
+        "the agent runs in a cgroup namespace of its own and cannot see kthreadd (pid 2) to \
+         learn how deep that namespace sits in the hierarchy, so it cannot count the gated \
+         cgroup's level as the kernel does; run it in the host's pid namespace (hostPID: true) \
+         or the host's cgroup namespace"
+    )]
+    NamespaceLevelUnknown,
 }
 
 /// The cgroup2 mount point of this mount namespace, from `/proc/self/mountinfo`.
@@ -86,14 +93,30 @@ fn cgroup2_mount_roots_from(mountinfo: &str) -> Vec<(PathBuf, String)> {
         .collect()
 }
 
-/// The level, in the whole hierarchy, of this process's cgroup namespace root, from the
-/// cgroup of kthreadd (pid 2, which lives in the hierarchy's root) as this namespace shows it:
-/// one `..` per level (`0::/..` for a namespace rooted one level down). 0 where pid 2 is not
-/// kthreadd (no host pid namespace).
-fn cgroup_ns_level() -> u32 {
+/// Inode number of the initial cgroup namespace (`PROC_CGROUP_INIT_INO`,
+/// include/linux/proc_ns.h): fixed since the namespace's introduction in Linux 4.6.
+const INIT_CGROUP_NS_INO: u64 = 0xEFFF_FFFB;
+
+/// The level, in the whole hierarchy, of this process's cgroup namespace root: 0 in the
+/// initial namespace; otherwise from the cgroup of kthreadd (pid 2, which lives in the
+/// hierarchy's root) as this namespace shows it, one `..` per level (`0::/..` for a namespace
+/// rooted one level down).
+fn cgroup_ns_level() -> Result<u32, CgroupError> {
+    let ns_ino = std::fs::metadata("/proc/self/ns/cgroup").map(|m| m.ino()).ok();
     let is_kthreadd = std::fs::read_to_string("/proc/2/comm").is_ok_and(|c| c.trim() == "kthreadd");
     let text = if is_kthreadd { std::fs::read_to_string("/proc/2/cgroup").ok() } else { None };
-    text.as_deref().map_or(0, cgroup_ns_level_from)
+    ns_level(ns_ino, text.as_deref())
+}
+
+/// [`cgroup_ns_level`] from this namespace's inode and kthreadd's `/proc/2/cgroup`. Without
+/// either proof it is an error, not a guess: a level counted too low lets the node-level
+/// programs and the allow list look at the wrong ancestor, and raw frames pass.
+fn ns_level(ns_ino: Option<u64>, kthreadd_cgroup: Option<&str>) -> Result<u32, CgroupError> {
+    match (ns_ino, kthreadd_cgroup) {
+        (Some(INIT_CGROUP_NS_INO), _) => Ok(0),
+        (_, Some(text)) => Ok(cgroup_ns_level_from(text)),
+        (_, None) => Err(CgroupError::NamespaceLevelUnknown),
+    }
 }
 
 /// [`cgroup_ns_level`] from the text of `/proc/2/cgroup`.
@@ -195,7 +218,7 @@ impl GatedRoot {
         // top is not level 0: counted from the mount, every ancestor lookup (the node-level
         // programs, the allow list) would ask one level too high and miss the pod.
         let depth = u32::try_from(depth).unwrap_or(u32::MAX);
-        let level = mount_root_level(cgroup_ns_level(), &mount_root).saturating_add(depth);
+        let level = mount_root_level(cgroup_ns_level()?, &mount_root).saturating_add(depth);
         Ok(GatedRoot { id: meta.ino(), path, mount, level })
     }
 

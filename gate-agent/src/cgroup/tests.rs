@@ -243,6 +243,20 @@ fn places_tell_the_gated_tree_from_the_rest_of_the_hierarchy() {
 /// is deeper than level 0, and a mount bound in from the host shows the whole hierarchy even
 /// to a process in a nested namespace.
 #[test]
+fn a_namespace_level_that_cannot_be_proved_is_refused() {
+    // The initial namespace is level 0 whatever pid 2 is.
+    assert_eq!(ns_level(Some(INIT_CGROUP_NS_INO), None).ok(), Some(0));
+    // A namespace of its own, kthreadd visible: counted from kthreadd.
+    assert_eq!(ns_level(Some(4026532999), Some("0::/..\n")).ok(), Some(1));
+    assert_eq!(ns_level(None, Some("0::/../..\n")).ok(), Some(2));
+    // A namespace of its own and no host pid namespace: no guess (a guess of 0 would let raw
+    // frames pass), an error that says what to change.
+    let err = ns_level(Some(4026532999), None).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err.contains("hostPID"), "{err}");
+    assert!(ns_level(None, None).is_err());
+}
+
+#[test]
 fn levels_count_from_the_real_root_whatever_the_mount_shows() {
     // kthreadd as seen from the host's namespace, and from one rooted two levels down.
     assert_eq!(cgroup_ns_level_from("0::/\n"), 0);
