@@ -324,7 +324,8 @@ impl Status {
             if self.terminate_scan.hidden_processes > 0 {
                 let _ = write!(
                     o,
-                    "; {} gated processes not visible to the agent: run it with hostPID",
+                    "; {} gated processes' namespaces not open to the agent: it needs hostPID \
+                     and CAP_SYS_PTRACE",
                     self.terminate_scan.hidden_processes
                 );
             }

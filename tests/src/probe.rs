@@ -129,7 +129,13 @@ impl Held {
         if !crate::sys::is_test_netns(netns_path) {
             return Err(anyhow!("{netns_path} is not a test network namespace"));
         }
-        let mut p = Piped::spawn(workload(&bins.probe, netns_path, cgroup, args), "probe")?;
+        Self::spawn(workload(&bins.probe, netns_path, cgroup, args))
+    }
+
+    /// A hold probe started by `command` however it reaches its namespace (`kubectl exec -i`
+    /// into a pod): held once it says it connected, its first answer otherwise.
+    pub(crate) fn spawn(command: Command) -> Result<Result<Held, Outcome>> {
+        let mut p = Piped::spawn(command, "probe")?;
         let first: Outcome = p.next()?;
         Ok(if first.stage == "connected" { Ok(Held(p)) } else { Err(first) })
     }

@@ -125,7 +125,8 @@ pub(crate) struct Report {
     /// Namespaces that could not be scanned completely (the others were).
     pub errors: Vec<TerminateError>,
     /// Gated processes whose network namespace the agent could not open: not in its pid
-    /// namespace (a pod without hostPID), or exited during the scan. Their connections were
+    /// namespace (a pod without hostPID), not open to it (without CAP_SYS_PTRACE), or exited
+    /// during the scan. Their connections were
     /// not checked (their packets are still dropped).
     pub hidden: usize,
 }
@@ -142,7 +143,8 @@ impl Report {
                 if self.udp_unsupported { "; UDP unsupported by this kernel" } else { "" },
                 if self.hidden > 0 {
                     format!(
-                        "; {} gated processes' namespaces not visible (run with hostPID)",
+                        "; {} gated processes' namespaces not open to the agent (it needs \
+                         hostPID and CAP_SYS_PTRACE)",
                         self.hidden
                     )
                 } else {

@@ -91,8 +91,9 @@ fn netns_id(path: &Path) -> io::Result<(u64, u64)> {
 
 /// The distinct network namespaces of the processes in cgroups at or below the root: (a pid
 /// in it, the open namespace file, its (device, inode)); and how many gated processes had a
-/// namespace the agent could not open (not in its pid namespace — a pod without hostPID — or
-/// exited meanwhile).
+/// namespace the agent could not open: not in its pid namespace (a pod without hostPID), not
+/// open to it (ptrace read access: without CAP_SYS_PTRACE, a process holding a capability the
+/// agent lacks), or exited meanwhile.
 type Namespaces = Vec<(u32, File, (u64, u64))>;
 fn gated_namespaces(root: &GatedRoot, index: &CgroupIndex) -> (Namespaces, usize) {
     let mut out = Vec::new();

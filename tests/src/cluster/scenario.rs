@@ -30,6 +30,7 @@ use crate::{
     frame,
     imds::FakeImds,
     net::{IMDS_V4, NODE_V4, ip, mac, sysctl},
+    probe::{Held, token},
     sys::unique,
 };
 
@@ -160,6 +161,19 @@ fn scenario(cluster: &mut Cluster, inputs: &Inputs, report: &mut Report) -> Resu
         ));
     }
 
+    // Connections opened before the gate: one used now (open without the gate), one held
+    // across the rollout, which the agent must end (it reaches the pod's network namespace
+    // through /proc/<pid>/ns/net).
+    let t = token("before");
+    let open = hold(&k, &CLIENTS[0])?.send(&t)?;
+    ensure!(open.ok, "a connection opened before the gate was not served: {open:?}");
+    ensure!(imds.wait_for(&t, Duration::from_secs(3)), "its token never arrived");
+    report.line(format!(
+        "without the gate: {NS}/{} holds a TCP connection to {IMDS_V4}:80 and is answered on it",
+        CLIENTS[0].pod
+    ));
+    let held = hold(&k, &CLIENTS[0])?;
+
     let overlay = write_overlay(cluster, &agent, report)?;
     let t = Instant::now();
     k.run(&["apply", "-k", &overlay])?;
@@ -174,6 +188,19 @@ fn scenario(cluster: &mut Cluster, inputs: &Inputs, report: &mut Report) -> Resu
             .contains(NOT_READY_TAINT))
     })?;
     report.line(format!("node {NODE_NAME}: taint {NOT_READY_TAINT} removed by the agent"));
+    let t = token("held");
+    let cut = held.send(&t)?;
+    ensure!(
+        !cut.ok
+            && cut.errno == Some(libc::ECONNABORTED)
+            && !imds.wait_for(&t, Duration::from_secs(1)),
+        "a connection held since before the gate was not ended by the agent: {cut:?}"
+    );
+    report.line(format!(
+        "with the gate: {NS}/{}'s connection held since before it ended by the agent \
+         (ECONNABORTED on its next send; nothing arrived)",
+        CLIENTS[0].pod
+    ));
 
     for c in &CLIENTS {
         let reached = attempt(&k, &imds, c)?;
@@ -216,6 +243,8 @@ fn scenario(cluster: &mut Cluster, inputs: &Inputs, report: &mut Report) -> Resu
         argv.extend(&args);
         // `explain` exits 1 for a denied workload: its answer is the output.
         let out = k.output(&argv)?;
+        // Every gated process's namespace was open to the scan (hostPID and SYS_PTRACE).
+        ensure!(!out.contains("not open to the agent"), "status: {out}");
         report.line(format!(
             "kubectl exec {agent_pod} -- gate-agent {}:\n{}",
             args.join(" "),
@@ -426,6 +455,13 @@ fn attempt(k: &Kubectl<'_>, imds: &FakeImds, c: &Client) -> Result<bool> {
     let arrived = imds.wait_for(&token, Duration::from_secs(3));
     eprintln!("e2e: {}/{}: {} -> {}", c.ns, c.pod, argv.join(" "), out.trim());
     Ok(arrived)
+}
+
+/// `c` connected to the service's port 80 over TCP and waiting for a token to send.
+fn hold(k: &Kubectl<'_>, c: &Client) -> Result<Held> {
+    let mut cmd = k.cmd(&["-n", c.ns, "exec", "-i", c.pod, "--"])?;
+    cmd.args(["probe", "--netns", "self", "hold-tcp", IMDS_V4, "80"]);
+    Held::spawn(cmd)?.map_err(|o| anyhow::anyhow!("{}/{} could not connect: {o:?}", c.ns, c.pod))
 }
 
 /// A TCP SYN to the service's port 80 carrying `token`, in an Ethernet frame from the node's
