@@ -11,7 +11,7 @@ use std::{
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
     sync::{
         Arc, Mutex,
-        atomic::{AtomicBool, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering},
         mpsc,
     },
     thread::JoinHandle,
@@ -46,6 +46,9 @@ pub struct FakeImds {
     log: Arc<Log>,
     /// HTTP connections accepted, on every address.
     accepted: Arc<AtomicUsize>,
+    /// The hop limit of IMDSv2's token answers (0: the system default), as EC2's
+    /// `HttpPutResponseHopLimit`.
+    token_hops: Arc<AtomicU32>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -124,6 +127,7 @@ impl FakeImds {
             stop: Arc::new(AtomicBool::new(false)),
             log: Default::default(),
             accepted: Default::default(),
+            token_hops: Default::default(),
             threads: vec![],
         };
         let tcp = [
@@ -144,8 +148,10 @@ impl FakeImds {
             format!("[{DNS_V6}]:80"),
         ];
         for a in tcp {
-            let accepted = me.accepted.clone();
-            me.spawn(net, format!("tcp {a}"), move |stop, log| serve_tcp(&a, stop, log, accepted))?;
+            let (accepted, hops) = (me.accepted.clone(), me.token_hops.clone());
+            me.spawn(net, format!("tcp {a}"), move |stop, log| {
+                serve_tcp(&a, stop, log, accepted, hops)
+            })?;
         }
         for a in udp {
             me.spawn(net, format!("udp {a}"), move |stop, log| serve_udp(&a, stop, log))?;
@@ -176,6 +182,13 @@ impl FakeImds {
         rx.recv_timeout(Duration::from_secs(5))
             .map_err(|_| anyhow!("{what}: did not start"))?
             .with_context(|| what)
+    }
+
+    /// Send IMDSv2's token answers with this hop limit (IP TTL), as EC2 does with
+    /// `HttpPutResponseHopLimit` (1 on a new instance: a container behind the node's
+    /// forwarding never gets a token); 0 for the system default.
+    pub fn set_token_hop_limit(&self, hops: u32) {
+        self.token_hops.store(hops, Ordering::SeqCst);
     }
 
     /// HTTP connections accepted so far, on every address.
@@ -240,6 +253,7 @@ fn serve_tcp(
     stop: Arc<AtomicBool>,
     log: Arc<Log>,
     accepted: Arc<AtomicUsize>,
+    token_hops: Arc<AtomicU32>,
 ) -> Serve {
     let sa: SocketAddr = addr.parse()?;
     let l = TcpListener::bind(sa).with_context(|| format!("bind {addr}"))?;
@@ -252,7 +266,8 @@ fn serve_tcp(
                 Ok((c, _)) => {
                     accepted.fetch_add(1, Ordering::SeqCst);
                     let (stop, log, via) = (stop.clone(), log.clone(), via.clone());
-                    conns.push(std::thread::spawn(move || handle_http(c, &stop, &log, &via)));
+                    let hops = token_hops.load(Ordering::SeqCst);
+                    conns.push(std::thread::spawn(move || handle_http(c, &stop, &log, &via, hops)));
                 }
                 Err(_) => std::thread::sleep(Duration::from_millis(10)),
             }
@@ -263,7 +278,7 @@ fn serve_tcp(
     }))
 }
 
-fn handle_http(mut c: TcpStream, stop: &AtomicBool, log: &Log, via: &str) {
+fn handle_http(mut c: TcpStream, stop: &AtomicBool, log: &Log, via: &str, token_hops: u32) {
     let _ = c.set_nonblocking(false);
     let _ = c.set_read_timeout(Some(TICK));
     let mut buf = Vec::new();
@@ -281,6 +296,11 @@ fn handle_http(mut c: TcpStream, stop: &AtomicBool, log: &Log, via: &str) {
                     log.record(via, &buf);
                     let head: Vec<u8> = buf.drain(..end + 4).collect();
                     let keep = keeps_connection(&head[..end]);
+                    // For the rest of the connection: a retransmission at the default TTL
+                    // would deliver the token after all.
+                    if token_hops > 0 && head.starts_with(b"PUT /latest/api/token ") {
+                        set_hop_limit(&c, token_hops);
+                    }
                     let _ = c.write_all(&platforms::answer(&head[..end]).to_bytes(keep));
                     if !keep {
                         return;
@@ -294,6 +314,22 @@ fn handle_http(mut c: TcpStream, stop: &AtomicBool, log: &Log, via: &str) {
                 ) => {}
             Err(_) => return,
         }
+    }
+}
+
+/// The IPv4 TTL and IPv6 unicast hop limit of a connection's segments from now on.
+fn set_hop_limit(c: &TcpStream, hops: u32) {
+    let _ = c.set_ttl(hops);
+    let hops = hops as libc::c_int;
+    // SAFETY: valid fd and option buffer; an IPv4 socket refuses the option harmlessly.
+    unsafe {
+        libc::setsockopt(
+            c.as_raw_fd(),
+            libc::IPPROTO_IPV6,
+            libc::IPV6_UNICAST_HOPS,
+            (&hops as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        );
     }
 }
 

@@ -3,6 +3,9 @@
 //!
 //! `probe --netns PATH --cgroup DIR <tcp|udp|udp-connected|raw|hold-tcp|hold-udp> ADDR PORT [TOKEN]`
 //!
+//! `http ADDR PORT TOKEN PATH` GETs PATH; `imdsv2 ADDR PORT TOKEN PATH` first gets an IMDSv2
+//! session token (`stage: "token"` when none came) and GETs PATH with it.
+//!
 //! Hand-built bytes (hex, several separated by `,`; see `integration_tests::frame`):
 //! * `frame IFACE SLL_PROTO FRAMES`: send the Ethernet frames on an AF_PACKET socket bound
 //!   to IFACE, with `sll_protocol` SLL_PROTO (hex, e.g. `0800`).
@@ -197,6 +200,34 @@ fn print(o: &Outcome, started: Instant) {
 /// An HTTP GET of `path` carrying `token` in a header (the metadata service logs it), over a
 /// TCP connection to `dst`; the reply starts with `peer=<getpeername()>` on its own line.
 fn http_get(dst: SocketAddr, token: &str, path: &str) -> Outcome {
+    http(dst, "GET", path, &format!("X-Probe-Token: {token}\r\n"))
+}
+
+/// IMDSv2 as the AWS SDKs do it: a session token from `PUT /latest/api/token`, then a GET of
+/// `path` with it. A PUT that gets no answer fails at stage `token` (a hop limit the answer
+/// could not cross); the GET's outcome otherwise.
+fn imdsv2_get(dst: SocketAddr, token: &str, path: &str) -> Outcome {
+    let put = http(
+        dst,
+        "PUT",
+        "/latest/api/token",
+        &format!("X-Probe-Token: {token}-put\r\nX-aws-ec2-metadata-token-ttl-seconds: 60\r\n"),
+    );
+    let reply = put.reply.as_deref().unwrap_or("");
+    let session = match reply.split_once("\r\n\r\n") {
+        Some((head, body)) if put.ok && head.contains(" 200 ") => body.trim().to_string(),
+        _ => return Outcome { stage: "token", ..put },
+    };
+    http(
+        dst,
+        "GET",
+        path,
+        &format!("X-Probe-Token: {token}\r\nX-aws-ec2-metadata-token: {session}\r\n"),
+    )
+}
+
+/// One HTTP/1.1 request with `headers` (each ending in CRLF), its connection closed after.
+fn http(dst: SocketAddr, method: &str, path: &str, headers: &str) -> Outcome {
     let mut s = match TcpStream::connect_timeout(&dst, Duration::from_secs(2)) {
         Ok(s) => s,
         Err(e) => return fail("connect", &e),
@@ -206,9 +237,8 @@ fn http_get(dst: SocketAddr, token: &str, path: &str) -> Outcome {
         IpAddr::V4(a) => a.to_string(),
         IpAddr::V6(a) => format!("[{a}]"),
     };
-    let req = format!(
-        "GET {path} HTTP/1.1\r\nHost: {host}\r\nX-Probe-Token: {token}\r\nConnection: close\r\n\r\n"
-    );
+    let req =
+        format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\n{headers}Connection: close\r\n\r\n");
     if let Err(e) = s.write_all(req.as_bytes()) {
         return fail("send", &e);
     }
@@ -232,6 +262,7 @@ fn run(cmd: &str, dst: SocketAddr, token: &str, iface: &str) -> Outcome {
     match cmd {
         // `iface` is the path here.
         "http" => http_get(dst, token, iface),
+        "imdsv2" => imdsv2_get(dst, token, iface),
         "bind" => match std::net::TcpListener::bind(dst) {
             Ok(_) => Outcome { ok: true, errno: None, stage: "bind", reply: None },
             Err(e) => fail("bind", &e),

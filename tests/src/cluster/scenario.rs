@@ -161,6 +161,27 @@ fn scenario(cluster: &mut Cluster, inputs: &Inputs, report: &mut Report) -> Resu
         ));
     }
 
+    // IMDSv2 at hop limit 1 (EC2's default for a new instance), the service's own defence:
+    // the node forwards a pod's traffic, so the token's answer dies on the way; a host-network
+    // pod is one hop away and gets it.
+    imds.set_token_hop_limit(1);
+    let pod_net = imdsv2(&k, &CLIENTS[0], "/latest/meta-data/instance-id")?;
+    let host_net = imdsv2(&k, &CLIENTS[1], "/latest/meta-data/instance-id")?;
+    imds.set_token_hop_limit(0);
+    ensure!(
+        !pod_net.ok && pod_net.stage == "token",
+        "hop limit 1 let a pod-network pod's token through: {pod_net:?}"
+    );
+    ensure!(
+        host_net.reply.as_deref().is_some_and(|r| r.contains(crate::imds::INSTANCE_ID)),
+        "hop limit 1 kept the host-network pod's token: {host_net:?}"
+    );
+    report.line(format!(
+        "without the gate, IMDSv2 at hop limit 1: {NS}/{} gets no token (the node's forward \
+         drops it), {NS}/{} is served",
+        CLIENTS[0].pod, CLIENTS[1].pod
+    ));
+
     // Connections opened before the gate: one used now (open without the gate), one held
     // across the rollout, which the agent must end (it reaches the pod's network namespace
     // through /proc/<pid>/ns/net).
@@ -251,16 +272,16 @@ fn scenario(cluster: &mut Cluster, inputs: &Inputs, report: &mut Report) -> Resu
             indent(&out)
         ));
     }
-    policy_edits(&k, report)?;
+    policy_edits(&k, &imds, report)?;
     upgrade(&k, &imds, &inputs.bins, report)?;
     platform_switch(&k, &imds, report)?;
     must_gather(&k, report)
 }
 
 /// The AWS policy's ConfigMap, edited as an operator edits it: an entry narrowed to paths
-/// for the pod-network client (live: served through the proxy, refused the credentials),
+/// (IMDSv2's token request among them, as the AWS SDKs need) for the pod-network client (live: served through the proxy, refused the credentials),
 /// then a bad edit (refused with an Event, the last good policy kept), then the original.
-fn policy_edits(k: &Kubectl<'_>, report: &mut Report) -> Result<()> {
+fn policy_edits(k: &Kubectl<'_>, imds: &FakeImds, report: &mut Report) -> Result<()> {
     let jsonpath = "jsonpath={.data.policy\\.yaml}";
     let original = k.run(&["-n", AGENT_NS, "get", "cm", POLICY_CM, "-o", jsonpath])?;
     ensure!(
@@ -269,7 +290,8 @@ fn policy_edits(k: &Kubectl<'_>, report: &mut Report) -> Result<()> {
     );
     let narrowed = format!(
         "{original}  - name: e2e-pod-network\n    namespace: {NS}\n    podSelector: {{matchLabels: \
-         {{app: pod-network}}}}\n    paths: [/latest/meta-data/instance-id]\n"
+         {{app: pod-network}}}}\n    paths: [/latest/api/token, /latest/meta-data/instance-id]\n    \
+         methods: [GET, HEAD, PUT]\n"
     );
     set_policy(k, &narrowed)?;
     let pod = &CLIENTS[0];
@@ -284,6 +306,24 @@ fn policy_edits(k: &Kubectl<'_>, report: &mut Report) -> Result<()> {
     let credentials = get(k, pod, "/latest/meta-data/iam/security-credentials/")?;
     ensure!(credentials.contains(" 403 "), "the credentials were not refused: {credentials}");
     report.line(format!("  the credentials path: {}", status_line(&credentials)));
+    // The proxy is on the node, one hop from the service: the pod gets its paths by IMDSv2
+    // at hop limit 1, which it could not reach on its own.
+    imds.set_token_hop_limit(1);
+    let id = imdsv2(k, pod, "/latest/meta-data/instance-id");
+    let creds = imdsv2(k, pod, "/latest/meta-data/iam/security-credentials/");
+    imds.set_token_hop_limit(0);
+    let (id, creds) = (id?, creds?);
+    let reply = |o: &crate::probe::Outcome| o.reply.clone().unwrap_or_default();
+    ensure!(
+        reply(&id).contains(crate::imds::INSTANCE_ID),
+        "IMDSv2 at hop limit 1 through the proxy: {id:?}"
+    );
+    ensure!(reply(&creds).contains(" 403 "), "IMDSv2: the credentials were not refused: {creds:?}");
+    report.line(format!(
+        "  by IMDSv2 at hop limit 1: a token and instance-id through the proxy, the credentials \
+         {}",
+        reply(&creds).lines().nth(1).unwrap_or("").trim_end()
+    ));
 
     set_policy(k, "platform: AWS\nmode: maybe\n")?;
     let rejected = ["-n", AGENT_NS, "get", "events", "--field-selector", "reason=PolicyRejected"];
@@ -416,6 +456,14 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 fn get(k: &Kubectl<'_>, c: &Client, path: &str) -> Result<String> {
     let argv = ["-n", c.ns, "exec", c.pod, "--", "probe", "--netns", "self", "http"];
     k.output(&[&argv[..], &[IMDS_V4, "80", "e2e", path]].concat())
+}
+
+/// `probe imdsv2` of `path` from `c`.
+fn imdsv2(k: &Kubectl<'_>, c: &Client, path: &str) -> Result<crate::probe::Outcome> {
+    let argv = ["-n", c.ns, "exec", c.pod, "--", "probe", "--netns", "self", "imdsv2"];
+    let out = k.output(&[&argv[..], &[IMDS_V4, "80", "e2e", path]].concat())?;
+    let line = out.lines().rfind(|l| l.starts_with('{')).unwrap_or_default();
+    serde_json::from_str(line).with_context(|| format!("probe imdsv2 {path}: {out}"))
 }
 
 /// The HTTP status line in `probe`'s JSON reply.
