@@ -165,6 +165,12 @@ pub const PROXY_PATHS_UNTRACKED: Family = Family {
     help: "Requests the metadata proxy decided but could not add to its per-workload path record for report and suggest (over 128 paths for the workload, or a path over 256 bytes)",
     labels: &[],
 };
+pub const PROXY_CACHED_ANSWERS: Family = Family {
+    name: "metadata_gate_proxy_cached_answers",
+    kind: Kind::Gauge,
+    help: "Answers the metadata proxy keeps and gives itself: values the platform documents as fixed for the instance's life (the instance id, region, zone, type, project)",
+    labels: &[],
+};
 pub const PROXY_RECORDS_EXPIRED: Family = Family {
     name: "metadata_gate_proxy_records_expired",
     kind: Kind::Counter,
@@ -203,5 +209,6 @@ pub const ALL: &[Family] = &[
     PROXY_DIVERTED_PACKETS,
     PROXY_RECORDS_EXPIRED,
     PROXY_PATHS_UNTRACKED,
+    PROXY_CACHED_ANSWERS,
     LISTENER_CONNECTIONS_REFUSED,
 ];

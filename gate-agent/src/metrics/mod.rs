@@ -25,9 +25,9 @@ use families::{
     BOOT_STEP_FAILED, DECISIONS, ENDPOINT_DECISIONS, EVENTS_LOST, Kind,
     LISTENER_CONNECTIONS_REFUSED, LSM_ENFORCING, MAP_CAPACITY, MAP_ENTRIES, NODE_ATTACH_FAILURES,
     POLICY_GENERATION, POLICY_REJECTED, POLICY_RELOADS, PREGATE_PACKET_SOCKETS,
-    PROXY_CONNECTIONS_REFUSED, PROXY_DIVERTED_PACKETS, PROXY_HANDSHAKES_OVER_QUOTA,
-    PROXY_PATHS_UNTRACKED, PROXY_RATE_LIMITED, PROXY_RECORDS_EXPIRED, PROXY_RECORDS_LOST,
-    PROXY_REQUESTS, REPAIRS, WORKLOAD_ACCESSES, WORKLOAD_DENIALS,
+    PROXY_CACHED_ANSWERS, PROXY_CONNECTIONS_REFUSED, PROXY_DIVERTED_PACKETS,
+    PROXY_HANDSHAKES_OVER_QUOTA, PROXY_PATHS_UNTRACKED, PROXY_RATE_LIMITED, PROXY_RECORDS_EXPIRED,
+    PROXY_RECORDS_LOST, PROXY_REQUESTS, REPAIRS, WORKLOAD_ACCESSES, WORKLOAD_DENIALS,
 };
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -134,6 +134,8 @@ pub(crate) struct ProxyMetrics {
     pub(crate) records_expired: Counter,
     /// Requests left out of the per-workload path record (see `proxy::PathLog`).
     pub(crate) paths_untracked: Counter,
+    /// Answers the proxy keeps (see `proxy::Answers`).
+    pub(crate) cached_answers: Gauge,
     /// Requests answered 429, by workload (at most [`WORKLOAD_LABELS`] names).
     pub(crate) rate_limited: Family<WorkloadLabels, Counter>,
     /// The names `rate_limited` has.
@@ -148,6 +150,7 @@ impl Default for ProxyMetrics {
             connections_refused: Family::default(),
             records_expired: Counter::default(),
             paths_untracked: Counter::default(),
+            cached_answers: Gauge::default(),
             rate_limited: Family::default(),
             rate_limited_names: Arc::default(),
         };
@@ -423,6 +426,11 @@ fn register_agent(r: &mut Registry, agent: &AgentMetrics) {
         PROXY_PATHS_UNTRACKED.name,
         PROXY_PATHS_UNTRACKED.help,
         agent.proxy.paths_untracked.clone(),
+    );
+    r.register(
+        PROXY_CACHED_ANSWERS.name,
+        PROXY_CACHED_ANSWERS.help,
+        agent.proxy.cached_answers.clone(),
     );
     r.register(
         LISTENER_CONNECTIONS_REFUSED.name,

@@ -19,10 +19,12 @@ use tokio::{
 
 use super::{
     Caller, Callers, Limits, MIN_BUF, ProxyError,
+    answers::Answers,
     decide::{Decision, decide},
     forward::{Body, Forwarder, text},
     outcome::{AUDITED, ConnRefusal, DecisionLog, FAILED, Line, REFUSED, SERVED, UNAVAILABLE},
     paths::{PathLog, Seen},
+    session::{self, Sessions},
     table::Table,
 };
 use crate::{
@@ -45,6 +47,10 @@ pub(crate) struct Shared {
     pub(crate) paths: Arc<PathLog>,
     /// Each workload's served requests against its rate.
     pub(crate) rates: Mutex<Buckets>,
+    /// Session tokens issued to workloads, and the service's own.
+    pub(crate) sessions: Sessions,
+    /// The answers that never change, kept.
+    pub(crate) answers: Answers,
 }
 
 /// Workloads whose rate is tracked at once; a node runs a few hundred pods.
@@ -175,17 +181,24 @@ async fn respond(req: Request<Incoming>, caller: Caller, shared: &Shared) -> Res
                 }
                 None => (SERVED, Cow::Borrowed("ok")),
             };
-            let forwarded = shared.forwarder.forward(
-                &shared.limits,
-                caller.dst,
-                &head.method,
-                target,
-                &head.headers,
-            );
-            match forwarded.await {
-                Ok(resp) => {
-                    if audited.is_none() {
-                        shared.metrics.request(SERVED, "ok");
+            let Some(table) = table.as_deref() else {
+                // A decision to serve is made on a table; without one nothing is served.
+                return plain(StatusCode::SERVICE_UNAVAILABLE, "metadata-gate: no policy\n".into());
+            };
+            match serve(shared, &caller, table, &head, target).await {
+                Ok((resp, how)) => {
+                    match (how, &audited) {
+                        (How::Own(refusal), _) => {
+                            shared.metrics.request(REFUSED, refusal);
+                            let reason = resp_reason(refusal);
+                            let line = Line { verdict: REFUSED, reason, method, path, entry: &who };
+                            let _ = shared.log.request(&caller, line);
+                            return resp;
+                        }
+                        (How::Forwarded, None) => shared.metrics.request(SERVED, "ok"),
+                        (How::Kept, None) => shared.metrics.request(SERVED, "cache"),
+                        (How::Token, None) => shared.metrics.request(SERVED, "token"),
+                        (_, Some(_)) => {}
                     }
                     let line = Line { verdict, reason: &reason, method, path, entry: &who };
                     let _ = shared.log.request(&caller, line);
@@ -207,6 +220,106 @@ async fn respond(req: Request<Incoming>, caller: Caller, shared: &Shared) -> Res
             }
         }
     }
+}
+
+/// How a served request was answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum How {
+    /// By the service.
+    Forwarded,
+    /// From the kept answers.
+    Kept,
+    /// With a session token of the proxy's own.
+    Token,
+    /// Refused by the proxy as the service would refuse it (the outcome's reason label).
+    Own(&'static str),
+}
+
+/// What an [`How::Own`] refusal says.
+fn resp_reason(label: &str) -> &'static str {
+    match label {
+        "token" => "the session token is not one this proxy issued to this workload, or it expired",
+        _ => "the token's lifetime is missing or out of range",
+    }
+}
+
+/// A served request's answer: a session token of the proxy's own for a token request; for a
+/// request carrying one, the service's token in its place; a kept answer where the platform
+/// documents the value as fixed and the request carries what the service requires; else the
+/// service's answer.
+async fn serve(
+    shared: &Shared,
+    caller: &Caller,
+    table: &Table,
+    head: &http::request::Parts,
+    target: &http::uri::PathAndQuery,
+) -> Result<(Response<Body>, How), ProxyError> {
+    use crate::policy::platform::AnswerGate;
+
+    let now = Instant::now();
+    let (fwd, limits, dst) = (&shared.forwarder, &shared.limits, caller.dst);
+    let mut headers = Cow::Borrowed(&head.headers);
+    let mut session_ok = false;
+    if let Some(scheme) = table.session() {
+        if head.method == http::Method::PUT && target.path() == scheme.path {
+            let Some(ttl) = session::requested_ttl(scheme, &head.headers) else {
+                let text = format!(
+                    "metadata-gate: PUT {}: {} must be 1 to {} seconds\n",
+                    scheme.path, scheme.ttl_header, scheme.max_ttl
+                );
+                return Ok((plain(StatusCode::BAD_REQUEST, text), How::Own("ttl")));
+            };
+            // Only where the service gives tokens (IMDSv2 may be off): its refusal goes back.
+            if let Err(refused) = shared.sessions.theirs(fwd, limits, scheme, dst).await {
+                return refused.map(|resp| (resp, How::Forwarded));
+            }
+            let Some(token) = shared.sessions.issue(caller.workload, dst, ttl, now) else {
+                let text = "metadata-gate: no random bytes for a token; retry\n".to_owned();
+                return Ok((plain(StatusCode::SERVICE_UNAVAILABLE, text), How::Own("token")));
+            };
+            return Ok((session::answer(scheme, token, ttl), How::Token));
+        }
+        if let Some(given) = head.headers.get(scheme.token_header) {
+            let valid =
+                given.to_str().is_ok_and(|t| shared.sessions.valid(t, caller.workload, dst, now));
+            if !valid {
+                let text = format!(
+                    "metadata-gate: {} {}: {}; ask PUT {} for a new one\n",
+                    super::outcome::shown(head.method.as_str()),
+                    super::outcome::shown(target.as_str()),
+                    resp_reason("token"),
+                    scheme.path
+                );
+                return Ok((plain(StatusCode::UNAUTHORIZED, text), How::Own("token")));
+            }
+            let theirs = match shared.sessions.theirs(fwd, limits, scheme, dst).await {
+                Ok(v) => v,
+                Err(refused) => return refused.map(|resp| (resp, How::Forwarded)),
+            };
+            headers.to_mut().insert(http::HeaderName::from_static(scheme.token_header), theirs);
+            session_ok = true;
+        }
+    }
+    let keep = head.method == http::Method::GET
+        && table.is_fixed(target.path())
+        && match table.answers_need() {
+            AnswerGate::Never => false,
+            AnswerGate::Session => session_ok,
+            AnswerGate::Header { name, value } => {
+                let mut given = head.headers.get_all(name).iter();
+                given.next().is_some_and(|v| v == value) && given.next().is_none()
+            }
+        };
+    if keep && let Some(resp) = shared.answers.get(dst, target.as_str(), now) {
+        return Ok((resp, How::Kept));
+    }
+    let resp = fwd.forward(limits, dst, &head.method, target, &headers).await?;
+    if !keep {
+        return Ok((resp, How::Forwarded));
+    }
+    let resp = shared.answers.keep(dst, target.as_str(), resp, now).await;
+    shared.metrics.cached_answers.set(i64::try_from(shared.answers.len()).unwrap_or(i64::MAX));
+    Ok((resp, How::Forwarded))
 }
 
 /// Add a judged request to the path record: served, audited, or refused by the judge (whose

@@ -112,6 +112,8 @@ pub(crate) fn serve_bytes(selector: u8, input: &[u8]) -> Vec<Vec<u8>> {
             paths: Arc::new(super::paths::PathLog::default()),
             // A fresh bucket per input: one request is never over the rate.
             rates: std::sync::Mutex::new(crate::ratelimit::Buckets::new(1)),
+            sessions: Default::default(),
+            answers: Default::default(),
         });
         rt.block_on(async {
             let (mut client, server) = tokio::io::duplex(64 * 1024);

@@ -50,6 +50,8 @@ impl Proxy {
                 rates: std::sync::Mutex::new(crate::ratelimit::Buckets::new(
                     super::conn::RATE_KEYS,
                 )),
+                sessions: super::session::Sessions::default(),
+                answers: super::answers::Answers::default(),
             }),
             slots,
         }

@@ -16,9 +16,11 @@
 //! request, [`request`] checks its form, [`headers`] rewrites headers both ways, [`forward`]
 //! talks to the metadata service, [`table`] holds the policy's access blocks, [`outcome`]
 //! names what happened for logs and metrics, [`paths`] records which paths each workload
-//! asked for (for `report` and `suggest`).
+//! asked for (for `report` and `suggest`), [`session`] issues the proxy's own session tokens
+//! (IMDSv2's), [`answers`] keeps the answers that never change.
 use std::{net::SocketAddr, time::Duration};
 
+mod answers;
 mod conn;
 mod decide;
 mod forward;
@@ -27,6 +29,7 @@ mod listen;
 mod outcome;
 mod paths;
 mod request;
+mod session;
 mod table;
 
 #[cfg(any(test, feature = "fuzzing"))]

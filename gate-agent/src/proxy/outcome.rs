@@ -56,8 +56,15 @@ impl ConnRefusal {
 /// audit mode though the judge would refuse it; refused (429) over the workload's rate;
 /// unavailable (503) while the proxy cannot decide under the kernel's policy; or failed at the
 /// metadata service (502).
-pub(crate) const REQUEST_OUTCOMES: [(&str, &str); 20] = [
+pub(crate) const REQUEST_OUTCOMES: [(&str, &str); 24] = [
     (SERVED, "ok"),
+    // Answered by the proxy itself: a kept answer, a session token of its own.
+    (SERVED, "cache"),
+    (SERVED, "token"),
+    // A session token the proxy did not issue to this workload, or expired; a token request
+    // whose lifetime the service would refuse.
+    (REFUSED, "token"),
+    (REFUSED, "ttl"),
     (REFUSED, "form"),
     (REFUSED, "framing"),
     (REFUSED, "forwarded"),

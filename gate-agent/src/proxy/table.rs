@@ -5,7 +5,10 @@ use gate_common::{
     user::{Mode, PolicyHash},
 };
 
-use crate::policy::{Policy, Rate, SERVED_RATE, ServedPaths};
+use crate::policy::{
+    Platform, Policy, Rate, SERVED_RATE, ServedPaths,
+    platform::{AnswerGate, ProxyFacts, SessionScheme},
+};
 
 /// The access blocks of one policy, as applied under one generation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,6 +22,10 @@ pub(crate) struct Table {
     endpoints: Vec<String>,
     /// Audit mode: every path is served, and what the policy would refuse is recorded.
     audit: bool,
+    /// The platform's session tokens and what a cached answer needs.
+    proxy: ProxyFacts,
+    /// The paths whose answers are kept (exact, the platform's fixed values).
+    fixed: Vec<&'static str>,
 }
 
 /// What one entry (or `served`) is served.
@@ -68,7 +75,31 @@ impl Table {
             served: policy.served.as_ref().map(|p| Block::of(p, Some(SERVED_RATE))),
             endpoints: policy.endpoint_names(),
             audit: policy.mode == Mode::Audit,
+            proxy: Platform::from_name(&policy.platform)
+                .map_or(ProxyFacts::NONE, |p| p.facts().proxy),
+            fixed: Platform::from_name(&policy.platform)
+                .into_iter()
+                .flat_map(|p| p.facts().profiles)
+                .flat_map(|profile| profile.paths)
+                .filter(|p| p.fixed.is_some() && !p.path.ends_with('/'))
+                .map(|p| p.path)
+                .collect(),
         }
+    }
+
+    /// The platform's session-token scheme, if the proxy issues tokens of its own.
+    pub(crate) fn session(&self) -> Option<&SessionScheme> {
+        self.proxy.session.as_ref()
+    }
+
+    /// What a request must carry for a cached answer.
+    pub(crate) fn answers_need(&self) -> AnswerGate {
+        self.proxy.answers_need
+    }
+
+    /// Whether the answer to `GET path` (no query but the profile's) is kept.
+    pub(crate) fn is_fixed(&self, path: &str) -> bool {
+        self.fixed.contains(&path)
     }
 
     /// Whether the policy is in audit mode.

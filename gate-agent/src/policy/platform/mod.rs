@@ -74,6 +74,9 @@ pub struct Facts {
     pub profiles: &'static [Profile],
     /// Paths no profile serves; `check` warns about any listed path that reaches one.
     pub sensitive: &'static [Sensitive],
+    /// What the metadata proxy does for this service beyond judging paths: its own session
+    /// tokens, and answers from its cache.
+    pub proxy: ProxyFacts,
     /// The shipped policy ConfigMap, deploy/policies/<[`stem`]>.yaml, built into the binary
     /// for the boot step. `None` only while a new platform is being added: a unit test
     /// requires it of every row.
@@ -172,6 +175,49 @@ pub struct SafePath {
     pub method: &'static str,
     /// What a workload learns from it.
     pub reveals: &'static str,
+    /// Where the platform documents its value as fixed for the instance's life (or until it
+    /// is stopped, which is a new boot): the proxy answers it from its cache.
+    pub fixed: Option<&'static str>,
+}
+
+/// What the metadata proxy does for a platform's service beyond judging paths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProxyFacts {
+    /// A session-token scheme (IMDSv2 and its likes): workloads get tokens of the proxy's
+    /// own, valid at the proxy only; the service's token never leaves the agent.
+    pub session: Option<SessionScheme>,
+    /// What a request must carry for an answer from the proxy's cache, so that it is given
+    /// only where the service itself would answer.
+    pub answers_need: AnswerGate,
+}
+
+impl ProxyFacts {
+    /// No tokens of its own, nothing answered from the cache.
+    pub const NONE: ProxyFacts = ProxyFacts { session: None, answers_need: AnswerGate::Never };
+}
+
+/// A session-token scheme: `PUT path` with `ttl_header` (seconds, 1 to `max_ttl`) gives a token
+/// that later requests carry in `token_header`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionScheme {
+    pub path: &'static str,
+    /// Lower case, as HTTP/1 header names are compared.
+    pub token_header: &'static str,
+    pub ttl_header: &'static str,
+    pub max_ttl: u32,
+}
+
+/// What a request must carry for a cached answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnswerGate {
+    /// Nothing is answered from the cache.
+    Never,
+    /// A session token the proxy issued to this workload, not expired (where IMDSv2 is
+    /// required, the service answers nothing else).
+    Session,
+    /// This header with this value (GCE's `Metadata-Flavor: Google`, Azure's `Metadata:
+    /// true`); the name in lower case.
+    Header { name: &'static str, value: &'static str },
 }
 
 /// A path no profile serves, exact or a whole-segment prefix (trailing `/`).
@@ -261,6 +307,7 @@ impl Platform {
                 "name": p.name,
                 "paths": p.paths.iter().map(|s| serde_json::json!({
                     "path": s.path, "method": s.method, "reveals": s.reveals,
+                    "fixedPerSource": s.fixed,
                 })).collect::<Vec<_>>(),
                 "query": p.query,
             })

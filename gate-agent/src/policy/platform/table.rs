@@ -1,7 +1,10 @@
 //! The rows: one per [`Platform`], each with its sources in docs/platforms.md. A new provider
 //! is a variant of [`Platform`] and one row here (docs/new-provider.md).
 use super::super::protocol::Protocol;
-use super::{DmiField, DmiRule, DmiTest, Facts, Platform, Profile, SafePath, Sensitive, Service};
+use super::{
+    AnswerGate, DmiField, DmiRule, DmiTest, Facts, Platform, Profile, ProxyFacts, SafePath,
+    Sensitive, Service, SessionScheme,
+};
 
 /// The row of `p`: a `match`, so that a variant without a row does not compile.
 pub(super) fn facts(p: Platform) -> &'static Facts {
@@ -39,11 +42,16 @@ const fn svc(
 }
 
 const fn get(path: &'static str, reveals: &'static str) -> SafePath {
-    SafePath { path, method: "GET", reveals }
+    SafePath { path, method: "GET", reveals, fixed: None }
+}
+
+/// A path whose value `source` documents as fixed: answered from the proxy's cache.
+const fn fixed(path: &'static str, reveals: &'static str, source: &'static str) -> SafePath {
+    SafePath { path, method: "GET", reveals, fixed: Some(source) }
 }
 
 const fn put(path: &'static str, reveals: &'static str) -> SafePath {
-    SafePath { path, method: "PUT", reveals }
+    SafePath { path, method: "PUT", reveals, fixed: None }
 }
 
 const fn never(path: &'static str, reveals: &'static str) -> Sensitive {
@@ -54,6 +62,17 @@ const fn never(path: &'static str, reveals: &'static str) -> Sensitive {
 const fn safe(paths: &'static [SafePath], query: &'static [&'static str]) -> Profile {
     Profile { name: SAFE, paths, query }
 }
+
+/// AWS's list of instance metadata categories: the instance id, type, region and zone id stay
+/// as they are while the instance runs (a type change needs a stop, which is a new boot).
+const AWS_CATEGORIES: &str =
+    "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-data-categories.html";
+/// Azure IMDS's compute category: location, vmId and vmSize of the running VM.
+const AZURE_IMDS: &str =
+    "https://learn.microsoft.com/en-us/azure/virtual-machines/instance-metadata-service";
+/// Compute Engine's predefined metadata keys: id, name, zone, machine type, project id and
+/// number.
+const GCE_KEYS: &str = "https://cloud.google.com/compute/docs/metadata/predefined-metadata-keys";
 
 /// The profile name of paths that say where a workload runs and nothing that authenticates it.
 const SAFE: &str = "safe";
@@ -80,6 +99,7 @@ const fn without_metadata(
         no_metadata_service: Some(why),
         profiles: &[],
         sensitive: &[],
+        proxy: ProxyFacts::NONE,
         shipped: Some(shipped),
     }
 }
@@ -139,13 +159,17 @@ const AWS: Facts = Facts {
     profiles: &[safe(
         &[
             put("/latest/api/token", SESSION_TOKEN),
-            get("/latest/meta-data/instance-id", "the instance id"),
-            get("/latest/meta-data/instance-type", "the instance type"),
-            get("/latest/meta-data/placement/region", "the region"),
+            fixed("/latest/meta-data/instance-id", "the instance id", AWS_CATEGORIES),
+            fixed("/latest/meta-data/instance-type", "the instance type", AWS_CATEGORIES),
+            fixed("/latest/meta-data/placement/region", "the region", AWS_CATEGORIES),
             // With its trailing `/` (a prefix: the path with or without it): botocore asks
-            // for `…/availability-zone/`.
+            // for `…/availability-zone/`. A prefix is never cached.
             get("/latest/meta-data/placement/availability-zone/", "the availability zone"),
-            get("/latest/meta-data/placement/availability-zone-id", "the availability zone id"),
+            fixed(
+                "/latest/meta-data/placement/availability-zone-id",
+                "the availability zone id",
+                AWS_CATEGORIES,
+            ),
         ],
         &[],
     )],
@@ -160,6 +184,15 @@ const AWS: Facts = Facts {
         PUBLIC_KEYS,
         never("/latest/meta-data/tags/", "instance tags, which users fill"),
     ],
+    proxy: ProxyFacts {
+        session: Some(SessionScheme {
+            path: "/latest/api/token",
+            token_header: "x-aws-ec2-metadata-token",
+            ttl_header: "x-aws-ec2-metadata-token-ttl-seconds",
+            max_ttl: 21600,
+        }),
+        answers_need: AnswerGate::Session,
+    },
     shipped: Some(include_str!("../../../../deploy/policies/aws.yaml")),
 };
 
@@ -177,10 +210,11 @@ const AZURE: Facts = Facts {
     no_metadata_service: None,
     profiles: &[safe(
         &[
-            get("/metadata/instance/compute/location", "the region"),
+            fixed("/metadata/instance/compute/location", "the region", AZURE_IMDS),
             get("/metadata/instance/compute/zone", "the availability zone (may be empty)"),
-            get("/metadata/instance/compute/vmId", "the VM's unique id"),
-            get("/metadata/instance/compute/vmSize", "the VM size"),
+            fixed("/metadata/instance/compute/vmId", "the VM's unique id", AZURE_IMDS),
+            // A resize restarts the VM (a new boot).
+            fixed("/metadata/instance/compute/vmSize", "the VM size", AZURE_IMDS),
         ],
         &["api-version", "format"],
     )],
@@ -200,6 +234,10 @@ const AZURE: Facts = Facts {
         ),
         never("/machine", "the WireServer's goal state: certificates, extension secrets"),
     ],
+    proxy: ProxyFacts {
+        session: None,
+        answers_need: AnswerGate::Header { name: "metadata", value: "true" },
+    },
     shipped: Some(include_str!("../../../../deploy/policies/azure.yaml")),
 };
 
@@ -230,12 +268,17 @@ const GCP: Facts = Facts {
     no_metadata_service: None,
     profiles: &[safe(
         &[
-            get("/computeMetadata/v1/instance/id", "the instance id"),
-            get("/computeMetadata/v1/instance/name", "the instance name"),
-            get("/computeMetadata/v1/instance/zone", "the zone (and with it the region)"),
-            get("/computeMetadata/v1/instance/machine-type", "the machine type"),
-            get("/computeMetadata/v1/project/project-id", "the project id"),
-            get("/computeMetadata/v1/project/numeric-project-id", "the project number"),
+            fixed("/computeMetadata/v1/instance/id", "the instance id", GCE_KEYS),
+            fixed("/computeMetadata/v1/instance/name", "the instance name", GCE_KEYS),
+            fixed(
+                "/computeMetadata/v1/instance/zone",
+                "the zone (and with it the region)",
+                GCE_KEYS,
+            ),
+            // Changed only while the VM is stopped (a new boot).
+            fixed("/computeMetadata/v1/instance/machine-type", "the machine type", GCE_KEYS),
+            fixed("/computeMetadata/v1/project/project-id", "the project id", GCE_KEYS),
+            fixed("/computeMetadata/v1/project/numeric-project-id", "the project number", GCE_KEYS),
         ],
         &[],
     )],
@@ -257,6 +300,10 @@ const GCP: Facts = Facts {
         never("/computeMetadata/v1beta1/", "the legacy tree, with the same data"),
         never("/0.1/", "the legacy tree, with the same data"),
     ],
+    proxy: ProxyFacts {
+        session: None,
+        answers_need: AnswerGate::Header { name: "metadata-flavor", value: "Google" },
+    },
     shipped: Some(include_str!("../../../../deploy/policies/gcp.yaml")),
 };
 
@@ -305,6 +352,7 @@ const OPENSTACK: Facts = Facts {
         USER_DATA,
         PUBLIC_KEYS,
     ],
+    proxy: ProxyFacts::NONE,
     shipped: Some(include_str!("../../../../deploy/policies/openstack.yaml")),
 };
 
@@ -371,6 +419,7 @@ const IBMCLOUD: Facts = Facts {
         never("/metadata/v1/instance/initialization", "user data, SSH keys, passwords"),
         never("/metadata/v1/keys", "SSH public keys"),
     ],
+    proxy: ProxyFacts::NONE,
     shipped: Some(include_str!("../../../../deploy/policies/ibmcloud.yaml")),
 };
 
@@ -430,6 +479,7 @@ const ALIBABACLOUD: Facts = Facts {
         PUBLIC_KEYS,
         never("/latest/meta-data/tags/", "instance tags, which users fill"),
     ],
+    proxy: ProxyFacts::NONE,
     shipped: Some(include_str!("../../../../deploy/policies/alibabacloud.yaml")),
 };
 
@@ -472,6 +522,7 @@ const EXTERNAL_OCI: Facts = Facts {
         never("/opc/v1/", "the legacy tree, with the same data and no header check"),
         never("/openstack/", "the legacy tree"),
     ],
+    proxy: ProxyFacts::NONE,
     shipped: Some(include_str!("../../../../deploy/policies/external-oci.yaml")),
 };
 
@@ -511,5 +562,6 @@ const EXTERNAL_HETZNER: Facts = Facts {
         ),
         never("/hetzner/v1/metadata/public-keys", "SSH public keys"),
     ],
+    proxy: ProxyFacts::NONE,
     shipped: Some(include_str!("../../../../deploy/policies/external-hetzner.yaml")),
 };

@@ -201,3 +201,32 @@ fn dmi_tests() {
     assert!(DmiTest::StartsWith("GoogleCloud-").passes("GoogleCloud-4A"));
     assert!(!DmiTest::Is("Scale").passes("Scaleway"));
 }
+
+#[test]
+fn only_exact_read_paths_the_platform_cites_are_kept_and_never_a_sensitive_one() {
+    use gate_common::http::PathRule;
+    for p in Platform::all() {
+        let f = p.facts();
+        for s in f.profiles.iter().flat_map(|pr| pr.paths).filter(|s| s.fixed.is_some()) {
+            let src = s.fixed.unwrap_or_default();
+            assert!(src.starts_with("https://"), "{}: {}: no source", f.name, s.path);
+            assert_eq!(s.method, "GET", "{}: {}: only reads are kept", f.name, s.path);
+            assert!(!s.path.ends_with('/'), "{}: {}: a prefix is never kept", f.name, s.path);
+            let rule = PathRule::parse(s.path).expect("a safe path parses");
+            for never in f.sensitive {
+                let never_rule = PathRule::parse(never.path).expect("a sensitive path parses");
+                assert!(!rule.overlaps(&never_rule), "{}: {} is sensitive", f.name, s.path);
+            }
+            if let Some(scheme) = f.proxy.session {
+                assert_ne!(s.path, scheme.path, "{}: the token is never kept", f.name);
+            }
+        }
+        // A cached answer is given only on what the service requires of a request.
+        let fixed = f.profiles.iter().flat_map(|pr| pr.paths).any(|s| s.fixed.is_some());
+        assert!(
+            !fixed || f.proxy.answers_need != AnswerGate::Never,
+            "{}: fixed paths but no rule for who gets them",
+            f.name
+        );
+    }
+}

@@ -23,6 +23,7 @@ use super::{
 };
 use crate::{metrics::ProxyMetrics, policy::Policy};
 
+mod answers;
 mod connections;
 mod pool;
 mod props;
