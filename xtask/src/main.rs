@@ -81,8 +81,10 @@ enum Cmd {
         /// The platform, as `gate-agent check --platform` takes it
         name: String,
     },
-    /// Render every Kustomize target under deploy/ (kubectl kustomize) and check each object
-    /// against its Kubernetes API type; no cluster needed
+    /// Render every Kustomize target under deploy/ (kubectl kustomize) and check the decisions
+    /// the objects encode (SCC, metrics, alerts and runbooks, the proxy's port, the boot
+    /// unit); no cluster needed. Kinds, fields and schemas are the API server's to judge:
+    /// `cluster manifests` (root)
     Manifests,
     /// End-to-end on kind: build the image, create a cluster, deploy overlays/kind, fake AWS's
     /// IMDS on the worker and check who gets through (needs docker, kind, kubectl)

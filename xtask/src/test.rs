@@ -1,6 +1,8 @@
 //! `cargo xtask test`: unit and property tests (the xtask's own among them: those of the
-//! manifest checks), the manifest checks, the privileged kernel tests (root; under CI=true
-//! they must run, never skip) and a smoke run of the benchmarks.
+//! manifest checks), the manifests' decision checks (their shape is judged by a real API
+//! server in `cargo xtask cluster manifests`, which `.ci/run` runs next), the privileged
+//! kernel tests (root; under CI=true they must run, never skip) and a smoke run of the
+//! benchmarks.
 use std::process::Command;
 
 use anyhow::{Result, bail};

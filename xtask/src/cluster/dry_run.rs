@@ -59,7 +59,7 @@ pub(crate) fn run() -> Result<()> {
         c.args(args);
         Ok(c)
     };
-    let crds = manifests::custom_resource_definitions()?;
+    let crds = super::custom_resource_definitions()?;
     feed(kubectl(&["apply", "-f", "-"])?, &list(crds)).context("serving the vendored CRDs")?;
     feed(kubectl(&["wait", "--for=condition=Established", "crd", "--all", "--timeout=60s"])?, b"")?;
     let all = shipped.iter().flat_map(|(_, objects)| objects.iter());

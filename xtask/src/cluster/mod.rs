@@ -1,10 +1,19 @@
 //! `cargo xtask cluster`: a real Kubernetes for the cluster tests, from the harness in
 //! `integration_tests::cluster`. [`dry_run`] has its API server judge every manifest deploy/
-//! ships.
+//! ships, with the CRDs of [`crds`].
+mod crds;
 mod dry_run;
+
+use anyhow::Context as _;
 
 pub(crate) use dry_run::run as manifests;
 pub(crate) use integration_tests::cluster::build;
+
+/// The vendored CRDs (xtask/schemas/) as CustomResourceDefinition objects: what a test
+/// cluster must serve before it can take deploy/'s custom resources.
+fn custom_resource_definitions() -> anyhow::Result<Vec<serde_json::Value>> {
+    crds::definitions().context("a vendored CRD schema is not JSON")
+}
 
 /// `cargo xtask cluster up`: the cluster until Ctrl-C, then everything removed.
 pub(crate) fn up() -> anyhow::Result<()> {
@@ -26,7 +35,7 @@ pub(crate) fn up() -> anyhow::Result<()> {
 pub(crate) fn e2e(keep: bool) -> anyhow::Result<()> {
     crate::setup::ensure()?;
     let bins = crate::bins::build(crate::bins::Profile::Checked)?;
-    let crds = crate::manifests::custom_resource_definitions()?;
+    let crds = custom_resource_definitions()?;
     let report =
         integration_tests::cluster::scenario::run(&integration_tests::cluster::scenario::Inputs {
             bins,

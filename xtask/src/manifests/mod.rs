@@ -1,34 +1,25 @@
 //! `cargo xtask manifests`: render every Kustomize target under deploy/ with `kubectl
-//! kustomize` and check what comes out, without a cluster.
+//! kustomize` and check the decisions the objects encode, without a cluster.
 //!
-//! - shape: core kinds round-trip through their k8s-openapi type with no field lost; the
-//!   custom resources (SCC, MachineConfig, ServiceMonitor, PrometheusRule) are validated
-//!   against their CRDs' schemas ([`schema`]); any other kind is an error;
-//! - decisions, across the objects of one render: Bidirectional mounts only in privileged
-//!   containers, the DaemonSet's namespace and service account exist, the SCC allows exactly
-//!   what the DaemonSet asks and is granted to it, policy ConfigMaps are named after their
-//!   platform, the MachineConfigs carry the boot unit as shipped; how the metrics are reached
-//!   and alerted on is in [`monitoring`]; how the metadata proxy's port is kept from other
-//!   pods and from Services is in [`proxy`].
+//! Their shape (kinds, fields, types, the custom resources against their CRDs' schemas) is
+//! not checked here: a real API server judges it, every object applied with server-side dry
+//! run and strict field validation (`cargo xtask cluster manifests`, root, in `.ci/run`).
+//!
+//! The decisions, across the objects of one render: Bidirectional mounts only in privileged
+//! containers, the DaemonSet's namespace and service account exist, the SCC allows exactly
+//! what the DaemonSet asks and is granted to it, policy ConfigMaps are named after their
+//! platform, the MachineConfigs carry the boot unit as shipped; how the metrics are reached
+//! and alerted on is in [`monitoring`]; how the metadata proxy's port is kept from other pods
+//! and from Services is in [`proxy`].
 mod monitoring;
 mod promql;
 mod proxy;
-mod schema;
 
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 
 use anyhow::{Context as _, Result, bail};
-use k8s_openapi::api::admissionregistration::v1::{
-    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-};
-use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Service, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::util::{output, root, show, yaml_options};
@@ -45,7 +36,7 @@ pub(crate) const TARGETS: &[&str] = &[
     "deploy/profiles/aks",
 ];
 
-/// Plain manifests (applied with `kubectl apply -f`), checked object by object.
+/// Plain manifests (applied with `kubectl apply -f`): parsed here, judged by the API server.
 pub(crate) const PLAIN_DIRS: &[&str] = &["deploy/kind/e2e"];
 
 /// Targets applied together, checked as one render: a component that only adds objects
@@ -99,6 +90,9 @@ impl Object {
     }
 }
 
+/// Where the objects' shape is checked, for the messages of this offline check.
+const SHAPE: &str = "kinds, fields and schemas: `cargo xtask cluster manifests` (root)";
+
 pub(crate) fn run() -> Result<()> {
     let mut problems = Vec::new();
     let mut objects_seen = 0;
@@ -108,29 +102,18 @@ pub(crate) fn run() -> Result<()> {
         problems.extend(check_set(&objects));
     }
     for targets in COMBINED {
-        let mut objects = Vec::new();
-        for target in *targets {
-            objects.extend(render(target)?);
-        }
-        let name = targets.join(" + ");
-        for o in &mut objects {
-            o.origin = name.clone();
-        }
-        problems.extend(check_set(&objects));
+        problems.extend(check_set(&render_combined(targets)?));
     }
     for dir in PLAIN_DIRS {
-        let objects = read_plain(dir)?;
-        objects_seen += objects.len();
-        for o in &objects {
-            problems.extend(check_object(o));
-        }
+        objects_seen += read_plain(dir)?.len();
     }
     problems.extend(verify_boot_unit()?);
     if !problems.is_empty() {
         bail!("{} problem(s) in deploy/:\n  {}", problems.len(), problems.join("\n  "));
     }
     eprintln!(
-        "manifests: {} Kustomize targets, {} combined, {} plain dirs, {objects_seen} objects: OK",
+        "manifests: {} Kustomize targets, {} combined, {} plain dirs, {objects_seen} objects: \
+         decisions OK ({SHAPE})",
         TARGETS.len(),
         COMBINED.len(),
         PLAIN_DIRS.len()
@@ -138,23 +121,35 @@ pub(crate) fn run() -> Result<()> {
     Ok(())
 }
 
-/// Every object deploy/ ships, by where it comes from: each Kustomize target rendered, and
-/// each plain directory's files (for the API server's own check, `cargo xtask cluster`).
+/// Every object deploy/ ships, by where it comes from: each Kustomize target rendered, each
+/// combination of [`COMBINED`], and each plain directory's files (for the API server's own
+/// check, `cargo xtask cluster manifests`).
 pub(crate) fn shipped() -> Result<Vec<(String, Vec<Value>)>> {
+    let values = |objects: Vec<Object>| objects.into_iter().map(|o| o.value).collect();
     let mut out = Vec::new();
     for target in TARGETS {
-        out.push((target.to_string(), render(target)?.into_iter().map(|o| o.value).collect()));
+        out.push((target.to_string(), values(render(target)?)));
+    }
+    for targets in COMBINED {
+        out.push((targets.join(" + "), values(render_combined(targets)?)));
     }
     for dir in PLAIN_DIRS {
-        out.push((dir.to_string(), read_plain(dir)?.into_iter().map(|o| o.value).collect()));
+        out.push((dir.to_string(), values(read_plain(dir)?)));
     }
     Ok(out)
 }
 
-/// The CRDs of the custom resources deploy/ uses, from the schemas [`schema`] checks them
-/// against: what a test cluster must serve before it can take them.
-pub(crate) fn custom_resource_definitions() -> Result<Vec<Value>> {
-    schema::definitions().context("a vendored CRD schema is not JSON")
+/// The objects of `targets` rendered one by one, as one render named `A + B`.
+fn render_combined(targets: &[&str]) -> Result<Vec<Object>> {
+    let mut objects = Vec::new();
+    for target in targets {
+        objects.extend(render(target)?);
+    }
+    let name = targets.join(" + ");
+    for o in &mut objects {
+        o.origin = name.clone();
+    }
+    Ok(objects)
 }
 
 /// `kubectl kustomize DIR`, split into objects.
@@ -224,9 +219,9 @@ fn split(origin: &str, text: &str) -> Result<Vec<Object>> {
     Ok(objects)
 }
 
-/// Per-object checks, then the rules that span the objects of one render.
+/// The rules for the objects of one render.
 fn check_set(objects: &[Object]) -> Vec<String> {
-    let mut problems: Vec<String> = objects.iter().flat_map(check_object).collect();
+    let mut problems = check_machineconfigs(objects);
     problems.extend(check_policy_configmaps(objects));
     problems.extend(check_daemonsets(objects));
     problems.extend(proxy::check(objects));
@@ -235,106 +230,6 @@ fn check_set(objects: &[Object]) -> Vec<String> {
     problems.extend(found);
     problems.extend(monitoring::check_rules(objects, &scrapes));
     problems
-}
-
-type Check = fn(&Value) -> std::result::Result<(), Vec<String>>;
-
-/// The kinds deploy/ ships, with how each is checked; [`schema`] knows the custom ones.
-const KINDS: &[(&str, &str, Check)] = &[
-    ("apps/v1", "DaemonSet", typed::<DaemonSet>),
-    ("v1", "Namespace", typed::<Namespace>),
-    ("v1", "ServiceAccount", typed::<ServiceAccount>),
-    ("v1", "ConfigMap", typed::<ConfigMap>),
-    ("v1", "Pod", typed::<Pod>),
-    ("v1", "Service", typed::<Service>),
-    ("rbac.authorization.k8s.io/v1", "ClusterRole", typed::<ClusterRole>),
-    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", typed::<ClusterRoleBinding>),
-    ("rbac.authorization.k8s.io/v1", "Role", typed::<Role>),
-    ("rbac.authorization.k8s.io/v1", "RoleBinding", typed::<RoleBinding>),
-    (
-        "admissionregistration.k8s.io/v1",
-        "ValidatingAdmissionPolicy",
-        typed::<ValidatingAdmissionPolicy>,
-    ),
-    (
-        "admissionregistration.k8s.io/v1",
-        "ValidatingAdmissionPolicyBinding",
-        typed::<ValidatingAdmissionPolicyBinding>,
-    ),
-    ("security.openshift.io/v1", "SecurityContextConstraints", custom),
-    ("machineconfiguration.openshift.io/v1", "MachineConfig", |v| {
-        custom(v).and_then(|()| machineconfig(v))
-    }),
-    ("monitoring.coreos.com/v1", "ServiceMonitor", custom),
-    ("monitoring.coreos.com/v1", "PrometheusRule", custom),
-];
-
-fn check_object(o: &Object) -> Vec<String> {
-    let api = o.str_at("/apiVersion").unwrap_or("");
-    let result = match KINDS.iter().find(|(a, k, _)| *a == api && *k == o.kind()) {
-        Some((_, _, check)) => check(&o.value),
-        None => Err(vec![format!(
-            "unknown kind {:?} (apiVersion {api:?}); deploy/ ships only {}",
-            o.kind(),
-            KINDS.iter().map(|(_, k, _)| *k).collect::<Vec<_>>().join(", ")
-        )]),
-    };
-    let mut problems: Vec<String> = match result {
-        Ok(()) => Vec::new(),
-        Err(reasons) => reasons.into_iter().map(|r| format!("{}: {r}", o.label())).collect(),
-    };
-    if o.name().is_empty() {
-        problems.push(format!("{}: metadata.name is missing", o.label()));
-    }
-    problems
-}
-
-/// Deserialize into the k8s-openapi type, serialize back, and report every field of the
-/// input that did not survive (unknown to the type: misspelt or misplaced).
-fn typed<T: DeserializeOwned + Serialize>(value: &Value) -> std::result::Result<(), Vec<String>> {
-    let parsed: T = serde_json::from_value(value.clone()).map_err(|e| vec![e.to_string()])?;
-    let back = serde_json::to_value(&parsed).map_err(|e| vec![e.to_string()])?;
-    let mut lost = Vec::new();
-    lost_fields(value, &back, "", &mut lost);
-    if lost.is_empty() {
-        Ok(())
-    } else {
-        Err(lost
-            .into_iter()
-            .map(|p| format!("unknown field {p} (dropped by the API type)"))
-            .collect())
-    }
-}
-
-/// A custom resource: its metadata as ObjectMeta, the whole against its CRD's schema.
-fn custom(value: &Value) -> std::result::Result<(), Vec<String>> {
-    let at = |p: &str| value.pointer(p).and_then(Value::as_str).unwrap_or("");
-    let mut errs = schema::validate(at("/apiVersion"), at("/kind"), value);
-    if let Err(meta) = typed::<ObjectMeta>(value.get("metadata").unwrap_or(&Value::Null)) {
-        errs.extend(meta.into_iter().map(|e| format!("metadata: {e}")));
-    }
-    if errs.is_empty() { Ok(()) } else { Err(errs) }
-}
-
-fn lost_fields(orig: &Value, back: &Value, path: &str, out: &mut Vec<String>) {
-    match (orig, back) {
-        (Value::Object(o), Value::Object(b)) => {
-            for (k, v) in o {
-                let here = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
-                match b.get(k) {
-                    _ if v.is_null() => {}
-                    None => out.push(here),
-                    Some(bv) => lost_fields(v, bv, &here, out),
-                }
-            }
-        }
-        (Value::Array(o), Value::Array(b)) if o.len() == b.len() => {
-            for (i, (v, bv)) in o.iter().zip(b).enumerate() {
-                lost_fields(v, bv, &format!("{path}[{i}]"), out);
-            }
-        }
-        _ => {}
-    }
 }
 
 // ---- MachineConfig (the boot step) ---------------------------------------------------------
@@ -346,10 +241,18 @@ const ROLE_LABEL: &str = "machineconfiguration.openshift.io/role";
 /// The DaemonSet whose image the boot step runs on a node's first boot.
 const DAEMONSET: &str = "deploy/base/daemonset.yaml";
 
-/// What a MachineConfig of ours carries (the schema leaves `spec.config` free): a role label,
-/// Ignition 3, the boot unit as [`BOOT_UNIT`] and enabled, the script as [`BOOT_SCRIPT`] and
-/// executable, and a boot.env naming the DaemonSet's image.
-fn machineconfig(v: &Value) -> std::result::Result<(), Vec<String>> {
+/// Every MachineConfig of the render, by [`machineconfig`].
+fn check_machineconfigs(objects: &[Object]) -> Vec<String> {
+    let mcs = objects.iter().filter(|o| o.kind() == "MachineConfig");
+    mcs.flat_map(|o| machineconfig(&o.value).into_iter().map(|r| format!("{}: {r}", o.label())))
+        .collect()
+}
+
+/// What a MachineConfig of ours carries (its CRD leaves `spec.config` free, so the API server
+/// does not look inside): a role label, Ignition 3, the boot unit as [`BOOT_UNIT`] and
+/// enabled, the script as [`BOOT_SCRIPT`] and executable, and a boot.env naming the
+/// DaemonSet's image.
+fn machineconfig(v: &Value) -> Vec<String> {
     use base64::Engine as _;
     let read = |f: &str| std::fs::read(root().join(f)).unwrap_or_default();
     let script = base64::engine::general_purpose::STANDARD.encode(read(BOOT_SCRIPT));
@@ -387,8 +290,7 @@ fn machineconfig(v: &Value) -> std::result::Result<(), Vec<String>> {
             ),
         ),
     ];
-    let errs: Vec<String> = checks.into_iter().filter(|(ok, _)| !ok).map(|(_, e)| e).collect();
-    if errs.is_empty() { Ok(()) } else { Err(errs) }
+    checks.into_iter().filter(|(ok, _)| !ok).map(|(_, e)| e).collect()
 }
 
 /// `systemd-analyze verify` of the boot unit, installed with its script under a scratch root
@@ -731,24 +633,6 @@ mod tests {
         Object { origin: "test".into(), value }
     }
 
-    #[test]
-    fn a_misspelt_field_is_reported_with_its_path() {
-        let o = obj(
-            "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: a\n  namespace: b\n  lables: {x: y}\n",
-        );
-        let problems = check_object(&o);
-        assert_eq!(problems.len(), 1, "{problems:?}");
-        assert!(
-            problems[0].contains("ServiceAccount b/a") && problems[0].contains("metadata.lables")
-        );
-    }
-
-    #[test]
-    fn unknown_kinds_are_rejected() {
-        let o = obj("apiVersion: v1\nkind: Secret\nmetadata:\n  name: s\n");
-        assert!(check_object(&o)[0].contains("unknown kind \"Secret\""));
-    }
-
     /// A DaemonSet d/n with one container `c`; `container` and `pod` are more YAML lines for
     /// the container and the pod spec.
     fn daemonset(container: &str, pod: &str) -> Object {
@@ -811,28 +695,18 @@ mod tests {
     }
 
     #[test]
-    fn scc_fields_are_checked_against_the_crd_schema() {
-        let o = obj(
-            "apiVersion: security.openshift.io/v1\nkind: SecurityContextConstraints\nmetadata: {name: s}\nallowHostNetwork: \"yes\"\nallowHostPorts: false\nrunAsUser: {type: RunAsAny, uidd: 1}\n",
-        );
-        let problems = check_object(&o);
-        let has = |w: &str| problems.iter().any(|p| p.contains(w));
-        assert!(has("/allowHostNetwork: \"yes\" is not of type \"boolean\""), "{problems:#?}");
-        assert!(has("\"allowPrivilegedContainer\" is a required property"), "{problems:#?}");
-        assert!(has("/runAsUser: Additional properties are not allowed ('uidd'"), "{problems:#?}");
-    }
-
-    #[test]
-    fn a_misspelt_service_monitor_field_fails_the_schema() {
-        let o = obj(
-            "apiVersion: monitoring.coreos.com/v1\nkind: ServiceMonitor\nmetadata: {name: m, namespace: n}\nspec:\n  selector: {}\n  endpoints: [{port: p, intervall: 30s}]\n",
-        );
-        let problems = check_object(&o);
-        assert_eq!(problems.len(), 1, "{problems:#?}");
-        assert!(
-            problems[0]
-                .contains("/spec/endpoints/0: Additional properties are not allowed ('intervall'"),
-            "{problems:#?}"
-        );
+    fn the_machineconfigs_carry_the_boot_step_as_shipped() {
+        for file in [
+            "deploy/overlays/openshift-boot/machineconfig-worker.yaml",
+            "deploy/overlays/openshift-boot/machineconfig-master.yaml",
+        ] {
+            let text = std::fs::read_to_string(root().join(file)).expect(file);
+            let shipped = split(file, &text).expect(file);
+            assert_eq!(check_machineconfigs(&shipped), Vec::<String>::new(), "{file}");
+            let changed = text.replace("mode: 493", "mode: 420").replace("enabled: true", "");
+            let problems = check_machineconfigs(&split(file, &changed).expect(file));
+            assert!(problems.iter().any(|p| p.contains("mode not 493")), "{problems:?}");
+            assert!(problems.iter().any(|p| p.contains("not enabled")), "{problems:?}");
+        }
     }
 }

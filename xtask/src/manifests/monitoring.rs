@@ -1139,17 +1139,16 @@ mod tests {
             found.iter().any(|p| p.contains("no service account in this render may both")),
             "{found:#?}"
         );
+        // kube-rbac-proxy's binding names another service account than the agent's.
         refused(
             &[(
                 "deploy/base/rbac.yaml",
-                "name: metadata-gate-kube-rbac-proxy\nsubjects:",
-                "name: metadata-gate-kube-rbac-proxy\nsubjects: []\nx:",
+                "name: metadata-gate-kube-rbac-proxy\nsubjects:\n  - kind: ServiceAccount\n    \
+                 name: metadata-gate-agent",
+                "name: metadata-gate-kube-rbac-proxy\nsubjects:\n  - kind: ServiceAccount\n    \
+                 name: someone-else",
             )],
-            &[
-                "may not create tokenreviews",
-                "may not create subjectaccessreviews",
-                "unknown field x",
-            ],
+            &["may not create tokenreviews", "may not create subjectaccessreviews"],
         );
     }
 
