@@ -105,14 +105,20 @@ pub fn set_rcvtimeo(fd: &impl std::os::fd::AsRawFd, t: Duration) {
         tv_sec: t.as_secs() as libc::time_t,
         tv_usec: t.subsec_micros() as libc::suseconds_t,
     };
-    // SAFETY: valid fd and option buffer.
+    setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv);
+}
+
+/// `setsockopt(2)` with `value` as the option's buffer; best effort (a test socket that
+/// refuses an option shows it in what the test then sees).
+fn setsockopt<T>(fd: &impl std::os::fd::AsRawFd, level: i32, name: i32, value: &T) {
+    // SAFETY: valid fd; the buffer is `value`, of its own size.
     unsafe {
         libc::setsockopt(
             fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            size_of::<libc::timeval>() as libc::socklen_t,
+            level,
+            name,
+            (value as *const T).cast(),
+            size_of::<T>() as libc::socklen_t,
         );
     }
 }
@@ -320,17 +326,8 @@ fn handle_http(mut c: TcpStream, stop: &AtomicBool, log: &Log, via: &str, token_
 /// The IPv4 TTL and IPv6 unicast hop limit of a connection's segments from now on.
 fn set_hop_limit(c: &TcpStream, hops: u32) {
     let _ = c.set_ttl(hops);
-    let hops = hops as libc::c_int;
-    // SAFETY: valid fd and option buffer; an IPv4 socket refuses the option harmlessly.
-    unsafe {
-        libc::setsockopt(
-            c.as_raw_fd(),
-            libc::IPPROTO_IPV6,
-            libc::IPV6_UNICAST_HOPS,
-            (&hops as *const libc::c_int).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        );
-    }
+    // An IPv4 socket refuses the option harmlessly.
+    setsockopt(c, libc::IPPROTO_IPV6, libc::IPV6_UNICAST_HOPS, &(hops as libc::c_int));
 }
 
 /// Whether a request head asks for its connection to be kept: HTTP/1.1 without
