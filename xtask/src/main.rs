@@ -117,8 +117,11 @@ enum ClusterCmd {
     /// Start etcd and kube-apiserver in network namespaces of their own and apply every
     /// object deploy/ ships with server-side dry run and strict validation (root)
     Manifests,
-    /// Start a single-node cluster in namespaces of its own and keep it until Ctrl-C (root)
+    /// Start a single-node cluster in namespaces of its own and keep it until Ctrl-C or
+    /// `cluster down` (root)
     Up,
+    /// End the running `cluster up` of this checkout: everything it started is removed
+    Down,
     /// The DaemonSet on that cluster, from `kubectl apply -k` to packets, each path first
     /// shown open without the gate (root)
     E2e {
@@ -159,6 +162,7 @@ fn main() -> Result<()> {
         Cmd::Cluster { cmd: ClusterCmd::Build } => cluster::build().map(drop),
         Cmd::Cluster { cmd: ClusterCmd::Manifests } => cluster::manifests(),
         Cmd::Cluster { cmd: ClusterCmd::Up } => cluster::up(),
+        Cmd::Cluster { cmd: ClusterCmd::Down } => cluster::down(),
         Cmd::Cluster { cmd: ClusterCmd::E2e { keep } } => cluster::e2e(keep),
         Cmd::E2eKind { keep, no_build } => kind::e2e(kind::Options { keep, build: !no_build }),
         Cmd::Bench(opts) => {

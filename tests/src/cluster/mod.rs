@@ -43,6 +43,11 @@ fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), Into::into)
 }
 
+/// Where `cargo xtask cluster up` writes its pid while its cluster runs, for `down`.
+pub fn up_pid_file() -> PathBuf {
+    target_dir().join("cluster").join("up.pid")
+}
+
 /// A command line for messages.
 fn show(cmd: &std::process::Command) -> String {
     std::iter::once(cmd.get_program())
