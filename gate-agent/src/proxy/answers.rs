@@ -85,7 +85,7 @@ impl Answers {
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<usize>().ok());
-        if resp.status() != StatusCode::OK || !declared.is_some_and(|n| n <= MAX_BODY) {
+        if resp.status() != StatusCode::OK || declared.is_none_or(|n| n > MAX_BODY) {
             return resp;
         }
         let (parts, body) = resp.into_parts();
