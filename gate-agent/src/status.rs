@@ -48,8 +48,8 @@ pub(crate) struct Status {
 pub(crate) struct TerminateScan {
     /// Network namespaces scanned.
     pub netns: u32,
-    /// Gated processes whose network namespace the agent could not open (a pod without
-    /// hostPID): their connections were not checked.
+    /// Gated processes whose network namespace the agent could not open (without hostPID or
+    /// CAP_SYS_PTRACE): their connections were not checked.
     pub hidden_processes: u32,
 }
 
