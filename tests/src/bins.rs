@@ -1,4 +1,4 @@
-//! The binaries the harness runs: gate-agent, the `probe` workload and `bench-probe`.
+//! The binaries the harness runs: gate-agent and the `probe` workload.
 //!
 //! Every harness function that starts one of them takes a [`Bins`]: the caller says which
 //! build it means (xtask: the profile it just built; a test: the binaries of its own build).
@@ -9,45 +9,31 @@ use std::path::{Path, PathBuf};
 pub struct Bins {
     pub agent: PathBuf,
     pub probe: PathBuf,
-    pub bench_probe: PathBuf,
 }
 
 /// Environment variables that name each binary for a test process (see [`Bins::from_env`]).
 const AGENT_VAR: &str = "GATE_AGENT_BIN";
 const PROBE_VAR: &str = "PROBE_BIN";
-const BENCH_PROBE_VAR: &str = "BENCH_PROBE_BIN";
 
 impl Bins {
     /// The binaries in one target profile directory (`target/debug`, `target/release`).
     pub fn in_dir(dir: &Path) -> Bins {
-        Bins {
-            agent: dir.join("gate-agent"),
-            probe: dir.join("probe"),
-            bench_probe: dir.join("bench-probe"),
-        }
+        Bins { agent: dir.join("gate-agent"), probe: dir.join("probe") }
     }
 
     /// For a test process: each binary from its environment variable (`GATE_AGENT_BIN`,
-    /// `PROBE_BIN`, `BENCH_PROBE_BIN`) if set, else from the target profile directory of the
-    /// running executable. Reads the environment, never changes it.
+    /// `PROBE_BIN`) if set, else from the target profile directory of the running executable.
+    /// Reads the environment, never changes it.
     pub fn from_env() -> Bins {
         let dir = Bins::in_dir(&exe_profile_dir());
         let var = |name: &str, default: PathBuf| std::env::var_os(name).map_or(default, Into::into);
-        Bins {
-            agent: var(AGENT_VAR, dir.agent),
-            probe: var(PROBE_VAR, dir.probe),
-            bench_probe: var(BENCH_PROBE_VAR, dir.bench_probe),
-        }
+        Bins { agent: var(AGENT_VAR, dir.agent), probe: var(PROBE_VAR, dir.probe) }
     }
 
     /// The variables that make [`Bins::from_env`] in a child process find these binaries:
     /// set them on the child's `Command` (`cmd.envs(bins.env())`).
-    pub fn env(&self) -> [(&'static str, &Path); 3] {
-        [
-            (AGENT_VAR, self.agent.as_path()),
-            (PROBE_VAR, self.probe.as_path()),
-            (BENCH_PROBE_VAR, self.bench_probe.as_path()),
-        ]
+    pub fn env(&self) -> [(&'static str, &Path); 2] {
+        [(AGENT_VAR, self.agent.as_path()), (PROBE_VAR, self.probe.as_path())]
     }
 }
 
@@ -66,7 +52,7 @@ mod tests {
     fn env_names_what_from_env_reads() {
         let bins = Bins::in_dir(Path::new("/t/debug"));
         let names: Vec<&str> = bins.env().iter().map(|(n, _)| *n).collect();
-        assert_eq!(names, [AGENT_VAR, PROBE_VAR, BENCH_PROBE_VAR]);
+        assert_eq!(names, [AGENT_VAR, PROBE_VAR]);
         assert_eq!(bins.env()[1].1, Path::new("/t/debug/probe"));
     }
 }

@@ -52,9 +52,9 @@ pub struct FakeImds {
     threads: Vec<JoinHandle<()>>,
 }
 
-/// The start of every workload binary (`probe`, `bench-probe`): parse `--netns PATH`,
-/// `--cgroup DIR` and `--cpu N` out of the arguments, join the cgroup, enter the netns, pin
-/// itself to CPU N if asked, and return the remaining arguments. Exits with 2 and a message
+/// The start of every workload binary (`probe`, the bench's `bench-probe`): parse `--netns
+/// PATH`, `--cgroup DIR` and `--cpu N` out of the arguments, join the cgroup, enter the netns,
+/// pin itself to CPU N if asked, and return the remaining arguments. Exits with 2 and a message
 /// on any failure; will not run without `--netns`, so a workload never sends from the host
 /// namespace by accident (`--netns self` stays where it was started: inside a pod).
 pub fn enter_workload(program: &str) -> Vec<String> {

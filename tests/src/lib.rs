@@ -7,8 +7,8 @@
 //! with its file descriptor). Leftovers of killed test runs (dead pids) are swept at start
 //! ([`sys::sweep_stale`]).
 //!
-//! The binaries it runs (gate-agent, `probe`, `bench-probe`) are passed in as a
-//! [`bins::Bins`].
+//! The binaries it runs (gate-agent, `probe`) are passed in as a [`bins::Bins`]. The bench
+//! (bench/) builds its worlds from the same pieces and drives its own workload, `bench-probe`.
 //!
 //! Hand-built packets and frames (checksums, VLAN tags, IPv6 extension chains, fragments)
 //! come from [`frame`]; [`testrun`] runs the gate's packet programs on them
@@ -18,7 +18,6 @@
 //! workloads ([`probe`]) run inside the other test netns and assert the route first; nothing
 //! is attached to the root cgroup or to a host interface.
 pub mod agent;
-pub mod bench;
 pub mod bins;
 pub mod bpfmap;
 pub mod cgquery;

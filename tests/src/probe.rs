@@ -20,9 +20,9 @@ pub struct Outcome {
     pub reply: Option<String>,
 }
 
-/// `bin <args>` as a workload (`probe`, `bench-probe`): it enters the test netns at
-/// `netns_path` and `cgroup` itself, before it does anything else.
-pub(crate) fn workload(bin: &Path, netns_path: &str, cgroup: &Path, args: &[&str]) -> Command {
+/// `bin <args>` as a workload (`probe`, the bench's `bench-probe`): it enters the test netns
+/// at `netns_path` and `cgroup` itself, before it does anything else.
+pub fn workload(bin: &Path, netns_path: &str, cgroup: &Path, args: &[&str]) -> Command {
     let mut c = Command::new(bin);
     c.arg("--netns").arg(netns_path).arg("--cgroup").arg(cgroup).args(args);
     c
@@ -50,8 +50,8 @@ pub fn run_in(bins: &Bins, netns_path: &str, cgroup: &Path, args: &[&str]) -> Re
 }
 
 /// A workload process with piped stdin and stdout that answers a JSON line at a time
-/// (`probe hold-*`, `bench-probe flip`, `bench-probe serve`); killed on drop.
-pub(crate) struct Piped {
+/// (`probe hold-*`, the bench's `bench-probe flip` and `bench-probe serve`); killed on drop.
+pub struct Piped {
     child: Child,
     stdin: Option<ChildStdin>,
     stdout: BufReader<ChildStdout>,
@@ -61,7 +61,7 @@ pub(crate) struct Piped {
 impl Piped {
     /// Spawn `command` (a [`workload`]) with its stdin and stdout piped; `what` names it in
     /// errors.
-    pub(crate) fn spawn(mut command: Command, what: &'static str) -> Result<Piped> {
+    pub fn spawn(mut command: Command, what: &'static str) -> Result<Piped> {
         let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -77,14 +77,14 @@ impl Piped {
     }
 
     /// The next line of output, parsed.
-    pub(crate) fn next<T: DeserializeOwned>(&mut self) -> Result<T> {
+    pub fn read_json<T: DeserializeOwned>(&mut self) -> Result<T> {
         let mut line = String::new();
         self.stdout.read_line(&mut line)?;
         serde_json::from_str(line.trim()).with_context(|| format!("{} output {line:?}", self.what))
     }
 
     /// Write `line` to its stdin; `last` closes stdin after it.
-    pub(crate) fn send(&mut self, line: &str, last: bool) -> Result<()> {
+    pub fn send(&mut self, line: &str, last: bool) -> Result<()> {
         let stdin = self.stdin.as_mut().ok_or_else(|| anyhow!("{} stdin closed", self.what))?;
         writeln!(stdin, "{line}")?;
         stdin.flush()?;
@@ -136,7 +136,7 @@ impl Held {
     /// into a pod): held once it says it connected, its first answer otherwise.
     pub(crate) fn spawn(command: Command) -> Result<Result<Held, Outcome>> {
         let mut p = Piped::spawn(command, "probe")?;
-        let first: Outcome = p.next()?;
+        let first: Outcome = p.read_json()?;
         Ok(if first.stage == "connected" { Ok(Held(p)) } else { Err(first) })
     }
 
@@ -148,7 +148,7 @@ impl Held {
     /// Send the token over the held connection and return the result.
     pub fn send(mut self, token: &str) -> Result<Outcome> {
         self.0.send(token, true)?;
-        self.0.next()
+        self.0.read_json()
     }
 }
 

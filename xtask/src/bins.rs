@@ -1,4 +1,4 @@
-//! The binaries the privileged tests, the demo and the benchmarks run, built and located.
+//! The binaries the privileged tests, the demo and the bench run, built and located.
 use std::{path::PathBuf, process::Command};
 
 use anyhow::Result;
@@ -32,12 +32,24 @@ impl Profile {
     }
 }
 
-/// Build gate-agent (with its eBPF object) and the workloads (`probe`, `bench-probe`) in
-/// `profile`, and say where they are.
+/// Build gate-agent (with its eBPF object) and the `probe` workload in `profile`, and say
+/// where they are.
 pub(crate) fn build(profile: Profile) -> Result<Bins> {
+    cargo_build(profile, &["gate-agent", "integration-tests"])?;
+    Ok(Bins::in_dir(&profile_dir(profile)))
+}
+
+/// `cargo build --bins` of `packages` in `profile`.
+pub(crate) fn cargo_build(profile: Profile, packages: &[&str]) -> Result<()> {
     let mut cmd = Command::new("cargo");
-    cmd.args(["build", "-q", "-p", "gate-agent", "-p", "integration-tests", "--bins"]);
-    cmd.args(["--profile", profile.name()]);
-    run(&mut cmd)?;
-    Ok(Bins::in_dir(&target_dir().join(profile.name())))
+    cmd.args(["build", "-q", "--bins", "--profile", profile.name()]);
+    for p in packages {
+        cmd.args(["-p", p]);
+    }
+    run(&mut cmd)
+}
+
+/// Where `profile`'s binaries are: `target/<profile>`.
+pub(crate) fn profile_dir(profile: Profile) -> PathBuf {
+    target_dir().join(profile.name())
 }

@@ -106,8 +106,15 @@ enum Cmd {
         cmd: ClusterCmd,
     },
     /// Benchmarks: the gate against no gate, nftables and iptables, side by side; writes
-    /// target/bench/{report.json,report.md,chart.png} (root)
-    Bench(bench::Options),
+    /// target/bench/{report.json,report.md,chart.png} (root). Builds and runs the bench crate's
+    /// gate-bench (bench/) with ARGS: `cargo xtask bench --help` lists its options
+    // --help too goes to gate-bench: its options are its own.
+    #[command(disable_help_flag = true)]
+    Bench {
+        /// gate-bench's arguments
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -165,11 +172,6 @@ fn main() -> Result<()> {
         Cmd::Cluster { cmd: ClusterCmd::Down } => cluster::down(),
         Cmd::Cluster { cmd: ClusterCmd::E2e { keep } } => cluster::e2e(keep),
         Cmd::E2eKind { keep, no_build } => kind::e2e(kind::Options { keep, build: !no_build }),
-        Cmd::Bench(opts) => {
-            if !opts.redraw {
-                setup::ensure()?;
-            }
-            bench::run_bench(opts)
-        }
+        Cmd::Bench { args } => bench::run(&args),
     }
 }

@@ -1,8 +1,8 @@
 //! `cargo xtask test`: unit and property tests (the xtask's own among them: those of the
-//! manifest checks), the manifests' decision checks (their shape is judged by a real API
-//! server in `cargo xtask cluster manifests`, which `.ci/run` runs next), the privileged
-//! kernel tests (root; under CI=true they must run, never skip) and a smoke run of the
-//! benchmarks.
+//! manifest checks; and the bench's statistics), the manifests' decision checks (their shape
+//! is judged by a real API server in `cargo xtask cluster manifests`, which `.ci/run` runs
+//! next), the privileged kernel tests (root; under CI=true they must run, never skip) and a
+//! smoke run of the benchmarks.
 use std::process::Command;
 
 use anyhow::{Result, bail};
@@ -19,6 +19,8 @@ pub(crate) fn run(filter: Option<&str>) -> Result<()> {
         "gate-agent",
         "-p",
         "xtask",
+        "-p",
+        crate::bench::PACKAGE,
     ]))?;
     util::run(Command::new("cargo").args(["test", "-p", "integration-tests", "--lib"]))?;
     crate::manifests::run()?;
@@ -47,7 +49,7 @@ pub(crate) fn run(filter: Option<&str>) -> Result<()> {
         // Smoke run of the benchmarks: every variant must enforce the policy (each is
         // checked as it is put in force), every scenario must run and the report must be
         // complete; no timing is asserted (numbers from a shared CI machine mean nothing).
-        crate::bench::run_bench(crate::bench::Options { quick: true, ..Default::default() })?;
+        crate::bench::run(&["--quick".into()])?;
     }
     Ok(())
 }

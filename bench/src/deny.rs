@@ -4,14 +4,15 @@
 use std::collections::BTreeMap;
 
 use anyhow::{Result, bail};
-use integration_tests::{bench, net::IMDS_V4};
+use integration_tests::net::IMDS_V4;
 use serde_json::{Value, json};
 
-use super::{
+use crate::{
     Cfg, Report, numbers, p50_p99,
     policy::{self, Extra},
     rotated, stats,
     variants::{self, Variant},
+    workload,
     world::World,
 };
 
@@ -29,7 +30,7 @@ pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
             } else {
                 (cfg.deny_n, cfg.drop_timeout_ms.max(1000))
             };
-            let r = bench::run(
+            let r = workload::run(
                 &cfg.bins,
                 &w.net,
                 &w.workload,

@@ -1,10 +1,15 @@
-//! `cargo xtask bench`: what the gate costs against no gate, nftables and iptables, measured
-//! in one run in throwaway namespaces and cgroups, variants interleaved slice by slice, each
-//! ratio with its 95 % interval and every comparison decided only as far as the interval
-//! allows ([`stats`]). Writes target/bench/{report.json,report.md,chart.png}.
+//! `gate-bench`: what the gate costs against no gate, nftables and iptables, measured in one
+//! run in throwaway namespaces and cgroups, variants interleaved slice by slice, each ratio
+//! with its 95 % interval and every comparison decided only as far as the interval allows
+//! ([`stats`]). Writes target/bench/{report.json,report.md,chart.png}.
+//!
+//! `cargo xtask bench [ARGS]` builds it with the agent it measures and runs it with ARGS; it
+//! measures the gate-agent and `bench-probe` found next to it (or where `GATE_AGENT_BIN` and
+//! `BENCH_PROBE_BIN` say).
 mod abuse;
 mod apply;
 mod chart;
+mod clock;
 mod deny;
 mod nsrun;
 mod policy;
@@ -14,17 +19,18 @@ mod report;
 mod scale;
 mod stats;
 mod variants;
+mod workload;
 mod world;
 
-use std::{process::Command, time::Instant};
-
-use anyhow::{Result, bail};
-use integration_tests::{
-    bins::Bins,
-    sys::{missing_privileges, sweep_stale},
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::Instant,
 };
 
-use crate::bins::{Profile, target_dir};
+use anyhow::{Context as _, Result, bail};
+use clap::Parser as _;
+use integration_tests::sys::{missing_privileges, sweep_stale};
 pub(crate) use report::Report;
 
 /// How long and how often: `--quick` is a smoke run, never judged on its numbers. (report.json
@@ -58,6 +64,37 @@ pub(crate) struct Cfg {
     pub calibrate: bool,
 }
 
+/// The binaries a run drives.
+pub(crate) struct Bins {
+    /// gate-agent, as the harness's agent guard takes it.
+    pub under_test: integration_tests::bins::Bins,
+    /// The workload (src/bin/bench-probe.rs).
+    pub bench_probe: PathBuf,
+}
+
+/// Names bench-probe for a run (`cargo xtask bench` sets it with `GATE_AGENT_BIN`).
+const BENCH_PROBE_VAR: &str = "BENCH_PROBE_BIN";
+
+impl Bins {
+    /// From `GATE_AGENT_BIN` and `BENCH_PROBE_BIN`, else next to this executable (one cargo
+    /// build puts them in one profile directory); each must exist.
+    fn locate() -> Result<Bins> {
+        let under_test = integration_tests::bins::Bins::from_env();
+        let bench_probe = match std::env::var_os(BENCH_PROBE_VAR) {
+            Some(p) => PathBuf::from(p),
+            None => std::env::current_exe()
+                .context("locating gate-bench")?
+                .with_file_name("bench-probe"),
+        };
+        for bin in [&under_test.agent, &bench_probe] {
+            if !bin.is_file() {
+                bail!("{} is missing: `cargo xtask bench` builds it", bin.display());
+            }
+        }
+        Ok(Bins { under_test, bench_probe })
+    }
+}
+
 /// The scenarios, by the name `--only` takes.
 type Scenario = fn(&Cfg, &mut Report) -> Result<()>;
 const SCENARIOS: [(&str, &str, Scenario); 7] = [
@@ -71,33 +108,54 @@ const SCENARIOS: [(&str, &str, Scenario); 7] = [
 ];
 
 /// What the command line asks of a run.
-#[derive(Clone, Debug, Default, clap::Args)]
-pub(crate) struct Options {
+#[derive(Clone, Debug, clap::Parser)]
+#[command(
+    name = "gate-bench",
+    about = "Benchmarks: the gate against no gate, nftables and iptables, side by side; writes target/bench/{report.json,report.md,chart.png} (root)"
+)]
+struct Options {
     /// A short smoke run (numbers are not meaningful; never fails on timing)
     #[arg(long)]
-    pub quick: bool,
+    quick: bool,
     /// Cycles of the rate scenarios 1-3, each variant one slice per cycle (default 800;
     /// quick 6; scale runs half as many): 95 % intervals need at least 6
     #[arg(long, value_name = "N")]
-    pub cycles: Option<usize>,
+    cycles: Option<usize>,
     /// Milliseconds per slice of the rate scenarios (default 25; quick 10)
     #[arg(long, value_name = "MS")]
-    pub slice_ms: Option<f64>,
+    slice_ms: Option<f64>,
     /// Only these scenarios: rates, deny, scale, apply, stats, abuse, proxy (repeatable); the
     /// report is then not checked for completeness
     #[arg(long, value_name = "SCENARIO", value_parser = SCENARIOS.map(|s| s.0))]
-    pub only: Option<Vec<String>>,
+    only: Option<Vec<String>>,
     /// Calibrate the method: the rate scenarios with nothing in force in any world (run
     /// with `--only rates`); every comparison should come out level
     #[arg(long, conflicts_with = "quick")]
-    pub calibrate: bool,
-    /// Only redraw chart.png from an existing target/bench/report.json
+    calibrate: bool,
+    /// Only redraw chart.png from an existing report.json (target/bench/, or --out)
     #[arg(long, conflicts_with = "quick")]
-    pub redraw: bool,
+    redraw: bool,
+    /// Where the report goes (default: bench/ in the target directory gate-bench was built in)
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
 }
 
-pub(crate) fn run_bench(opts: Options) -> Result<()> {
-    let out = target_dir().join("bench");
+fn main() -> Result<()> {
+    run(Options::parse())
+}
+
+/// `target/bench` of the build this executable belongs to (`target/<profile>/gate-bench`).
+fn default_out() -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating gate-bench")?;
+    let target = exe.parent().and_then(Path::parent).context("gate-bench has no target dir")?;
+    Ok(target.join("bench"))
+}
+
+fn run(opts: Options) -> Result<()> {
+    let out = match opts.out {
+        Some(ref dir) => dir.clone(),
+        None => default_out()?,
+    };
     if opts.redraw {
         chart::draw(&Report::load(&out.join("report.json"))?, &out.join("chart.png"))?;
         println!("wrote {}", out.join("chart.png").display());
@@ -107,13 +165,12 @@ pub(crate) fn run_bench(opts: Options) -> Result<()> {
         bail!("the benchmark {why}: run it as root (sudo -E cargo xtask bench)");
     }
     for tool in ["nft", "iptables-nft-restore", "nsenter"] {
-        if crate::util::output(Command::new(tool).arg("--version")).is_none() {
+        if output(Command::new(tool).arg("--version")).is_none() {
             bail!("{tool} is missing: `cargo xtask setup` installs it");
         }
     }
     let quick = opts.quick;
-    // A smoke run judges no number, so it takes the build the tests already made.
-    let bins = crate::bins::build(if quick { Profile::Checked } else { Profile::Release })?;
+    let bins = Bins::locate()?;
     sweep_stale();
     let (secs, rounds, deny_n, drop_n, drop_timeout_ms, changes, cycles, slice_ms) = if quick {
         (0.3, 2, 200, 1, 300, 3, 6, 10.0)
@@ -157,7 +214,7 @@ pub(crate) fn run_bench(opts: Options) -> Result<()> {
 /// variant of every rate scenario and scale size, a verdict for every comparison, the
 /// statistics pass, and the files. (The smoke run in `cargo xtask test` asserts this; no
 /// speed is ever asserted.)
-fn complete(rep: &Report, out: &std::path::Path) -> Result<()> {
+fn complete(rep: &Report, out: &Path) -> Result<()> {
     let mut missing = Vec::new();
     for s in &rates::SCENARIOS {
         for v in rates::VARIANTS.iter().filter(|v| **v != variants::Variant::None) {
@@ -202,7 +259,7 @@ fn complete(rep: &Report, out: &std::path::Path) -> Result<()> {
 fn leftovers() -> Result<()> {
     let me = format!("mg-{}-", std::process::id());
     let mine = format!("mg-test-{}-", std::process::id());
-    let netns = crate::util::output(Command::new("ip").args(["netns", "list"])).unwrap_or_default();
+    let netns = output(Command::new("ip").args(["netns", "list"])).unwrap_or_default();
     let cg = integration_tests::sys::cgroup2_mount()?;
     let mut left: Vec<String> =
         netns.lines().filter(|l| l.starts_with(&me)).map(String::from).collect();
@@ -220,6 +277,12 @@ fn leftovers() -> Result<()> {
         bail!("left behind: {left:?}");
     }
     Ok(())
+}
+
+/// Run quietly and capture stdout; None if the program is missing or fails.
+pub(crate) fn output(cmd: &mut Command) -> Option<String> {
+    let out = cmd.stderr(Stdio::null()).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// The nearest-rank p50 and p99 of `v`.

@@ -8,16 +8,16 @@
 //! twin, measured in the same cycle in alternating 25 ms slices, carries the machine's
 //! drift.
 use anyhow::{Result, bail};
-use integration_tests::bench::CONNECT_PORT;
 use serde_json::json;
 
-use super::{
+use crate::{
     Cfg, Report, agent_usage, median,
     policy::{self, Extra},
     rates::{significant, take_turns},
     report::si,
     stats::{self, Interval},
     variants::{self, Variant},
+    workload::CONNECT_PORT,
     world::World,
 };
 

@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{Context as _, Result, anyhow};
 use plotters::{coord::Shift, prelude::*};
 
-use super::Report;
+use crate::Report;
 
 /// Debian's fonts-dejavu-core (`cargo xtask setup` installs it): plotters draws text with
 /// ab_glyph from this file, no fontconfig needed.

@@ -4,7 +4,7 @@ use std::{fs, path::Path};
 use anyhow::{Context as _, Result};
 use serde_json::{Map, Value, json};
 
-use super::{Cfg, stats::Interval};
+use crate::{Cfg, stats::Interval};
 
 /// A row of report.md; [`Report::row`] adds one with the first three cells, the rest are set
 /// on what it returns.
@@ -30,7 +30,7 @@ pub(crate) struct Report {
 }
 
 fn first_line(cmd: &str, args: &[&str]) -> String {
-    crate::util::output(std::process::Command::new(cmd).args(args))
+    crate::output(std::process::Command::new(cmd).args(args))
         .and_then(|s| s.lines().next().map(str::to_string))
         .unwrap_or_default()
 }

@@ -8,13 +8,15 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use integration_tests::{
-    bench::{DEST_V4, Sink, Slicer},
     cgroups::CgroupTree,
     net::TestNet,
     sys::{CpuPin, cgroup2_mount, unique},
 };
 
-use super::Cfg;
+use crate::{
+    Cfg,
+    workload::{DEST_V4, Sink, Slicer},
+};
 
 // Field order is drop order: sink threads leave the netns before it is deleted.
 pub(super) struct World {

@@ -11,12 +11,18 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use integration_tests::{
     agent::{Agent, metric},
-    bench::{self, CONNECT_PORT, DEST_V4, Flip, monotonic_ns},
     net::IMDS_V4,
 };
 use serde_json::json;
 
-use super::{Cfg, Report, agent_usage, apply::toggled, p50_p99, percentile, stats, world::World};
+use crate::{
+    Cfg, Report, agent_usage,
+    apply::toggled,
+    clock::monotonic_ns,
+    p50_p99, percentile, stats,
+    workload::{self, CONNECT_PORT, DEST_V4, Flip},
+    world::World,
+};
 
 const VISITS_PER_S: u32 = 1000;
 const DENIALS_PER_VISIT: u32 = 10;
@@ -35,7 +41,7 @@ pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
     let secs: f64 = if cfg.quick { 3.0 } else { 60.0 };
     let w = World::new()?;
     let policy = w.write_policy("policy.yaml", &toggled(false))?;
-    let agent = Agent::start(&cfg.bins, &w.net.node_path(), &policy, &w.cg.gated())?;
+    let agent = Agent::start(&cfg.bins.under_test, &w.net.node_path(), &policy, &w.cg.gated())?;
     let pid = agent.pid().unwrap_or(0);
     let (rss0, _) = agent_usage(pid).unwrap_or((f64::NAN, 0.0));
     let (denied0, lost0) = counters(&agent)?;
@@ -55,7 +61,7 @@ pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
                 &DENIALS_PER_VISIT.to_string(),
                 &secs.to_string(),
             ];
-            let r = bench::run(&cfg.bins, &w.net, &w.workload, &args);
+            let r = workload::run(&cfg.bins, &w.net, &w.workload, &args);
             done.store(true, std::sync::atomic::Ordering::Relaxed);
             r
         });

@@ -7,12 +7,14 @@ use std::path::Path;
 use anyhow::{Context as _, Result, bail};
 use integration_tests::{
     agent::Agent,
-    bench::{self, IMDS_PORT},
-    bins::Bins,
     net::{IMDS_V4, ip, nsenter},
 };
 
-use super::world::{World, cgroup_rel, nft_cgroup_path};
+use crate::{
+    Bins,
+    workload::{self, IMDS_PORT},
+    world::{World, cgroup_rel, nft_cgroup_path},
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
 #[strum(serialize_all = "snake_case")]
@@ -132,8 +134,9 @@ pub(super) fn shipped_gate(
     policy: &Path,
     bins: &Bins,
 ) -> Result<(Agent, Vec<String>)> {
-    let agent = Agent::start_shipped(bins, &world.net.node_path(), policy, &world.cg.gated())
-        .context("starting gate-agent")?;
+    let agent =
+        Agent::start_shipped(&bins.under_test, &world.net.node_path(), policy, &world.cg.gated())
+            .context("starting gate-agent")?;
     // The pinned links (`<pin dir>/v<ABI>/links/<hook>`), as `status` lists them; read here
     // directly, since `status` also reads every endpoint (slow with 10 000 of them).
     let mut hooks = Vec::new();
@@ -183,7 +186,7 @@ pub(super) fn verify(v: Variant, world: &World, bins: &Bins) -> Result<()> {
     let port = IMDS_PORT.to_string();
     let timeout = if v == Variant::NftDrop { "300" } else { "2000" };
     let try_from = |cg: &Path| -> Result<bool> {
-        let r = bench::run(bins, &world.net, cg, &["deny", IMDS_V4, &port, "1", timeout])?;
+        let r = workload::run(bins, &world.net, cg, &["deny", IMDS_V4, &port, "1", timeout])?;
         Ok(r["served"].as_u64() == Some(1))
     };
     let workload = try_from(&world.workload)?;

@@ -9,13 +9,14 @@ use std::collections::BTreeMap;
 use anyhow::{Result, bail};
 use integration_tests::{
     agent::Agent,
-    bench::{self, ANSWER_BODY},
     net::{IMDS_V4, NODE_V4},
 };
 use serde_json::json;
 
-use super::{
-    Cfg, Report, agent_usage, numbers, p50_p99, percentile, policy, rotated, world::World,
+use crate::{
+    Cfg, Report, agent_usage, numbers, p50_p99, percentile, policy, rotated,
+    workload::{self, ANSWER_BODY},
+    world::World,
 };
 
 const PATH: &str = "/latest/meta-data/instance-id";
@@ -28,7 +29,7 @@ pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
     let file = w.write_policy("policy.yaml", &text)?;
     let agent_cgroup = w.cg.create("agent")?;
     let agent = Agent::start_in_cgroup(
-        &cfg.bins,
+        &cfg.bins.under_test,
         &w.net.node_path(),
         &file,
         &w.cg.gated(),
@@ -44,7 +45,7 @@ pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
     for round in 0..cfg.rounds {
         for (_, (way, cgroup)) in rotated(&ways, round) {
             let before = pid.and_then(agent_usage);
-            let r = bench::run(
+            let r = workload::run(
                 &cfg.bins,
                 &w.net,
                 cgroup,

@@ -24,7 +24,7 @@ use integration_tests::{
 };
 use serde_json::{Value, json};
 
-use super::{
+use crate::{
     Cfg, Report,
     policy::{self, Extra},
     rates::{SCENARIOS, measure},
@@ -78,8 +78,8 @@ fn fast_path(agent: &Agent) -> Result<Vec<(String, f64)>> {
         integration_tests::frame::ETH_P_IP,
         &integration_tests::frame::udp4(
             integration_tests::net::NODE_V4.parse()?,
-            integration_tests::bench::DEST_V4.parse()?,
-            integration_tests::bench::UDP_PORT,
+            crate::workload::DEST_V4.parse()?,
+            crate::workload::UDP_PORT,
             &[0x5a; 16],
         ),
     );

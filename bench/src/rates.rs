@@ -4,7 +4,7 @@
 //!
 //! Each rate becomes a ratio to the no-gate rate of the same cycle ([`take_turns`]); the
 //! gate is compared with nftables and iptables by the per-cycle differences of their ratios
-//! ([`super::stats`]).
+//! ([`crate::stats`]).
 use std::{
     collections::BTreeMap,
     path::PathBuf,
@@ -12,16 +12,16 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use integration_tests::bench::{self, BULK_PORT, CONNECT_PORT, DEST_V4, Slicer, UDP_PORT};
 use serde_json::{Value, json};
 
-use super::{
+use crate::{
     Cfg, Report, agent_usage, median,
     policy::{self, Extra},
     report::si,
     rotated,
     stats::{self, Comparison},
     variants::{self, Variant},
+    workload::{self, BULK_PORT, CONNECT_PORT, DEST_V4, Slicer, UDP_PORT},
     world::World,
 };
 
@@ -77,8 +77,12 @@ pub(super) fn measure(
     secs: f64,
 ) -> Result<(f64, serde_json::Value)> {
     let port = s.port.to_string();
-    let r =
-        bench::run(&cfg.bins, &w.net, &w.workload, &[s.mode, DEST_V4, &port, &secs.to_string()])?;
+    let r = workload::run(
+        &cfg.bins,
+        &w.net,
+        &w.workload,
+        &[s.mode, DEST_V4, &port, &secs.to_string()],
+    )?;
     let rate = r["rate"].as_f64().unwrap_or(0.0);
     if r["ok"] != true || rate <= 0.0 {
         bail!("{}: {r}", s.name);

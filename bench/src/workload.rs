@@ -1,5 +1,5 @@
-//! Benchmark harness pieces: traffic sinks inside the imds netns and the `bench-probe`
-//! workload (see `src/bin/bench-probe.rs`).
+//! The bench's traffic: sinks inside the imds netns, and the `bench-probe` workload (see
+//! `src/bin/bench-probe.rs`) run and driven in a world's cgroups.
 use std::{
     io::{Read as _, Write as _},
     net::{TcpListener, TcpStream, UdpSocket},
@@ -16,37 +16,29 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, anyhow, bail};
+use integration_tests::{
+    imds::{enter_netns, set_rcvtimeo},
+    net::{DNS_V4, IMDS_V4, TestNet},
+    probe::{Piped, workload},
+};
 use serde_json::Value;
 
-use crate::{
-    bins::Bins,
-    imds::enter_netns,
-    net::{DNS_V4, IMDS_V4, TestNet},
-    probe::Piped,
-};
+use crate::Bins;
 
 /// The unprotected destination of the rate scenarios (open in the AWS policy).
-pub const DEST_V4: &str = DNS_V4;
+pub(crate) const DEST_V4: &str = DNS_V4;
 /// TCP: accept and close at once (connect-rate).
-pub const CONNECT_PORT: u16 = 9000;
+pub(crate) const CONNECT_PORT: u16 = 9000;
 /// TCP: read and discard (bulk).
-pub const BULK_PORT: u16 = 9001;
+pub(crate) const BULK_PORT: u16 = 9001;
 /// UDP: bound, never read (the receive queue drops what does not fit).
-pub const UDP_PORT: u16 = 9002;
+pub(crate) const UDP_PORT: u16 = 9002;
 /// TCP accept-and-close listener on the protected endpoint too (169.254.169.254:80), so
 /// that a served connect() is possible when the policy allows it.
-pub const IMDS_PORT: u16 = 80;
-
-/// CLOCK_MONOTONIC in nanoseconds: comparable between processes (no time namespaces here).
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: valid timespec pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub(crate) const IMDS_PORT: u16 = 80;
 
 /// Listeners in the imds netns for the benchmark traffic; threads stop on drop.
-pub struct Sink {
+pub(crate) struct Sink {
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
 }
@@ -54,7 +46,7 @@ pub struct Sink {
 const TICK: Duration = Duration::from_millis(100);
 
 impl Sink {
-    pub fn start(net: &TestNet) -> Result<Sink> {
+    pub(crate) fn start(net: &TestNet) -> Result<Sink> {
         let mut sink = Sink { stop: Arc::new(AtomicBool::new(false)), threads: vec![] };
         sink.spawn(net, format!("{DEST_V4}:{CONNECT_PORT}"), Accepted::Close)?;
         sink.spawn(net, format!("{IMDS_V4}:{IMDS_PORT}"), Accepted::Answer)?;
@@ -148,7 +140,7 @@ enum Accepted {
 }
 
 /// What [`Accepted::Answer`] answers: an instance id, as IMDS does.
-pub const ANSWER_BODY: &str = "i-0b22a22eec53b9321";
+pub(crate) const ANSWER_BODY: &str = "i-0b22a22eec53b9321";
 
 fn answer(mut c: TcpStream) {
     let _ = c.set_nonblocking(false);
@@ -169,7 +161,7 @@ fn answer(mut c: TcpStream) {
 }
 
 fn set_timeout(l: &TcpListener, t: Duration) {
-    crate::imds::set_rcvtimeo(l, t);
+    set_rcvtimeo(l, t);
 }
 
 fn drain(mut c: TcpStream, stop: &AtomicBool) {
@@ -200,11 +192,11 @@ impl Drop for Sink {
 }
 
 fn command(bins: &Bins, net: &TestNet, cgroup: &Path, args: &[&str]) -> Command {
-    crate::probe::workload(&bins.bench_probe, &net.node_path(), cgroup, args)
+    workload(&bins.bench_probe, &net.node_path(), cgroup, args)
 }
 
 /// Run `bench-probe <args>` in `cgroup` and the node netns; its JSON result.
-pub fn run(bins: &Bins, net: &TestNet, cgroup: &Path, args: &[&str]) -> Result<Value> {
+pub(crate) fn run(bins: &Bins, net: &TestNet, cgroup: &Path, args: &[&str]) -> Result<Value> {
     net.assert_routes()?;
     let out = command(bins, net, cgroup, args)
         .output()
@@ -220,14 +212,14 @@ pub fn run(bins: &Bins, net: &TestNet, cgroup: &Path, args: &[&str]) -> Result<V
 }
 
 /// A running `bench-probe … flip`: ready once it made its first attempt.
-pub struct Flip {
+pub(crate) struct Flip {
     probe: Piped,
     /// Whether the first attempt was denied.
-    pub first_refused: bool,
+    pub(crate) first_refused: bool,
 }
 
 impl Flip {
-    pub fn start(
+    pub(crate) fn start(
         bins: &Bins,
         net: &TestNet,
         cgroup: &Path,
@@ -241,7 +233,7 @@ impl Flip {
         let timeout = timeout_ms.to_string();
         let command = command(bins, net, cgroup, &["flip", dst, &port, want, &timeout]);
         let mut probe = Piped::spawn(command, "bench-probe")?;
-        let ready: Value = probe.next()?;
+        let ready: Value = probe.read_json()?;
         if ready["stage"] != "ready" {
             bail!("flip probe did not start: {ready}");
         }
@@ -250,8 +242,8 @@ impl Flip {
     }
 
     /// Wait for the result: the CLOCK_MONOTONIC ns of the first wanted outcome, if any.
-    pub fn finish(mut self) -> Result<Option<u64>> {
-        let v: Value = self.probe.next()?;
+    pub(crate) fn finish(mut self) -> Result<Option<u64>> {
+        let v: Value = self.probe.read_json()?;
         Ok(v["t_ns"].as_u64())
     }
 }
@@ -259,11 +251,11 @@ impl Flip {
 /// A running `bench-probe … serve MODE`: one rate workload kept open in its cgroup and
 /// netns, run a slice at a time, so that several variants can take turns every few
 /// milliseconds.
-pub struct Slicer(Piped);
+pub(crate) struct Slicer(Piped);
 
 impl Slicer {
     /// Start `mode` (`connect-rate`, `udp-rate`, `bulk`) to `dst`:`port`, on CPU `cpu`.
-    pub fn start(
+    pub(crate) fn start(
         bins: &Bins,
         net: &TestNet,
         cgroup: &Path,
@@ -275,7 +267,7 @@ impl Slicer {
         let (port, cpu) = (port.to_string(), cpu.to_string());
         let args = ["serve", dst, &port, mode, "--cpu", &cpu];
         let mut probe = Piped::spawn(command(bins, net, cgroup, &args), "bench-probe")?;
-        let ready: Value = probe.next()?;
+        let ready: Value = probe.read_json()?;
         if ready["stage"] != "ready" {
             bail!("bench-probe serve {mode} did not start: {ready}");
         }
@@ -284,9 +276,9 @@ impl Slicer {
 
     /// Run the workload for `ms` milliseconds; what it measured (`rate`, `ops` or `bytes`,
     /// `secs`, `cpu_s`).
-    pub fn slice(&mut self, ms: f64) -> Result<Value> {
+    pub(crate) fn slice(&mut self, ms: f64) -> Result<Value> {
         self.0.send(&ms.to_string(), false)?;
-        let v: Value = self.0.next()?;
+        let v: Value = self.0.read_json()?;
         if v["ok"] != true {
             bail!("bench-probe slice: {v}");
         }

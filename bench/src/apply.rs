@@ -2,18 +2,17 @@
 //! allowed connect(). Times run from the file rename (or mkdir) to the first connect() of a
 //! looping workload with the new outcome (CLOCK_MONOTONIC in both processes).
 use anyhow::Result;
-use integration_tests::{
-    agent::Agent,
-    bench::{CONNECT_PORT, DEST_V4, Flip, IMDS_PORT, monotonic_ns},
-    net::IMDS_V4,
-};
+use integration_tests::{agent::Agent, net::IMDS_V4};
 use serde_json::json;
 
-use super::{
-    Cfg, Report, p50_p99,
+use crate::{
+    Cfg, Report,
+    clock::monotonic_ns,
+    p50_p99,
     policy::{self, Extra},
     stats,
     variants::{self, Variant},
+    workload::{CONNECT_PORT, DEST_V4, Flip, IMDS_PORT},
     world::World,
 };
 
@@ -39,7 +38,7 @@ fn ms(ns: Vec<f64>) -> Vec<f64> {
 pub(super) fn run(cfg: &Cfg, rep: &mut Report) -> Result<()> {
     let w = World::new()?;
     let policy = w.write_policy("policy.yaml", &toggled(false))?;
-    let _agent = Agent::start(&cfg.bins, &w.net.node_path(), &policy, &w.cg.gated())?;
+    let _agent = Agent::start(&cfg.bins.under_test, &w.net.node_path(), &policy, &w.cg.gated())?;
     variants::verify(Variant::Gate, &w, &cfg.bins)?;
     let port = CONNECT_PORT;
 
