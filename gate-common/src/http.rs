@@ -3,7 +3,9 @@
 //!
 //! A [`PathRule`] is an exact path (`/latest/meta-data/instance-id`) or a whole-segment prefix,
 //! written with a trailing `/` (`/latest/meta-data/placement/` covers `…/placement/region`,
-//! never `…/placementX`). A [`Target`] is a request's target in origin form, refused when it
+//! never `…/placementX`). A leading `=` makes any path exact, one ending in `/` too: `=/`
+//! is the metadata server's root alone (GCE's detection probe), never the paths below it.
+//! A [`Target`] is a request's target in origin form, refused when it
 //! could mean two things to two parsers: dot segments, `//`, backslashes, any percent-encoding
 //! in the path, fragments, duplicate query keys, bytes outside printable ASCII. Whatever is
 //! refused here (or, in a path rule, rejected) never reaches the metadata service; nothing
@@ -36,6 +38,8 @@ pub enum PathError {
     QueryParameter,
     /// The same query parameter twice.
     DuplicateParameter,
+    /// A path rule's `=` (exact) not followed by a path starting with `/`.
+    Exact,
 }
 
 impl fmt::Display for PathError {
@@ -52,6 +56,9 @@ impl fmt::Display for PathError {
             PathError::Query => f.write_str("? is not allowed here: list query parameters apart"),
             PathError::QueryParameter => f.write_str("malformed query parameter"),
             PathError::DuplicateParameter => f.write_str("query parameter given twice"),
+            PathError::Exact => {
+                f.write_str("= (an exact path) must be followed by a path starting with /")
+            }
         }
     }
 }
@@ -94,37 +101,59 @@ fn check_path(path: &str) -> Result<(), PathError> {
     Ok(())
 }
 
+/// The mark before a path that makes a rule exact whatever the path ends with (`=/`).
+///
+/// A leading `=` (as nginx's `location = /`): no path can start with it, so every rule
+/// written before it keeps its meaning, and it reads as "equal to" where it stands.
+pub const EXACT: char = '=';
+
 /// One path an allow entry may read.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PathRule {
-    /// As written; ends with `/` for a prefix rule.
-    path: String,
+    /// As written, one spelling per rule: `=` before an exact path that ends with `/`
+    /// (`=/a` means `/a`, and is kept as that); ends with `/` (no `=`) for a prefix rule.
+    text: String,
 }
 
 impl PathRule {
-    pub fn parse(path: &str) -> Result<PathRule, PathError> {
-        check_path(path)?;
-        Ok(PathRule { path: path.to_owned() })
+    /// A path (exact, or a prefix when it ends with `/`), or `=` and a path (exact).
+    pub fn parse(rule: &str) -> Result<PathRule, PathError> {
+        let Some(path) = rule.strip_prefix(EXACT) else {
+            check_path(rule)?;
+            return Ok(PathRule { text: rule.to_owned() });
+        };
+        check_path(path).map_err(|e| match e {
+            PathError::NotOriginForm => PathError::Exact,
+            e => e,
+        })?;
+        let text = if path.ends_with('/') { rule.to_owned() } else { path.to_owned() };
+        Ok(PathRule { text })
     }
 
-    /// Whether it covers a whole subtree (written with a trailing `/`).
+    /// Whether it covers a whole subtree (written with a trailing `/` and no `=`).
     pub fn is_prefix(&self) -> bool {
-        self.path.ends_with('/')
+        !self.text.starts_with(EXACT) && self.text.ends_with('/')
     }
 
+    /// The rule as written (a path, or `=` and a path): what a policy says and its hash reads.
     pub fn as_str(&self) -> &str {
-        &self.path
+        &self.text
+    }
+
+    /// The path it names, without the `=` of an exact rule.
+    pub fn path(&self) -> &str {
+        self.text.strip_prefix(EXACT).unwrap_or(&self.text)
     }
 
     /// Whether some path is covered by both rules (`check` asks it of a listed rule and a
     /// sensitive one: `/latest/meta-data/` reaches `/latest/meta-data/iam/`, and so does
-    /// `/latest/meta-data/iam/info`).
+    /// `/latest/meta-data/iam/info`; `=/computeMetadata/v1/` reaches nothing below it).
     pub fn overlaps(&self, other: &PathRule) -> bool {
         match (self.is_prefix(), other.is_prefix()) {
-            (false, _) => other.matches(&self.path),
-            (true, false) => self.matches(&other.path),
+            (false, _) => other.matches(self.path()),
+            (true, false) => self.matches(other.path()),
             (true, true) => {
-                self.path.starts_with(&other.path) || other.path.starts_with(&self.path)
+                self.text.starts_with(&other.text) || other.text.starts_with(&self.text)
             }
         }
     }
@@ -133,15 +162,15 @@ impl PathRule {
     /// prefix rule, the directory itself (with or without its `/`) or anything below it.
     pub fn matches(&self, path: &str) -> bool {
         if !self.is_prefix() {
-            return path == self.path;
+            return path == self.path();
         }
-        path.starts_with(&self.path) || path == &self.path[..self.path.len() - 1]
+        path.starts_with(&self.text) || path == &self.text[..self.text.len() - 1]
     }
 }
 
 impl fmt::Display for PathRule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.path)
+        f.write_str(&self.text)
     }
 }
 
@@ -305,6 +334,49 @@ mod tests {
     }
 
     #[test]
+    fn exact_rules_match_only_themselves() {
+        let root = rule("=/");
+        assert!(!root.is_prefix());
+        assert_eq!((root.as_str(), root.path(), root.to_string().as_str()), ("=/", "/", "=/"));
+        assert!(root.matches("/"));
+        for p in ["/computeMetadata/v1/", "/computeMetadata", "/0.1/", "/latest"] {
+            assert!(!root.matches(p), "=/ matches {p}");
+        }
+        let v1 = rule("=/computeMetadata/v1/");
+        assert!(v1.matches("/computeMetadata/v1/"));
+        assert!(!v1.matches("/computeMetadata/v1"));
+        assert!(!v1.matches("/computeMetadata/v1/instance/service-accounts/default/token"));
+        // `=` before a path without a trailing `/` says what the path says alone.
+        assert_eq!(rule("=/latest/user-data"), rule("/latest/user-data"));
+        assert_eq!(rule("=/latest/user-data").as_str(), "/latest/user-data");
+        // The prefix `/` is still the whole service.
+        assert!(rule("/").matches("/computeMetadata/v1/instance/service-accounts/default/token"));
+    }
+
+    #[test]
+    fn exact_rules_are_checked_like_paths() {
+        let rejected = [
+            ("=", PathError::Exact),
+            ("=latest/", PathError::Exact),
+            ("==/", PathError::Exact),
+            ("= /", PathError::Exact),
+            ("=/a/../b/", PathError::DotSegment),
+            ("=//", PathError::EmptySegment),
+            ("=/a?b=c", PathError::Query),
+            ("=/%2e/", PathError::PercentEncoded),
+        ];
+        for (r, e) in rejected {
+            assert_eq!(PathRule::parse(r), Err(e), "{r:?}");
+        }
+        // `=` inside a path is an ordinary byte; only a leading one marks the rule.
+        assert!(rule("/=/").is_prefix());
+        assert_eq!(
+            PathError::Exact.to_string(),
+            "= (an exact path) must be followed by a path starting with /"
+        );
+    }
+
+    #[test]
     fn overlaps_is_symmetric_and_whole_segment() {
         let cases = [
             ("/latest/meta-data/", "/latest/meta-data/iam/", true),
@@ -315,6 +387,15 @@ mod tests {
             ("/latest/user-data", "/latest/user-data", true),
             ("/latest/user-data", "/latest/user-data/x", false),
             ("/", "/latest/user-data", true),
+            ("=/", "/", true),
+            ("=/", "=/", true),
+            ("=/", "/computeMetadata/v1/instance/service-accounts/", false),
+            ("=/", "/0.1/", false),
+            ("=/computeMetadata/v1/", "/computeMetadata/v1/", true),
+            ("=/computeMetadata/v1/", "/computeMetadata/", true),
+            ("=/computeMetadata/v1/", "/computeMetadata/v1/instance/service-accounts/", false),
+            ("=/computeMetadata/v1/", "/computeMetadata/v1", false),
+            ("=/computeMetadata/v1/", "=/computeMetadata/v1", false),
         ];
         for (a, b, want) in cases {
             assert_eq!(rule(a).overlaps(&rule(b)), want, "{a} ~ {b}");
@@ -408,6 +489,18 @@ mod tests {
             Err(Refusal::Parameter("recursive".into()))
         );
         assert_eq!(aws.judge("get", "/latest/meta-data/placement/region"), Err(Refusal::Method));
+        let probe = access(&["=/", "=/computeMetadata/v1/"], Methods::READ, &[]);
+        assert_eq!(probe.judge("GET", "/"), Ok(()));
+        assert_eq!(probe.judge("GET", "/computeMetadata/v1/"), Ok(()));
+        assert_eq!(
+            probe.judge("GET", "/computeMetadata/v1/instance/service-accounts/default/token"),
+            Err(Refusal::Path)
+        );
+        // The v1 root lists names only; `recursive=true` would send the whole tree.
+        assert_eq!(
+            probe.judge("GET", "/computeMetadata/v1/?recursive=true"),
+            Err(Refusal::Parameter("recursive".into()))
+        );
     }
 
     /// Paths built from segments an attacker would try.
@@ -415,8 +508,26 @@ mod tests {
     fn clean() -> impl Strategy<Value = String> {
         let names =
             prop::sample::select(vec!["latest", "meta-data", "iam", "placement", "placementX"]);
-        (proptest::collection::vec(names, 1..4), any::<bool>())
-            .prop_map(|(s, dir)| format!("/{}{}", s.join("/"), if dir { "/" } else { "" }))
+        (proptest::collection::vec(names, 0..4), any::<bool>(), any::<bool>()).prop_map(
+            |(s, dir, exact)| {
+                let path =
+                    format!("/{}{}", s.join("/"), if dir && !s.is_empty() { "/" } else { "" });
+                if exact { format!("={path}") } else { path }
+            },
+        )
+    }
+
+    /// [`segments`], a third of them marked exact (`=`).
+    fn rules() -> impl Strategy<Value = String> {
+        (segments(), 0..3u8).prop_map(|(p, k)| if k == 0 { format!("={p}") } else { p })
+    }
+
+    /// What `matches` was before exact rules: the reference a rule without `=` still follows.
+    fn matches_before(rule: &str, path: &str) -> bool {
+        match rule.strip_suffix('/') {
+            None => path == rule,
+            Some(dir) => path.starts_with(rule) || path == dir,
+        }
     }
 
     fn segments() -> impl Strategy<Value = String> {
@@ -461,11 +572,11 @@ mod tests {
         ) {
             // Nested rules and a path below both half of the time: random ones rarely nest.
             let (b, p) = if nest {
-                let b = format!("{}{}", a, &b[1..]);
-                let p = format!("{}{}", b, &p[1..]);
-                (b, p)
+                let b = format!("{}{}", a, b.trim_start_matches('=').trim_start_matches('/'));
+                let p = format!("{}{}", b, p.trim_start_matches('=').trim_start_matches('/'));
+                (b, p.trim_start_matches('=').to_owned())
             } else {
-                (b, p)
+                (b, p.trim_start_matches('=').to_owned())
             };
             if let (Ok(a), Ok(b), Ok(t)) = (PathRule::parse(&a), PathRule::parse(&b), Target::parse(&p))
                 && a.matches(t.path)
@@ -478,16 +589,47 @@ mod tests {
         /// A rule matches a path only inside what it names: the same path, or for a prefix
         /// rule its directory and the whole segments below it.
         #[test]
-        fn rules_never_match_outside_their_segments(r in segments(), p in segments()) {
+        fn rules_never_match_outside_their_segments(r in rules(), p in segments()) {
             if let (Ok(rule), Ok(t)) = (PathRule::parse(&r), Target::parse(&p))
                 && rule.matches(t.path)
             {
-                let dir = r.trim_end_matches('/');
+                let dir = rule.path().trim_end_matches('/');
                 if rule.is_prefix() {
                     let below = format!("{}/", dir);
                     prop_assert!(t.path == dir || t.path.starts_with(&below));
                 } else {
-                    prop_assert_eq!(t.path, r.as_str());
+                    prop_assert_eq!(t.path, rule.path());
+                }
+            }
+        }
+
+        /// An exact rule (`=` and a path) matches its own path and nothing else: not the
+        /// directory without its `/`, not a path below it.
+        #[test]
+        fn an_exact_rule_matches_only_itself(r in segments(), p in segments()) {
+            if let Ok(rule) = PathRule::parse(&format!("={r}")) {
+                prop_assert!(!rule.is_prefix());
+                prop_assert_eq!(rule.path(), r.as_str());
+                prop_assert!(rule.matches(&r));
+                if let Ok(t) = Target::parse(&p) {
+                    prop_assert_eq!(rule.matches(t.path), t.path == r, "={} ~ {}", r, t.path);
+                }
+                // Without a trailing `/`, `=` adds nothing: the same rule as the path alone.
+                if !r.ends_with('/') {
+                    prop_assert_eq!(Ok(rule), PathRule::parse(&r));
+                }
+            }
+        }
+
+        /// A rule written without `=` parses, prints, and matches as it did before exact
+        /// rules: every policy keeps its meaning and its hash.
+        #[test]
+        fn rules_without_the_mark_are_unchanged(r in segments(), p in segments()) {
+            if let Ok(rule) = PathRule::parse(&r) {
+                prop_assert_eq!(rule.as_str(), r.as_str());
+                prop_assert_eq!(rule.is_prefix(), r.ends_with('/'));
+                if let Ok(t) = Target::parse(&p) {
+                    prop_assert_eq!(rule.matches(t.path), matches_before(&r, t.path));
                 }
             }
         }

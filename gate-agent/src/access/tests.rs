@@ -202,6 +202,30 @@ fn suggested_paths_are_what_the_workload_asked_for_and_never_credentials_unasked
     );
     assert!(Policy::parse("suggested.yaml", &doc).is_err(), "{doc}");
 
+    // A directory asked for (google-auth's `/`, botocore's `availability-zone/`) is
+    // suggested exact: that path alone, never the tree below it.
+    let mut dirs = records.clone();
+    dirs[0].paths.clear();
+    let asked = [
+        path(1, "GET", "/", 0, 1, 0),
+        path(1, "GET", "/latest/meta-data/placement/availability-zone/", 0, 1, 0),
+        path(1, "GET", "/latest/meta-data/iam/security-credentials/", 0, 1, 0),
+    ];
+    add_paths(&mut dirs, &asked, |_| pod("driver", true));
+    let s = suggest(&dirs, Some("AWS"));
+    assert!(s.contains("    - \"=/\"\n"), "{s}");
+    assert!(s.contains("    - \"=/latest/meta-data/placement/availability-zone/\"\n"), "{s}");
+    assert!(s.contains("    # - \"=/latest/meta-data/iam/security-credentials/\""), "{s}");
+    let doc = format!(
+        "platform: AWS\nendpoints:\n  - {{name: ec2-imds, cidr: 169.254.169.254/32, ports: [80]}}\nallow:\n{}",
+        s.lines().map(|l| format!("  {l}\n")).collect::<String>()
+    );
+    let p = Policy::parse("suggested.yaml", &doc).unwrap_or_else(|e| panic!("{e}\n{doc}"));
+    let access = &p.allow[0].paths.as_ref().expect("paths").access;
+    assert!(access.judge("GET", "/").is_ok());
+    assert!(access.judge("GET", "/latest/meta-data/iam/security-credentials/").is_err());
+    assert!(access.judge("GET", "/latest/meta-data/placement/availability-zone/x").is_err());
+
     // Served everything it asked for under `served`: nothing to suggest.
     let mut fine = records;
     fine[0].paths.retain(|p| p.counts.served > 0);

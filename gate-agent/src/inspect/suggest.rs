@@ -29,7 +29,8 @@ const GENERATED_LABELS: &[&str] = &[
 /// per owner — namespace, the owner's pod labels without the ones its controller generates,
 /// service account, hostNetwork and the containers that made the accesses — or, for cgroups
 /// known by path only, one `cgroup:` entry each. A workload seen through the proxy gets the
-/// smallest `paths:` that serves what it asked for: the exact paths, the methods beyond GET
+/// smallest `paths:` that serves what it asked for: the exact paths (`=/…/` where one ends
+/// in `/`), the methods beyond GET
 /// and HEAD, the query parameters; a path that reaches one of `platform`'s sensitive paths
 /// (credentials, user data) is written commented out, for the operator to decide. A YAML list
 /// to paste under `allow:`, each entry commented with its evidence.
@@ -159,7 +160,11 @@ fn write_paths(
     };
     let mut lines = Vec::new();
     let mut kept = 0;
-    for p in paths {
+    for asked in paths {
+        // What it asked, exactly: `=` before a path ending in `/`, which alone would be a
+        // prefix of the whole tree below it (`/` of the whole service).
+        let rule = if asked.ends_with('/') { format!("={asked}") } else { (*asked).to_owned() };
+        let p = rule.as_str();
         let what = reaches(p);
         if what.is_empty() {
             kept += 1;

@@ -95,6 +95,34 @@ mod tests {
         assert!(reached_by("/latest/meta-data/placement/").is_empty());
     }
 
+    /// GCE's detection probe (`GET /` with `Metadata-Flavor: Google`, google-auth's `ping`)
+    /// and the v1 root are served, alone: nothing below either, no `recursive` listing.
+    #[test]
+    fn gcp_serves_the_detection_probe_and_not_its_subtree() {
+        let gcp = access("GCP", "safe").expect("GCP has a profile");
+        for ok in ["/", "/computeMetadata/v1/", "/computeMetadata/v1/instance/zone"] {
+            assert_eq!(gcp.judge("GET", ok), Ok(()), "{ok}");
+            assert_eq!(gcp.judge("HEAD", ok), Ok(()), "{ok}");
+        }
+        for refused in [
+            "/computeMetadata/v1/instance/service-accounts/default/token",
+            "/computeMetadata/v1/instance/attributes/kube-env",
+            "/computeMetadata/v1/instance/",
+            "/computeMetadata/v1",
+            "/computeMetadata/",
+            "/computeMetadata/v1beta1/",
+            "/0.1/meta-data/",
+        ] {
+            assert!(gcp.judge("GET", refused).is_err(), "{refused} is served");
+        }
+        assert!(gcp.judge("GET", "/?recursive=true").is_err());
+        assert!(gcp.judge("GET", "/computeMetadata/v1/?recursive=true").is_err());
+        for rule in gcp.paths.iter().filter(|r| r.path().ends_with('/')) {
+            assert!(!rule.is_prefix(), "{rule}");
+            assert!(rule.as_str().starts_with('='), "{rule}");
+        }
+    }
+
     #[test]
     fn token_requests_bring_put() {
         let aws = access("AWS", "safe").expect("AWS has a profile");

@@ -770,6 +770,23 @@ fn the_safe_profile_expands_with_its_methods_and_listed_additions() {
 }
 
 #[test]
+fn an_exact_rule_serves_its_path_and_nothing_below_it() {
+    let p = parse(&with_allow(
+        "  - {name: a, cgroup: a, paths: [=/, '=/computeMetadata/v1/', /latest/meta-data/]}\n",
+    ))
+    .unwrap();
+    let access = &p.allow[0].paths.as_ref().unwrap().access;
+    let rules: Vec<&str> = access.paths.iter().map(|r| r.as_str()).collect();
+    assert_eq!(rules, ["=/", "=/computeMetadata/v1/", "/latest/meta-data/"]);
+    assert!(access.judge("GET", "/").is_ok());
+    assert!(access.judge("GET", "/computeMetadata/v1/").is_ok());
+    assert!(access.judge("GET", "/latest/meta-data/placement/region").is_ok(), "a prefix still");
+    for refused in ["/computeMetadata/v1/instance/service-accounts/default/token", "/latest"] {
+        assert!(access.judge("GET", refused).is_err(), "{refused}");
+    }
+}
+
+#[test]
 fn bad_access_fields_are_named() {
     let e = |item: &str, field: &str, phrase: &str| {
         assert_err(&with_allow(&format!("  - {{name: a, cgroup: a, {item}}}\n")), field, phrase);
@@ -780,6 +797,10 @@ fn bad_access_fields_are_named() {
     e("paths: [/latest/%2e%2e/iam]", "allow[0].paths[0]", "percent-encoding");
     e("paths: ['/latest?x=1']", "allow[0].paths[0]", "list query parameters apart");
     e("paths: [/a, /a]", "allow[0].paths[1]", "listed twice");
+    e("paths: [/a, =/a]", "allow[0].paths[1]", "listed twice (also paths[0], \"/a\"");
+    e("paths: [=latest/]", "allow[0].paths[0]", "= (an exact path) must be followed by a path");
+    e("paths: [\"=\"]", "allow[0].paths[0]", "= (an exact path) must be followed by a path");
+    e("paths: [=/a/../]", "allow[0].paths[0]", ". and .. segments");
     e("paths: []", "allow[0].paths", "serves nothing");
     e("methods: [GET]", "allow[0].paths", "missing");
     e("paths: [/a], methods: [POST]", "allow[0].methods[0]", "never served");
@@ -831,7 +852,11 @@ fn paths_change_the_hash_and_their_absence_keeps_it() {
     let other = parse(&with_allow("  - {name: a, cgroup: a, paths: [/b]}\n")).unwrap();
     let put =
         parse(&with_allow("  - {name: a, cgroup: a, paths: [/a], methods: [PUT]}\n")).unwrap();
-    let hashes = [plain.hash(), narrowed.hash(), other.hash(), put.hash()];
+    // `=/` (the root alone) is not `/` (the whole service): another policy.
+    let root = parse(&with_allow("  - {name: a, cgroup: a, paths: [/]}\n")).unwrap();
+    let exact_root = parse(&with_allow("  - {name: a, cgroup: a, paths: [=/]}\n")).unwrap();
+    let hashes =
+        [plain.hash(), narrowed.hash(), other.hash(), put.hash(), root.hash(), exact_root.hash()];
     for (i, a) in hashes.iter().enumerate() {
         for b in &hashes[i + 1..] {
             assert_ne!(a, b);

@@ -180,6 +180,17 @@ mod tests {
                 "x-aws-ec2-metadata-token-ttl-seconds: 21600",
             ]
         );
+        // GCE's answer to its detection probe: google-auth believes it runs on GCE only if
+        // `Metadata-Flavor: Google` comes back, whatever a `Connection` names.
+        let gce = map(&[
+            ("Metadata-Flavor", "Google"),
+            ("Connection", "close, Metadata-Flavor"),
+            ("Content-Type", "application/text"),
+        ]);
+        assert_eq!(
+            names(&downstream(&gce)),
+            ["content-type: application/text", "metadata-flavor: Google"]
+        );
     }
 
     proptest! {

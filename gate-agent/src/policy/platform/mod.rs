@@ -169,7 +169,8 @@ pub struct Profile {
 /// A path of a profile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SafePath {
-    /// An exact path (none of the profiles needs a prefix).
+    /// An exact path: a path without a trailing `/`, or `=` and one with it (GCP's `=/`);
+    /// none of the profiles needs a prefix, but AWS's leaf that botocore asks for with a `/`.
     pub path: &'static str,
     /// `PUT` for a token request, else `GET` (HEAD comes with GET).
     pub method: &'static str,

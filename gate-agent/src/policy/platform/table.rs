@@ -268,6 +268,17 @@ const GCP: Facts = Facts {
     no_metadata_service: None,
     profiles: &[safe(
         &[
+            // GCE's detection probe, the root alone (`=`: exact, not the tree below it).
+            // google-auth's `_metadata.ping` (under `is_on_gce` and `google.auth.default()`)
+            // sends `GET http://169.254.169.254` with `Metadata-Flavor: Google` and believes
+            // it runs on GCE only on a 200 that carries `Metadata-Flavor: Google` back;
+            // cloud.google.com/go/compute/metadata's `OnGCE` asks the same. Google documents
+            // the header as the sign of its metadata server: "Detect if running in Compute
+            // Engine", https://cloud.google.com/compute/docs/instances/detect-compute-engine.
+            get("=/", "that a metadata server answers, and the names of its trees"),
+            // The v1 root: the names of its directories (`instance/`, `project/`, …), never
+            // their contents (`recursive` is not among the profile's query parameters).
+            get("=/computeMetadata/v1/", "the names of the v1 tree's directories"),
             fixed("/computeMetadata/v1/instance/id", "the instance id", GCE_KEYS),
             fixed("/computeMetadata/v1/instance/name", "the instance name", GCE_KEYS),
             fixed(

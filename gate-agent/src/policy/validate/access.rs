@@ -73,8 +73,18 @@ pub(super) fn served_paths(
         for (i, p) in list.iter().enumerate() {
             let field = format!("{at}.paths[{i}]");
             let rule = PathRule::parse(p).map_err(|e| cx.err(&field, format!("{p:?}: {e}")))?;
-            if let Some(j) = list[..i].iter().position(|q| q == p) {
-                return Err(cx.err(field, format!("{p:?} is listed twice (also paths[{j}])")));
+            // The same rule in two spellings (`/a` and `=/a`) is listed twice too.
+            let same = |q: &String| PathRule::parse(q).is_ok_and(|q| q == rule);
+            if let Some(j) = list[..i].iter().position(same) {
+                let also = if list[j] == *p {
+                    format!("paths[{j}]")
+                } else {
+                    format!(
+                        "paths[{j}], {:?}: = before a path without a trailing / is the path",
+                        list[j]
+                    )
+                };
+                return Err(cx.err(field, format!("{p:?} is listed twice (also {also})")));
             }
             if !paths.contains(&rule) {
                 paths.push(rule);

@@ -94,7 +94,8 @@ fn audit_shows_every_path_then_suggest_narrows_it_and_enforce_serves_only_that()
     for p in [ID, REGION] {
         assert!(suggested.contains(&format!("    - \"{p}\"\n")), "{p}: {suggested}");
     }
-    assert!(suggested.contains(&format!("    # - \"{CREDENTIALS}\"")), "{suggested}");
+    // The directory it asked for, exact (`=`): never a prefix of the tree below it.
+    assert!(suggested.contains(&format!("    # - \"={CREDENTIALS}\"")), "{suggested}");
 
     // Enforce with the suggested entry: its paths, and nothing else.
     env.enforce_suggested(&suggested, &state.0);

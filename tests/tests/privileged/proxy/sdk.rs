@@ -146,8 +146,8 @@ const CASES: &[Case] = &[
                 "GET /computeMetadata/v1/instance/service-accounts/",
                 1,
             ),
-            // google.auth.default()'s detection asks for `/` itself, which no path rule can
-            // serve without serving everything (`/` is the prefix of every path): refused.
+            // google.auth.default()'s detection asks for `/` itself, which this entry does
+            // not list (`=/` would serve it alone; `gcp_detection` proves that): refused.
             refused("ping", "true", "GET / ", 1),
         ],
     },
@@ -224,9 +224,9 @@ fn line(
 }
 
 /// Run every case's script in `env` and check each operation.
-fn run_cases(env: &Env, script: &Script<'_>, with_agent: bool) {
+fn run_cases(env: &Env, script: &Script<'_>, cases: &[Case], with_agent: bool) {
     let phase = if with_agent { "agent" } else { "no agent" };
-    for case in CASES {
+    for case in cases {
         let prefix = format!("tok-sdk-{}", unique("s"));
         let ops: Vec<&str> = case.ops.iter().map(|e| e.op).collect();
         let before = env.agent.as_ref().map(proxy_requests);
@@ -373,11 +373,11 @@ fn cloud_sdks_get_their_served_paths_and_are_refused_the_rest_at_once() {
     let script = Script { bins: &bins, net: &env.net, sdk: &sdk, home: Path::new(&home.0) };
 
     // Without the gate every library reaches every path, the guarded ones included.
-    run_cases(&env, &script, false);
+    run_cases(&env, &script, CASES, false);
 
     let agent = super::proxy_agent(&env, "agent");
     env.agent = Some(agent);
-    run_cases(&env, &script, true);
+    run_cases(&env, &script, CASES, true);
 
     // Each refusal names the entry (or `served`) whose paths refused it, and why.
     let mut refusals: BTreeMap<String, usize> = BTreeMap::new();
@@ -400,5 +400,112 @@ fn cloud_sdks_get_their_served_paths_and_are_refused_the_rest_at_once() {
     }
     for entry in ["entry aws-sdk", "served", "entry gcp-sdk", "entry azure-sdk"] {
         assert!(refusals.contains_key(entry), "no refusal logged for {entry}: {refusals:?}");
+    }
+}
+
+/// A GCP policy: the fake service as the Compute Engine metadata server, `gcp-sdk` narrowed to
+/// `profile: safe`, and `served` (every other gated workload) the zone alone.
+fn gcp_policy() -> String {
+    "platform: GCP\n\
+     mode: enforce\n\
+     endpoints:\n\
+     \x20 - {name: gce-metadata, cidr: 169.254.169.254/32, ports: [80], protocols: [TCP]}\n\
+     allow:\n\
+     \x20 - {name: gcp-sdk, cgroup: \"gcp-sdk\", profile: safe}\n\
+     served: {paths: [/computeMetadata/v1/instance/zone]}\n"
+        .to_owned()
+}
+
+const GCP_TOKEN: &str = "GET /computeMetadata/v1/instance/service-accounts/";
+
+/// google-auth as `google.auth.default()` runs it on a GCE node whose policy serves the safe
+/// profile: the detection probe (`GET /` with `Metadata-Flavor: Google`, which must come back
+/// as a 200 with `Metadata-Flavor: Google`) is served, exactly; the token is not.
+const GCP_DETECTION: &[Case] = &[
+    Case {
+        cgroup: "gated/gcp-sdk",
+        script: GCP,
+        env: GCP_ENV,
+        proxied: true,
+        ops: &[
+            served("ping", "true", 1),
+            served("is_on_gce", "true", 1),
+            // `=/computeMetadata/v1/`: the listing, exactly; `recursive` is not the profile's.
+            served("v1_root", "instance/", 1),
+            refused("v1_recursive", "instance/", "GET /computeMetadata/v1/?recursive", 1),
+            served("project_id", fake::GCP_PROJECT, 1),
+            served("zone", fake::GCP_ZONE, 1),
+            // The token path itself: 403, at once, and google-auth does not retry a 403.
+            refused("token_path", fake::GCP_ACCESS_TOKEN, GCP_TOKEN, 1),
+            // Credentials.refresh: refused at the account's info, before the token.
+            refused("token", fake::GCP_ACCESS_TOKEN, GCP_TOKEN, 1),
+        ],
+    },
+    // Without `=/` among its paths (`served` lists the zone alone), the same probe is refused
+    // and google-auth says it is not on GCE: the exact rule is what answers it.
+    Case {
+        cgroup: "gated/pod-a",
+        script: GCP,
+        env: GCP_ENV,
+        proxied: true,
+        ops: &[
+            refused("is_on_gce", "true", "GET / ", 1),
+            served("zone", fake::GCP_ZONE, 1),
+            refused("token_path", fake::GCP_ACCESS_TOKEN, GCP_TOKEN, 1),
+        ],
+    },
+];
+
+#[test]
+fn gcp_detection_is_served_by_the_safe_profile_and_the_token_is_not() {
+    privileged!(gcp_detection_is_served_by_the_safe_profile_and_the_token_is_not);
+    let sdk = python::dir();
+    if let Some(why) = python::missing(&sdk) {
+        assert!(!in_ci(), "{why}, and CI=true forbids skipping: run `cargo xtask setup`");
+        eprintln!("proxy::sdk: SKIPPED ({why}; `cargo xtask setup` installs them)");
+        return;
+    }
+    let mut env = Env::new("enforce");
+    for c in ["gated/gcp-sdk", "agent"] {
+        env.cg.create(c).expect("cgroup");
+    }
+    std::fs::write(&env.policy_file, gcp_policy()).expect("policy file");
+    let home = TempDir::new("sdk-home");
+    let bins = env.bins.clone();
+    let script = Script { bins: &bins, net: &env.net, sdk: &sdk, home: Path::new(&home.0) };
+
+    // Without the gate google-auth detects GCE and gets the token: the refusals below are
+    // the gate's.
+    run_cases(&env, &script, GCP_DETECTION, false);
+
+    env.agent = Some(super::proxy_agent(&env, "agent"));
+    run_cases(&env, &script, GCP_DETECTION, true);
+
+    // The served probe passed the service's `Metadata-Flavor: Google` back (google-auth's
+    // ping is true only then); each refusal is logged for its path.
+    let mut refused = Vec::new();
+    for v in
+        env.agent().logs().iter().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+    {
+        if v["message"] == "metadata proxy request" && v["verdict"] == "refused" {
+            let want = if v["path"].as_str() == Some("/computeMetadata/v1/?recursive=true") {
+                "query parameter \"recursive\" not allowed"
+            } else {
+                "path not allowed"
+            };
+            assert_eq!(v["reason"].as_str(), Some(want), "{v}");
+            let (entry, path) = (v["entry"].as_str().unwrap_or("?"), v["path"].as_str());
+            refused.push((entry.to_owned(), path.unwrap_or("").to_owned()));
+        }
+    }
+    eprintln!("refused: {refused:?}");
+    for (entry, path) in [
+        ("entry gcp-sdk", "/computeMetadata/v1/instance/service-accounts/default/token"),
+        ("served", "/"),
+    ] {
+        assert!(
+            refused.iter().any(|(e, p)| e == entry && p == path),
+            "no refusal of {path} logged for {entry}: {refused:?}"
+        );
     }
 }
