@@ -354,15 +354,22 @@ fn check_op(env: &Env, case: &Case, e: &Expect, report: &Report, with_agent: boo
     line(phase, case, &report.sdk, e.op, op, at_service.len(), &at_proxy);
 }
 
-#[test]
-fn cloud_sdks_get_their_served_paths_and_are_refused_the_rest_at_once() {
-    privileged!(cloud_sdks_get_their_served_paths_and_are_refused_the_rest_at_once);
+/// The Python SDKs' directory; `None` (the test is skipped, never under CI=true) where they
+/// are not installed.
+fn sdks() -> Option<std::path::PathBuf> {
     let sdk = python::dir();
     if let Some(why) = python::missing(&sdk) {
         assert!(!in_ci(), "{why}, and CI=true forbids skipping: run `cargo xtask setup`");
         eprintln!("proxy::sdk: SKIPPED ({why}; `cargo xtask setup` installs them)");
-        return;
+        return None;
     }
+    Some(sdk)
+}
+
+#[test]
+fn cloud_sdks_get_their_served_paths_and_are_refused_the_rest_at_once() {
+    privileged!(cloud_sdks_get_their_served_paths_and_are_refused_the_rest_at_once);
+    let Some(sdk) = sdks() else { return };
     let mut env = Env::new("enforce");
     for c in ["gated/aws-sdk", "gated/gcp-sdk", "gated/azure-sdk", "agent"] {
         env.cg.create(c).expect("cgroup");
@@ -459,12 +466,7 @@ const GCP_DETECTION: &[Case] = &[
 #[test]
 fn gcp_detection_is_served_by_the_safe_profile_and_the_token_is_not() {
     privileged!(gcp_detection_is_served_by_the_safe_profile_and_the_token_is_not);
-    let sdk = python::dir();
-    if let Some(why) = python::missing(&sdk) {
-        assert!(!in_ci(), "{why}, and CI=true forbids skipping: run `cargo xtask setup`");
-        eprintln!("proxy::sdk: SKIPPED ({why}; `cargo xtask setup` installs them)");
-        return;
-    }
+    let Some(sdk) = sdks() else { return };
     let mut env = Env::new("enforce");
     for c in ["gated/gcp-sdk", "agent"] {
         env.cg.create(c).expect("cgroup");
