@@ -151,6 +151,7 @@ pub(crate) const MATRIX: &[(&str, &[&str])] = &[
     // Natively only (`cargo xtask test`, this machine's kernel).
     // The clouds' Python SDKs (botocore, google-auth) are installed on the host only.
     ("proxy::sdk::cloud_sdks_get_their_served_paths_and_are_refused_the_rest_at_once", HOST),
+    ("proxy::sdk::gcp_detection_is_served_by_the_safe_profile_and_the_token_is_not",   HOST),
     ("bypass::forwarding_loop_inside_a_pod_is_denied",                                 HOST),
     ("bypass::frames_from_a_vm_tap_are_denied",                                        HOST),
     ("bypass::a_link_whose_pin_fails_is_held_not_dropped",                             HOST),
