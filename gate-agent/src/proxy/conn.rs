@@ -314,6 +314,11 @@ async fn serve(
         return Ok((resp, How::Kept));
     }
     let resp = fwd.forward(limits, dst, &head.method, target, &headers).await?;
+    if session_ok && resp.status() == StatusCode::UNAUTHORIZED {
+        // The service no longer takes its token (revoked, restarted): the next request takes
+        // a new one rather than every request failing until it would have run out.
+        shared.sessions.forget_theirs(dst).await;
+    }
     if !keep {
         return Ok((resp, How::Forwarded));
     }

@@ -5,7 +5,7 @@
 //! service should a direct path ever appear (so IMDSv2's hop limit keeps its meaning), not
 //! to another pod.
 use std::{
-    collections::HashMap,
+    collections::{HashMap, VecDeque},
     net::SocketAddr,
     sync::{Mutex, PoisonError},
     time::{Duration, Instant},
@@ -22,6 +22,9 @@ use crate::policy::platform::SessionScheme;
 
 /// Tokens issued and not yet expired, at most: past it, the ones nearest their end go first.
 pub(crate) const MAX_ISSUED: usize = 16 * 1024;
+/// Tokens one workload holds at most: past it, its own oldest goes, so that one pod asking in
+/// a loop never pushes out the others' tokens.
+pub(crate) const PER_WORKLOAD: usize = 32;
 
 /// The lifetime the agent asks the service for (the longest IMDSv2 allows), and how long
 /// before its end it takes a new one.
@@ -46,8 +49,15 @@ struct Theirs {
 /// The tokens the proxy issued, and the service's.
 #[derive(Default)]
 pub(crate) struct Sessions {
-    issued: Mutex<HashMap<String, Issued>>,
+    issued: Mutex<Issuance>,
     theirs: tokio::sync::Mutex<HashMap<SocketAddr, Theirs>>,
+}
+
+/// The tokens issued, and each workload's in the order it got them.
+#[derive(Default)]
+struct Issuance {
+    tokens: HashMap<String, Issued>,
+    by_workload: HashMap<u64, VecDeque<String>>,
 }
 
 /// What a token request's TTL header says, checked as the service checks it.
@@ -68,31 +78,52 @@ impl Sessions {
     ) -> Option<String> {
         let token = new_token()?;
         let expires = now + Duration::from_secs(u64::from(ttl));
-        let mut issued = self.issued.lock().unwrap_or_else(PoisonError::into_inner);
-        if issued.len() >= MAX_ISSUED {
-            issued.retain(|_, i| i.expires > now);
-        }
-        if issued.len() >= MAX_ISSUED {
-            // Still full of live tokens: the one nearest its end goes (its holder asks again).
-            if let Some(k) = issued.iter().min_by_key(|(_, i)| i.expires).map(|(k, _)| k.clone()) {
-                issued.remove(&k);
+        let mut guard = self.issued.lock().unwrap_or_else(PoisonError::into_inner);
+        let Issuance { tokens, by_workload } = &mut *guard;
+        let mine = by_workload.entry(workload).or_default();
+        mine.retain(|t| tokens.get(t).is_some_and(|i| i.expires > now));
+        while mine.len() >= PER_WORKLOAD {
+            if let Some(oldest) = mine.pop_front() {
+                tokens.remove(&oldest);
             }
         }
-        issued.insert(token.clone(), Issued { workload, dst, expires });
+        if tokens.len() >= MAX_ISSUED {
+            tokens.retain(|_, i| i.expires > now);
+        }
+        if tokens.len() >= MAX_ISSUED {
+            // Still full of live tokens: the one nearest its end goes (its holder asks again).
+            if let Some(k) = tokens.iter().min_by_key(|(_, i)| i.expires).map(|(k, _)| k.clone()) {
+                tokens.remove(&k);
+            }
+            // Only here can tokens leave without their workload's list knowing.
+            by_workload.retain(|_, q| {
+                q.retain(|t| tokens.contains_key(t));
+                !q.is_empty()
+            });
+        }
+        tokens.insert(token.clone(), Issued { workload, dst, expires });
+        by_workload.entry(workload).or_default().push_back(token.clone());
         Some(token)
     }
 
     /// Whether `token` was issued to `workload` for `dst` and has not expired.
     pub(crate) fn valid(&self, token: &str, workload: u64, dst: SocketAddr, now: Instant) -> bool {
         let issued = self.issued.lock().unwrap_or_else(PoisonError::into_inner);
-        issued.get(token).is_some_and(|i| i.workload == workload && i.dst == dst && i.expires > now)
+        let i = issued.tokens.get(token);
+        i.is_some_and(|i| i.workload == workload && i.dst == dst && i.expires > now)
     }
 
     /// Tokens issued and not yet expired.
     #[cfg(test)]
     pub(crate) fn live(&self, now: Instant) -> usize {
         let issued = self.issued.lock().unwrap_or_else(PoisonError::into_inner);
-        issued.values().filter(|i| i.expires > now).count()
+        issued.tokens.values().filter(|i| i.expires > now).count()
+    }
+
+    /// Drop the service's token for `dst`: it answered 401 to it (revoked, or the service
+    /// restarted), and the next request takes a new one.
+    pub(crate) async fn forget_theirs(&self, dst: SocketAddr) {
+        self.theirs.lock().await.remove(&dst);
     }
 
     /// The service's token for `dst`, taken (or renewed) from it when there is none with
@@ -194,11 +225,29 @@ mod tests {
         let s = Sessions::default();
         let now = Instant::now();
         let first = s.issue(1, addr(80), 1, now).expect("a token");
-        for i in 0..MAX_ISSUED {
-            s.issue(2, addr(80), 600 + (i % 7) as u32, now);
+        for w in 0..(MAX_ISSUED / PER_WORKLOAD) as u64 {
+            for i in 0..PER_WORKLOAD {
+                s.issue(100 + w, addr(80), 600 + (i % 7) as u32, now);
+            }
         }
         assert!(s.live(now) <= MAX_ISSUED);
         assert!(!s.valid(&first, 1, addr(80), now), "the one nearest its end went first");
+    }
+
+    #[test]
+    fn one_workload_asking_in_a_loop_pushes_out_only_its_own_tokens() {
+        let s = Sessions::default();
+        let now = Instant::now();
+        let other = s.issue(1, addr(80), 1, now).expect("a token");
+        let first = s.issue(2, addr(80), 21600, now).expect("a token");
+        let mut last = String::new();
+        for _ in 0..MAX_ISSUED * 2 {
+            last = s.issue(2, addr(80), 21600, now).expect("a token");
+        }
+        assert!(s.valid(&other, 1, addr(80), now), "another pod's token stays");
+        assert!(!s.valid(&first, 2, addr(80), now), "its own oldest went");
+        assert!(s.valid(&last, 2, addr(80), now));
+        assert_eq!(s.live(now), PER_WORKLOAD + 1);
     }
 
     #[test]
