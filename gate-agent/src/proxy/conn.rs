@@ -189,8 +189,8 @@ async fn respond(req: Request<Incoming>, caller: Caller, shared: &Shared) -> Res
                 Ok((resp, how)) => {
                     match (how, &audited) {
                         (How::Own(refusal), _) => {
-                            shared.metrics.request(REFUSED, refusal);
-                            let reason = resp_reason(refusal);
+                            shared.metrics.request(REFUSED, refusal.label());
+                            let reason = refusal.reason();
                             let line = Line { verdict: REFUSED, reason, method, path, entry: &who };
                             let _ = shared.log.request(&caller, line);
                             return resp;
@@ -231,15 +231,35 @@ enum How {
     Kept,
     /// With a session token of the proxy's own.
     Token,
-    /// Refused by the proxy as the service would refuse it (the outcome's reason label).
-    Own(&'static str),
+    /// Refused by the proxy as the service would refuse it.
+    Own(OwnRefusal),
 }
 
-/// What an [`How::Own`] refusal says.
-fn resp_reason(label: &str) -> &'static str {
-    match label {
-        "token" => "the session token is not one this proxy issued to this workload, or it expired",
-        _ => "the token's lifetime is missing or out of range",
+/// Why the proxy answered a served request's token (or token request) itself with an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OwnRefusal {
+    /// A token it did not issue to this workload, or expired (or none could be made).
+    Token,
+    /// A token request whose lifetime the service would refuse.
+    Ttl,
+}
+
+impl OwnRefusal {
+    /// The outcome's reason label (`REQUEST_OUTCOMES`).
+    fn label(self) -> &'static str {
+        match self {
+            OwnRefusal::Token => "token",
+            OwnRefusal::Ttl => "ttl",
+        }
+    }
+
+    fn reason(self) -> &'static str {
+        match self {
+            OwnRefusal::Token => {
+                "the session token is not one this proxy issued to this workload, or it expired"
+            }
+            OwnRefusal::Ttl => "the token's lifetime is missing or out of range",
+        }
     }
 }
 
@@ -267,7 +287,7 @@ async fn serve(
                     "metadata-gate: PUT {}: {} must be 1 to {} seconds\n",
                     scheme.path, scheme.ttl_header, scheme.max_ttl
                 );
-                return Ok((plain(StatusCode::BAD_REQUEST, text), How::Own("ttl")));
+                return Ok((plain(StatusCode::BAD_REQUEST, text), How::Own(OwnRefusal::Ttl)));
             };
             // Only where the service gives tokens (IMDSv2 may be off): its refusal goes back.
             if let Err(refused) = shared.sessions.theirs(fwd, limits, scheme, dst).await {
@@ -275,7 +295,10 @@ async fn serve(
             }
             let Some(token) = shared.sessions.issue(caller.workload, dst, ttl, now) else {
                 let text = "metadata-gate: no random bytes for a token; retry\n".to_owned();
-                return Ok((plain(StatusCode::SERVICE_UNAVAILABLE, text), How::Own("token")));
+                return Ok((
+                    plain(StatusCode::SERVICE_UNAVAILABLE, text),
+                    How::Own(OwnRefusal::Token),
+                ));
             };
             return Ok((session::answer(scheme, token, ttl), How::Token));
         }
@@ -287,10 +310,10 @@ async fn serve(
                     "metadata-gate: {} {}: {}; ask PUT {} for a new one\n",
                     super::outcome::shown(head.method.as_str()),
                     super::outcome::shown(target.as_str()),
-                    resp_reason("token"),
+                    OwnRefusal::Token.reason(),
                     scheme.path
                 );
-                return Ok((plain(StatusCode::UNAUTHORIZED, text), How::Own("token")));
+                return Ok((plain(StatusCode::UNAUTHORIZED, text), How::Own(OwnRefusal::Token)));
             }
             let theirs = match shared.sessions.theirs(fwd, limits, scheme, dst).await {
                 Ok(v) => v,
